@@ -1,0 +1,1 @@
+"""Typer commands, one module per group: parse, call the library, print."""

@@ -1,0 +1,24 @@
+"""The `gpuplane` command: the root app and its groups."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuplane import __version__
+
+app = typer.Typer(
+    name="gpuplane",
+    help="A control plane for an organisation's GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print gpuplane's version."""
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":
+    app()

