@@ -1,0 +1,1 @@
+"""Online inference: the OpenAI-compatible gateway and the engines behind it."""

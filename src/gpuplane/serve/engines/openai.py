@@ -1,0 +1,8 @@
+"""Any OpenAI-compatible server gpuplane does not launch: health on /health, no load metrics."""
+
+from gpuplane.serve.engines.base import EngineAdapter, register
+
+
+@register
+class OpenAICompatible(EngineAdapter):
+    name = "openai"
