@@ -1,0 +1,470 @@
+"""The scheduler's plain data: nodes and devices, a request, a placement, a decision, the snapshot.
+
+Everything here is pure: no I/O, no clock, no globals. The service builds one `Snapshot` from its
+store at start, holds it under a lock and mutates it only through `commit` / `release`; the trace
+simulator and the benchmarks build theirs from CSV or synthetic inventories. The same core serves
+all of them.
+
+Entry points (in `gpuplane.control.scheduler`, implemented in `core.py`):
+
+    schedule(snapshot, request, policy, rng) -> Decision
+        Filter → score → pick one node and its devices. Pure: reads the snapshot, never mutates it.
+        `decision.placement` is set when the request fits; otherwise `decision.reasons` carries one
+        `ClusterReason` per cluster (code + the numbers behind it).
+    feasible(snapshot, request) -> Decision
+        The same filter against *capacity* instead of free resources: does the request fit on
+        an empty estate at all? The service refuses at submit when it does not (200 GiB on
+        80 GiB cards, an unknown GPU model, 9 cards on 8-card nodes).
+    snapshot.check(placement) -> ClusterReason | None   ask: None when it can be committed
+    snapshot.commit(placement) -> None                  re-checks; raises SchedulingConflict
+    snapshot.release(job_id) -> Placement | None        idempotent, never raises
+
+Ask-then-commit: `schedule` is a proposal; `commit` checks the devices, node CPU and memory again
+and either applies the whole placement or nothing, so a placement computed on a stale view can never
+double-book a device. The service holds one lock around schedule + commit (or retries on conflict).
+
+Units. GPU compute is in *milli-GPU* (1000 = a whole card), as in the Alibaba trace and Kubernetes'
+milli notation; `gpu_cores_pct` maps to `10 * pct`. GPU memory is in MiB. A fractional request
+without `gpu_mem_mib` takes memory in proportion to its compute share on the card it lands on
+(`floor(gpu_milli * card_mem / 1000)`), which is how the trace's `gpu_milli` is replayed; one
+without `gpu_cores_pct` reserves no compute (HAMi's default: uncapped, shares what is idle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuplane.errors import GpuplaneError, ResourceError
+from gpuplane.resources import (
+    LABEL_CLUSTER,
+    LABEL_GPU_MODEL,
+    LABEL_VGPU,
+    Labels,
+    Resources,
+    Selector,
+)
+
+MILLI_PER_GPU = 1000
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class SchedulingConflict(GpuplaneError):
+    """A commit found that the placement no longer fits (someone else took the resources)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One GPU card of a node: its index on the node (CUDA ordinal) and its memory."""
+
+    index: int
+    mem_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as the adapter reports it. `labels` carry cluster, region, GPU model, vGPU flag.
+
+    The GPU model of every card is the node's `gpuplane.io/gpu-model` label; a node is
+    vGPU-splittable unless its `gpuplane.io/vgpu-splittable` label is "false".
+    """
+
+    name: str
+    cluster: str
+    cpu_millis: int
+    memory_mib: int
+    devices: tuple[DeviceInfo, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    schedulable: bool = True
+
+    @property
+    def gpu_model(self) -> str:
+        return self.labels.get(LABEL_GPU_MODEL, "")
+
+    @property
+    def splittable(self) -> bool:
+        return self.labels.get(LABEL_VGPU, "true").lower() != "false"
+
+    def all_labels(self) -> Labels:
+        """Node labels with the cluster label filled in, as selectors see them."""
+        if self.labels.get(LABEL_CLUSTER) == self.cluster:
+            return self.labels
+        return {**self.labels, LABEL_CLUSTER: self.cluster}
+
+
+# ---------------------------------------------------------------------------------------------
+# Request and placement
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one job asks the scheduler for, in scheduler units.
+
+    Exactly one GPU shape: `gpus >= 1` whole cards on one node, or a fractional share of one card
+    (`gpu_milli` compute and/or `gpu_mem_mib` memory), or neither (CPU-only).
+    """
+
+    job_id: str
+    gpus: int = 0
+    gpu_milli: int = 0
+    gpu_mem_mib: int | None = None
+    cpu_millis: int = 0
+    memory_mib: int = 0
+    selector: Selector = field(default_factory=Selector)
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.gpu_milli < 0 or self.cpu_millis < 0 or self.memory_mib < 0:
+            raise ResourceError(f"request {self.job_id}: resources must be >= 0")
+        if self.gpus and self.is_fractional:
+            raise ResourceError(f"request {self.job_id}: whole cards and a fraction are exclusive")
+        if self.gpu_milli > MILLI_PER_GPU:
+            raise ResourceError(f"request {self.job_id}: gpu_milli must be <= {MILLI_PER_GPU}")
+        if self.gpu_mem_mib is not None and self.gpu_mem_mib <= 0:
+            raise ResourceError(f"request {self.job_id}: gpu_mem_mib must be > 0")
+
+    @classmethod
+    def from_resources(
+        cls, job_id: str, resources: Resources, selector: Selector | None = None
+    ) -> Request:
+        """Map the shared vocabulary (`gpuplane.resources`) to a scheduler request."""
+        s = resources.slice
+        frac = s.is_fractional
+        return cls(
+            job_id=job_id,
+            gpus=0 if frac else s.gpus,
+            gpu_milli=(s.gpu_cores_pct or 0) * 10 if frac else 0,
+            gpu_mem_mib=s.gpu_mem_mib if frac else None,
+            cpu_millis=resources.cpu_millis,
+            memory_mib=resources.memory_mib,
+            selector=selector or Selector(),
+        )
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpu_milli > 0 or self.gpu_mem_mib is not None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpus > 0 or self.is_fractional
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        """GPU demand in milli-GPU, as the trace protocol counts it (num_gpu * gpu_milli)."""
+        return self.gpus * MILLI_PER_GPU if self.gpus else self.gpu_milli
+
+    def mem_on(self, card_mem_mib: int) -> int:
+        """GPU memory this request takes on a card of `card_mem_mib` (whole cards: all of it)."""
+        if self.gpus:
+            return card_mem_mib
+        if self.gpu_mem_mib is not None:
+            return self.gpu_mem_mib
+        return self.gpu_milli * card_mem_mib // MILLI_PER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceGrant:
+    """What a placement takes from one card."""
+
+    index: int
+    mem_mib: int
+    gpu_milli: int
+
+    @property
+    def cores_pct(self) -> float:
+        return self.gpu_milli / 10
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request goes: one node, its cards (whole, or one shared), CPU and memory."""
+
+    job_id: str
+    cluster: str
+    node: str
+    devices: tuple[DeviceGrant, ...]
+    cpu_millis: int
+    memory_mib: int
+
+    @property
+    def device_indices(self) -> tuple[int, ...]:
+        return tuple(d.index for d in self.devices)
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(d.gpu_milli for d in self.devices)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision
+
+
+class ReasonCode(StrEnum):
+    """Why a request does not fit in one cluster. The same codes in the CLI, the API, metrics."""
+
+    NO_NODES = "NoNodes"  # the cluster has no schedulable node
+    NO_MATCHING_NODE = "NoMatchingNode"  # no node's labels satisfy the selector / GPU models
+    NOT_SPLITTABLE = "NotSplittable"  # a fractional request, but no matching node shares cards
+    EXCEEDS_CAPACITY = "ExceedsCapacity"  # larger than any matching node/card even when empty
+    INSUFFICIENT_CPU = "InsufficientCpu"
+    INSUFFICIENT_MEMORY = "InsufficientMemory"
+    INSUFFICIENT_GPU_MEMORY = "InsufficientGpuMemory"  # no card has that much free GPU memory
+    INSUFFICIENT_GPU_CORES = "InsufficientGpuCores"  # no card has that much free compute
+    INSUFFICIENT_GPUS = "InsufficientGpus"  # not enough wholly free cards, even in total
+    FRAGMENTED = "Fragmented"  # enough free in total, but no single card / node holds it
+    CONFLICT = "Conflict"  # commit: the resources were taken since the decision
+    QUOTA = "Quota"  # set by the service's quota admission, never by the scheduler core
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReason:
+    """One cluster's answer: the code and the numbers behind it (requested vs free vs capacity)."""
+
+    cluster: str
+    code: ReasonCode
+    message: str
+    numbers: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The scheduler's answer for one request: a placement, or why not per cluster."""
+
+    job_id: str
+    placement: Placement | None
+    reasons: tuple[ClusterReason, ...] = ()
+    policy: str = ""
+    score: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.placement is not None
+
+    @property
+    def primary_reason(self) -> ClusterReason | None:
+        """The reason of the cluster that came closest, for one-line summaries."""
+        return min(self.reasons, key=_reason_rank) if self.reasons else None
+
+
+_RANK = {code: i for i, code in enumerate(reversed(list(ReasonCode)))}
+
+
+def _reason_rank(reason: ClusterReason) -> int:
+    # later codes in ReasonCode are "closer to fitting" than earlier ones, except CONFLICT/QUOTA
+    return _RANK[reason.code]
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshot
+
+
+class Snapshot:
+    """Free and used resources of every node and card, as NumPy arrays indexed by node.
+
+    Arrays are public for policies to read (never write): node `cpu_free`, `mem_free`,
+    `cpu_cap`, `mem_cap`; cards padded to `max_devices` per node: `dev_mem_cap`, `dev_mem_free`,
+    `dev_milli_free` (0 where a card does not exist), `dev_exists`; per-node aggregates kept in
+    step with every mutation so filtering is O(nodes), not O(devices): `full_free` (wholly free
+    cards), `max_milli_free`, `max_mem_free`, `gpu_milli_free` (sum).
+
+    Not thread-safe: the service holds one lock around schedule + commit and around release.
+    `generation` increases on every mutation.
+    """
+
+    def __init__(self, nodes: Iterable[NodeInfo], allocations: Iterable[Placement] = ()) -> None:
+        self._allocations: dict[str, Placement] = {}
+        self.generation = 0
+        self._build(list(nodes))
+        for placement in allocations:
+            self.commit(placement)
+
+    # -- construction ----------------------------------------------------------------------
+
+    def _build(self, nodes: list[NodeInfo]) -> None:
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ResourceError("node names must be unique in a snapshot")
+        self.nodes: tuple[NodeInfo, ...] = tuple(nodes)
+        self.index: dict[str, int] = {n.name: i for i, n in enumerate(nodes)}
+        self.clusters: tuple[str, ...] = tuple(dict.fromkeys(n.cluster for n in nodes))
+        cl = {c: i for i, c in enumerate(self.clusters)}
+        n = len(nodes)
+        d = max((len(x.devices) for x in nodes), default=0)
+        self.max_devices = d
+        self.node_cluster: IntArray = np.array([cl[x.cluster] for x in nodes], dtype=np.int64)
+        self.schedulable: BoolArray = np.array([x.schedulable for x in nodes], dtype=bool)
+        self.splittable: BoolArray = np.array([x.splittable for x in nodes], dtype=bool)
+        self.cpu_cap: IntArray = np.array([x.cpu_millis for x in nodes], dtype=np.int64)
+        self.mem_cap: IntArray = np.array([x.memory_mib for x in nodes], dtype=np.int64)
+        self.n_devices: IntArray = np.array([len(x.devices) for x in nodes], dtype=np.int64)
+        self.dev_exists: BoolArray = np.zeros((n, d), dtype=bool)
+        self.dev_mem_cap: IntArray = np.zeros((n, d), dtype=np.int64)
+        for i, x in enumerate(nodes):
+            if sorted(dv.index for dv in x.devices) != list(range(len(x.devices))):
+                raise ResourceError(f"node {x.name}: device indices must be 0..{len(x.devices)-1}")
+            for dv in x.devices:
+                self.dev_exists[i, dv.index] = True
+                self.dev_mem_cap[i, dv.index] = dv.mem_mib
+        self.dev_milli_cap: IntArray = np.where(self.dev_exists, MILLI_PER_GPU, 0).astype(np.int64)
+        self.cpu_free = self.cpu_cap.copy()
+        self.mem_free = self.mem_cap.copy()
+        self.dev_mem_free = self.dev_mem_cap.copy()
+        self.dev_milli_free = self.dev_milli_cap.copy()
+        self.full_free: IntArray = np.zeros(n, dtype=np.int64)
+        self.max_milli_free: IntArray = np.zeros(n, dtype=np.int64)
+        self.max_mem_free: IntArray = np.zeros(n, dtype=np.int64)
+        self.gpu_milli_free: IntArray = np.zeros(n, dtype=np.int64)
+        self.max_card_mem: IntArray = self.dev_mem_cap.max(axis=1) if d else np.zeros(n, np.int64)
+        self._refresh(slice(None))
+        self._selector_cache: dict[tuple[object, ...], BoolArray] = {}
+        self.cluster_masks: tuple[BoolArray, ...] = tuple(
+            self.node_cluster == i for i in range(len(self.clusters))
+        )
+
+    def _refresh(self, rows: slice | int) -> None:
+        """Recompute the per-node aggregates of `rows` from the card arrays."""
+        milli = self.dev_milli_free[rows]
+        mem = self.dev_mem_free[rows]
+        whole = (milli == self.dev_milli_cap[rows]) & (mem == self.dev_mem_cap[rows])
+        whole &= self.dev_exists[rows]
+        self.full_free[rows] = whole.sum(axis=-1)
+        if self.max_devices:
+            self.max_milli_free[rows] = milli.max(axis=-1)
+            self.max_mem_free[rows] = mem.max(axis=-1)
+        self.gpu_milli_free[rows] = milli.sum(axis=-1)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def allocations(self) -> Mapping[str, Placement]:
+        """Committed placements by job id (read-only view)."""
+        return MappingProxyType(self._allocations)
+
+    def selector_mask(self, selector: Selector) -> BoolArray:
+        """Nodes whose labels satisfy `selector` (cached per selector; do not mutate)."""
+        key = (tuple(sorted(selector.match_labels.items())), selector.gpu_models)
+        mask = self._selector_cache.get(key)
+        if mask is None:
+            mask = np.array([selector.matches(x.all_labels()) for x in self.nodes], dtype=bool)
+            mask.setflags(write=False)
+            self._selector_cache[key] = mask
+        return mask
+
+    def copy(self) -> Snapshot:
+        """An independent copy (for dry runs, simulations and what-ifs)."""
+        other = Snapshot.__new__(Snapshot)
+        other.__dict__.update(self.__dict__)
+        for name in _MUTABLE_ARRAYS:
+            setattr(other, name, getattr(self, name).copy())
+        other._allocations = dict(self._allocations)
+        other._selector_cache = dict(self._selector_cache)
+        return other
+
+    # -- ask, then commit ------------------------------------------------------------------
+
+    def check(self, placement: Placement) -> ClusterReason | None:
+        """Why `placement` cannot be committed now, or None when it can. Pure."""
+        conflict = ReasonCode.CONFLICT
+
+        def no(msg: str, **numbers: int) -> ClusterReason:
+            return ClusterReason(placement.cluster, conflict, msg, MappingProxyType(numbers))
+
+        if placement.job_id in self._allocations:
+            return no(f"job {placement.job_id} already holds an allocation")
+        i = self.index.get(placement.node)
+        if i is None:
+            return no(f"node {placement.node} is not in the inventory")
+        node = self.nodes[i]
+        if node.cluster != placement.cluster:
+            return no(f"node {placement.node} is in cluster {node.cluster}")
+        if self.cpu_free[i] < placement.cpu_millis:
+            return no("not enough free CPU", requested=placement.cpu_millis,
+                      free=int(self.cpu_free[i]))
+        if self.mem_free[i] < placement.memory_mib:
+            return no("not enough free memory", requested=placement.memory_mib,
+                      free=int(self.mem_free[i]))
+        seen: set[int] = set()
+        for g in placement.devices:
+            if not 0 <= g.index < self.n_devices[i] or g.index in seen:
+                return no(f"device {g.index} is not a distinct card of node {placement.node}")
+            seen.add(g.index)
+            if g.mem_mib < 0 or g.gpu_milli < 0:
+                return no("device grants must be >= 0")
+            mem_free = int(self.dev_mem_free[i, g.index])
+            milli_free = int(self.dev_milli_free[i, g.index])
+            if g.mem_mib > mem_free or g.gpu_milli > milli_free:
+                return no(f"card {g.index} of {placement.node} no longer has room",
+                          device=g.index, mem_requested=g.mem_mib, mem_free=mem_free,
+                          milli_requested=g.gpu_milli, milli_free=milli_free)
+        if len(placement.devices) > 1 and not all(
+            g.mem_mib == self.dev_mem_cap[i, g.index] and g.gpu_milli == MILLI_PER_GPU
+            for g in placement.devices
+        ):
+            return no("a multi-card placement must take whole cards")
+        return None
+
+    def commit(self, placement: Placement) -> None:
+        """Apply `placement` wholly, after checking it again; raises SchedulingConflict."""
+        reason = self.check(placement)
+        if reason is not None:
+            raise SchedulingConflict(reason.message)
+        self._apply(placement, sign=-1)
+        self._allocations[placement.job_id] = placement
+
+    def release(self, job_id: str) -> Placement | None:
+        """Give back `job_id`'s resources. Idempotent: a second call returns None, never raises."""
+        placement = self._allocations.pop(job_id, None)
+        if placement is not None:
+            self._apply(placement, sign=+1)
+        return placement
+
+    def _apply(self, placement: Placement, sign: int) -> None:
+        i = self.index[placement.node]
+        self.cpu_free[i] += sign * placement.cpu_millis
+        self.mem_free[i] += sign * placement.memory_mib
+        for g in placement.devices:
+            self.dev_mem_free[i, g.index] += sign * g.mem_mib
+            self.dev_milli_free[i, g.index] += sign * g.gpu_milli
+        self._refresh(i)
+        self.generation += 1
+
+    # -- inventory changes -----------------------------------------------------------------
+
+    def set_schedulable(self, node: str, schedulable: bool) -> None:
+        """Cordon (False) or uncordon a node; its allocations stay."""
+        i = self.index[node]
+        self.schedulable[i] = schedulable
+        self.generation += 1
+
+    def replace_nodes(self, nodes: Iterable[NodeInfo]) -> list[Placement]:
+        """Swap in a new inventory, keeping the allocations that still fit; returns the dropped."""
+        kept = list(self._allocations.values())
+        self._allocations = {}
+        self._build(list(nodes))
+        dropped: list[Placement] = []
+        for placement in kept:
+            if self.check(placement) is None:
+                self.commit(placement)
+            else:
+                dropped.append(placement)
+        self.generation += 1
+        return dropped
+
+
+_MUTABLE_ARRAYS = (
+    "schedulable", "cpu_free", "mem_free", "dev_mem_free", "dev_milli_free",
+    "full_free", "max_milli_free", "max_mem_free", "gpu_milli_free",
+)
