@@ -38,15 +38,17 @@ def test_unknown_key_names_the_nearest_valid_one() -> None:
 
 def test_unknown_key_inside_a_list_item() -> None:
     data = {"models": [{"name": "m", "instances": [{"url": "http://x", "max_concurency": 2}]}]}
-    with pytest.raises(ConfigError, match="did you mean 'max_concurrency'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'max_concurrency'"):
         parse_settings(data)
 
 
 def test_invalid_values_are_refused_with_the_path() -> None:
-    with pytest.raises(ConfigError, match="models.0.instances"):
+    with pytest.raises(ConfigError, match=r"models\.0\.instances"):
         parse_settings({"models": [{"name": "m", "instances": []}]})
     with pytest.raises(ConfigError, match="max_concurrency"):
-        parse_settings({"models": [{"name": "m", "instances": [{"url": "u", "max_concurrency": 0}]}]})
+        parse_settings(
+            {"models": [{"name": "m", "instances": [{"url": "u", "max_concurrency": 0}]}]}
+        )
 
 
 def test_duplicate_api_key_across_tenants_is_refused() -> None:

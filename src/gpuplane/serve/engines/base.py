@@ -7,9 +7,10 @@ It does no I/O itself; the gateway's prober and the deployment layer do, and han
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -41,8 +42,11 @@ class EngineAdapter:
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     default_capacity: ClassVar[int] = 1
+    info_path: ClassVar[str | None] = None  # JSON read by `parse_capacity`, if the engine has one
 
-    def launch(self, model_path: str, host: str, port: int, slice_: Slice, capacity: int) -> LaunchSpec:
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
         """The command that serves `model_path` on host:port within `slice_`."""
         raise NotImplementedError(f"engine '{self.name}' cannot be launched by gpuplane")
 
@@ -53,6 +57,41 @@ class EngineAdapter:
     def parse_capacity(self, info: dict[str, object]) -> int | None:
         """The engine's own concurrency limit from its info endpoint, if it reports one."""
         return None
+
+
+def gpu_env(slice_: Slice, devices: Sequence[int] | None = None) -> dict[str, str]:
+    """`CUDA_VISIBLE_DEVICES` for a slice: the given devices, else the first `gpus` (or one)."""
+    if not slice_.is_gpu:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    ids = list(devices) if devices is not None else list(range(max(slice_.gpus, 1)))
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in ids)}
+
+
+def memory_fraction(slice_: Slice, card_mem_mib: int | None, full: float) -> float:
+    """An engine's GPU-memory fraction flag for a slice.
+
+    `full` is what the engine would use of a card it owns. Under HAMi the engine sees only its
+    slice's memory, so `full` applies as is (pass `card_mem_mib=None`); on a card the engine shares
+    without virtualisation, the fraction shrinks by the slice's share of the card.
+    """
+    if not slice_.is_fractional or card_mem_mib is None:
+        return full
+    return round(full * slice_.share(card_mem_mib), 4)
+
+
+def prometheus_samples(text: str) -> dict[str, float]:
+    """Sample name → value summed over its label sets, from Prometheus text (for `parse_load`).
+
+    Summing is what a load reading wants: an engine with several model or engine labels reports
+    its total. Unparseable text raises `ValueError` with the parser's reason.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
 
 
 _REGISTRY: dict[str, Callable[[], EngineAdapter]] = {}
@@ -68,10 +107,8 @@ def register(cls: type[EngineAdapter]) -> type[EngineAdapter]:
 def get_adapter(name: str) -> EngineAdapter:
     """The adapter registered as `name`; an unknown name fails with the valid ones."""
     if name not in _REGISTRY and name in _BUILTIN:
-        try:
+        with contextlib.suppress(ModuleNotFoundError):
             importlib.import_module(f"gpuplane.serve.engines.{name}")
-        except ModuleNotFoundError:
-            pass
     if name not in _REGISTRY:
         known = sorted(set(_REGISTRY) | set(_BUILTIN))
         close = difflib.get_close_matches(name, known, n=1)

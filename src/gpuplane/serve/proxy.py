@@ -1,0 +1,215 @@
+"""One proxied completion as an ASGI callable: wait for a slot, stream the engine's answer, free
+the slot on every path.
+
+The whole life of the request runs inside `__call__`, beside a watcher of the client's
+connection: if the client leaves (while queued, before the first byte or mid-stream) the work is
+cancelled, the engine request is aborted, and the `finally` releases the lease exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gpuplane.serve.errors import error_body, sse_error_event
+from gpuplane.serve.metrics import GatewayMetrics
+from gpuplane.serve.router import Admission, FailureKind, ModelRouter, Rejected, Rejection
+from gpuplane.serve.upstream import PASSED_RESPONSE_HEADERS, Upstream, UpstreamFailure
+
+_DONE = b"data: [DONE]"
+
+
+@dataclass(slots=True)
+class Tenant:
+    name: str
+    weight: float = 1.0
+    priority: int = 0
+
+
+class ProxyCall(Response):
+    """A response whose status is only known once a slot was granted and the engine answered."""
+
+    def __init__(
+        self,
+        *,
+        router: ModelRouter,
+        upstream: Upstream,
+        metrics: GatewayMetrics,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        stream: bool,
+        blocks: Sequence[int],
+        tenant: Tenant,
+        deadline_s: float,
+        retries: int,
+    ) -> None:
+        super().__init__()
+        self.router = router
+        self.upstream = upstream
+        self.metrics = metrics
+        self.path = path
+        self.payload = body
+        self.request_headers = headers
+        self.stream = stream
+        self.blocks = blocks
+        self.tenant = tenant
+        self.deadline_s = deadline_s
+        self.retries = retries
+        self.started = time.monotonic()
+        self.status = 0  # HTTP status sent to the client; 0 until the answer starts
+        self.finished = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_client, receive, tg.cancel_scope)
+            try:
+                with anyio.move_on_after(self.deadline_s) as deadline:
+                    await self._serve(send)
+                if deadline.cancelled_caught:
+                    message = (
+                        f"the request did not finish within {self.deadline_s:g} s "
+                        "(gateway.request_timeout_s)"
+                    )
+                    if not self.status:
+                        await self._send_error(send, 504, message, "request_timeout")
+                    elif not self.finished:
+                        event = sse_error_event(message, "request_timeout")
+                        await self._finish(send, event)
+            finally:
+                tg.cancel_scope.cancel()
+                model = self.router.name
+                self.metrics.requests.labels(model, str(self.status or 499)).inc()
+                self.metrics.latency.labels(model).observe(time.monotonic() - self.started)
+
+    async def _watch_client(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    async def _serve(self, send: Send) -> None:
+        avoid: frozenset[str] = frozenset()
+        for attempt in range(self.retries + 1):
+            try:
+                admission = await self.router.acquire(
+                    self.blocks,
+                    tenant=self.tenant.name,
+                    weight=self.tenant.weight,
+                    priority=self.tenant.priority,
+                    avoid=avoid,
+                )
+            except Rejected as exc:
+                status = 429 if exc.reason is Rejection.QUEUE_FULL else 503
+                await self._send_error(
+                    send,
+                    status,
+                    str(exc),
+                    exc.reason.value,
+                    {"retry-after": str(exc.retry_after_s)},
+                )
+                return
+            if attempt == 0:
+                self.metrics.queue_wait.labels(self.router.name).observe(
+                    time.monotonic() - self.started
+                )
+            try:
+                failure = await self._attempt(admission, send)
+            finally:
+                self.router.release(admission)
+            if failure is None:
+                return
+            self.metrics.upstream_failures.labels(
+                self.router.name, admission.lease.instance_id, failure.kind.value
+            ).inc()
+            self.router.report_failure(admission.lease.instance_id, failure.kind)
+            if self.status:  # the answer had begun: _attempt ended it with an error event
+                return
+            avoid = avoid | {admission.lease.instance_id}
+            if attempt < self.retries:
+                self.metrics.retries.labels(self.router.name).inc()
+        await self._send_error(
+            send,
+            502,
+            f"model '{self.router.name}' failed on {len(avoid)} instance(s): {failure}",
+            "upstream_error",
+        )
+
+    async def _attempt(self, admission: Admission, send: Send) -> UpstreamFailure | None:
+        """Proxy once. None on success; the failure otherwise (the caller decides on a retry)."""
+        response: httpx.Response | None = None
+        try:
+            response = await self.upstream.open(
+                admission.url + self.path, self.payload, self.request_headers
+            )
+            headers = [
+                (k.encode(), v.encode())
+                for k, v in response.headers.items()
+                if k in PASSED_RESPONSE_HEADERS
+            ]
+            if not self.stream or response.status_code != 200:
+                body = b"".join([chunk async for chunk in self.upstream.chunks(response)])
+                self.metrics.ttft.labels(self.router.name).observe(time.monotonic() - self.started)
+                await self._start(send, response.status_code, headers)
+                await self._finish(send, body)
+            else:
+                await self._stream(response, headers, send)
+        except UpstreamFailure as failure:
+            if self.status:
+                event = sse_error_event(
+                    f"the engine failed mid-stream: {failure}", "upstream_error"
+                )
+                await self._finish(send, event)
+            return failure
+        finally:
+            if response is not None:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+        self.router.report_success(admission.lease.instance_id)
+        return None
+
+    async def _stream(
+        self, response: httpx.Response, headers: list[tuple[bytes, bytes]], send: Send
+    ) -> None:
+        tail = b""
+        async for chunk in self.upstream.chunks(response):
+            if not self.status:
+                self.metrics.ttft.labels(self.router.name).observe(time.monotonic() - self.started)
+                await self._start(send, 200, headers)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = (tail + chunk)[-64:]
+        if _DONE not in tail:
+            raise UpstreamFailure(
+                FailureKind.PROTOCOL, "the engine ended the stream without [DONE]"
+            )
+        await self._finish(send, b"")
+
+    async def _start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def _send_error(
+        self,
+        send: Send,
+        status: int,
+        message: str,
+        code: str,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        body = json.dumps(error_body(status, message, code)).encode()
+        headers = [(b"content-type", b"application/json")]
+        headers += [(k.encode(), v.encode()) for k, v in (extra_headers or {}).items()]
+        await self._start(send, status, headers)
+        await self._finish(send, body)
+
+    async def _finish(self, send: Send, body: bytes) -> None:
+        self.finished = True
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,270 @@
+"""One model's router: admit (slot) → place → queue when full → release, plus health state.
+
+The async shell around the pure cores (SlotTable, FairQueue, PrefixIndex, a placement policy).
+Everything here runs on one event loop and never awaits while it mutates, so each method is
+atomic with respect to the others. `release` is idempotent and hands a freed slot straight to the
+next waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NoReturn
+
+from gpuplane.config import GatewayConfig, ModelConfig
+from gpuplane.serve.placement import Choice, make_policy
+from gpuplane.serve.prefix import PrefixIndex
+from gpuplane.serve.queue import FairQueue, Ticket
+from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
+
+
+class Rejection(StrEnum):
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    NO_HEALTHY_INSTANCE = "no_healthy_instance"
+
+
+class Rejected(Exception):
+    """The request gets no slot; `reason` and `retry_after_s` feed the HTTP answer."""
+
+    def __init__(self, reason: Rejection, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class FailureKind(StrEnum):
+    CONNECT = "connect"  # nothing listens: the instance is down
+    TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    STATUS = "status"  # 5xx
+
+
+@dataclass(slots=True)
+class Admission:
+    """A granted slot and how it was placed."""
+
+    lease: Lease
+    url: str
+    choice: Choice
+
+
+@dataclass(slots=True)
+class _Waiter:
+    blocks: Sequence[int]
+    future: asyncio.Future[Admission]
+    ticket: Ticket[_Waiter] | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(slots=True)
+class RouterEvents:
+    """Callbacks the metrics layer hooks into; the defaults do nothing."""
+
+    placed: Callable[[str, Choice], None] = lambda model, choice: None
+    rejected: Callable[[str, Rejection], None] = lambda model, reason: None
+    reaped: Callable[[str, Lease], None] = lambda model, lease: None
+    health_changed: Callable[[str, str, bool], None] = lambda model, iid, healthy: None
+
+
+@dataclass(slots=True)
+class _Health:
+    consecutive_failures: int = 0
+
+
+class ModelRouter:
+    def __init__(
+        self,
+        model: ModelConfig,
+        cfg: GatewayConfig,
+        capacities: Sequence[int],
+        *,
+        events: RouterEvents | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = model.name
+        self.cfg = cfg
+        self.slots = SlotTable(
+            (inst.id, inst.url.rstrip("/"), cap)
+            for inst, cap in zip(model.instances, capacities, strict=True)
+        )
+        self.queue: FairQueue[_Waiter] = FairQueue(cfg.queue.max_size, cfg.queue.fairness_slack)
+        self.index = PrefixIndex(cfg.placement.prefix_index_blocks)
+        self.policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
+        self.events = events or RouterEvents()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._health = {i.id: _Health() for i in self.slots.instances}
+        self._hold_ewma_s = 0.0
+
+    @property
+    def instances(self) -> list[InstanceSlots]:
+        return self.slots.instances
+
+    def wants_prefix(self) -> bool:
+        return self.policy.uses_prefix
+
+    # -- admission ------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        blocks: Sequence[int],
+        *,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Admission:
+        """A slot on the best instance, now or after waiting in the fair queue.
+
+        Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance.
+        Cancelling the caller withdraws it from the queue and frees any slot it was handed.
+        """
+        healthy = [i for i in self.slots.instances if i.healthy]
+        if not healthy:
+            self._reject(
+                Rejection.NO_HEALTHY_INSTANCE,
+                f"all {len(self.slots.instances)} instances of model '{self.name}' are "
+                "unhealthy; retry later or check the engines",
+            )
+        if not len(self.queue):
+            admission = self._place(blocks, avoid) or (self._place(blocks) if avoid else None)
+            if admission is not None:
+                return admission
+        if self.queue.is_full():
+            self._reject(
+                Rejection.QUEUE_FULL,
+                f"model '{self.name}' is at capacity and its queue is full "
+                f"({self.queue.max_size} waiting); retry later",
+            )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(blocks, loop.create_future())
+        waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
+        timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
+        waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._withdraw(waiter)
+            raise
+        finally:
+            waiter.timer.cancel()
+
+    def release(self, admission: Admission) -> None:
+        """Free the slot (idempotent) and hand it to the next waiter."""
+        lease = admission.lease
+        if self.slots.release(lease):
+            held = self._clock() - lease.acquired_at
+            self._hold_ewma_s = (
+                held if not self._hold_ewma_s else 0.9 * self._hold_ewma_s + 0.1 * held
+            )
+            self._dispatch(lease.instance_id)
+
+    def reap(self) -> int:
+        """Release leases past the TTL; each one is a leak and is reported."""
+        expired = self.slots.expired(self._clock(), self.cfg.lease_ttl_s)
+        for lease in expired:
+            self.events.reaped(self.name, lease)
+            inst = self.slots.get(lease.instance_id)
+            self.release(Admission(lease, inst.url, Choice(inst.id, "reaped")))
+        return len(expired)
+
+    # -- health ---------------------------------------------------------------------------
+
+    def report_success(self, instance_id: str) -> None:
+        self._health[instance_id].consecutive_failures = 0
+        self._set_healthy(instance_id, True)
+
+    def report_failure(self, instance_id: str, kind: FailureKind) -> None:
+        """Passive health: a refused connection marks the instance down at once; other failures
+        count until `failure_threshold` in a row."""
+        health = self._health[instance_id]
+        health.consecutive_failures += 1
+        if kind is FailureKind.CONNECT or (
+            health.consecutive_failures >= self.cfg.health.failure_threshold
+        ):
+            self._set_healthy(instance_id, False)
+
+    def _set_healthy(self, instance_id: str, healthy: bool) -> None:
+        if not self.slots.set_healthy(instance_id, healthy):
+            return
+        self.events.health_changed(self.name, instance_id, healthy)
+        if healthy:
+            self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
+            self._dispatch(instance_id)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _place(
+        self, blocks: Sequence[int], avoid: frozenset[str] = frozenset()
+    ) -> Admission | None:
+        candidates = [c for c in self.slots.available() if c.id not in avoid]
+        affinity = self.index.match(blocks) if blocks and self.policy.uses_prefix else {}
+        choice = self.policy.choose(candidates, affinity, self._rng)
+        if choice is None:
+            return None
+        lease = self.slots.acquire(choice.instance_id, self._clock())
+        if blocks:
+            self.index.record(blocks, choice.instance_id)
+        self.events.placed(self.name, choice)
+        return Admission(lease, self.slots.get(choice.instance_id).url, choice)
+
+    def _dispatch(self, freed: str | None) -> None:
+        """Hand free slots to waiters: fair order, bent within the slack toward a waiter whose
+        prefix the freed instance holds."""
+        while len(self.queue) and self.slots.available():
+            prefer = None
+            if freed is not None and self.policy.uses_prefix:
+                prefer = functools.partial(self._affinity_to, freed)
+            waiter = self.queue.pop(prefer)
+            freed = None
+            if waiter is None:
+                return
+            if waiter.future.done():
+                continue
+            admission = self._place(waiter.blocks)
+            if admission is None:
+                return
+            waiter.future.set_result(admission)
+
+    def _affinity_to(self, instance_id: str, waiter: _Waiter) -> float:
+        return float(self.index.match(waiter.blocks).get(instance_id, 0))
+
+    def _expire(self, waiter: _Waiter, timeout: float) -> None:
+        if waiter.future.done() or waiter.ticket is None:
+            return
+        self.queue.remove(waiter.ticket)
+        capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
+        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self._hold_ewma_s))
+        self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
+        waiter.future.set_exception(
+            Rejected(
+                Rejection.QUEUE_TIMEOUT,
+                f"no slot on model '{self.name}' became free within {timeout:g} s; "
+                f"retry after {retry} s or raise gateway.queue.timeout_s",
+                retry,
+            )
+        )
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        """The waiter's caller was cancelled: leave the queue, or free the slot it was handed."""
+        if waiter.ticket is not None:
+            self.queue.remove(waiter.ticket)
+        fut = waiter.future
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            self.release(fut.result())
+        elif not fut.done():
+            fut.cancel()
+
+    def _reject(self, reason: Rejection, message: str) -> NoReturn:
+        self.events.rejected(self.name, reason)
+        raise Rejected(reason, message)

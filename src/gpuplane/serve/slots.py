@@ -1,0 +1,117 @@
+"""Concurrency-slot accounting: which instance holds how many generations, as leases.
+
+Pure: no I/O, no clock reads (callers pass `now`). An instance with capacity N never holds more
+than N leases; `release` is idempotent, so every exit path of a request may call it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class SlotRefusal(StrEnum):
+    UNKNOWN_INSTANCE = "unknown_instance"
+    UNHEALTHY = "unhealthy"
+    FULL = "full"
+
+
+@dataclass(slots=True)
+class InstanceSlots:
+    """One engine instance as the slot table sees it."""
+
+    id: str
+    url: str
+    capacity: int
+    in_flight: int = 0
+    healthy: bool = True
+    leases: set[int] = field(default_factory=set)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.in_flight
+
+    @property
+    def utilisation(self) -> float:
+        return self.in_flight / self.capacity
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A held slot. Release it exactly once; releasing again is a no-op."""
+
+    id: int
+    instance_id: str
+    acquired_at: float
+
+
+class SlotTable:
+    """Capacity, in-flight count and leases of every instance of one model."""
+
+    def __init__(self, instances: Iterable[tuple[str, str, int]]) -> None:
+        self._instances: dict[str, InstanceSlots] = {}
+        for iid, url, capacity in instances:
+            if capacity < 1:
+                raise ValueError(f"instance {iid}: capacity must be >= 1, got {capacity}")
+            self._instances[iid] = InstanceSlots(iid, url, capacity)
+        self._leases: dict[int, Lease] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def instances(self) -> list[InstanceSlots]:
+        return list(self._instances.values())
+
+    def get(self, instance_id: str) -> InstanceSlots:
+        return self._instances[instance_id]
+
+    def available(self) -> list[InstanceSlots]:
+        """Healthy instances with at least one free slot."""
+        return [i for i in self._instances.values() if i.healthy and i.in_flight < i.capacity]
+
+    def can_acquire(self, instance_id: str) -> SlotRefusal | None:
+        """None when a slot on `instance_id` can be taken now, else why not."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return SlotRefusal.UNKNOWN_INSTANCE
+        if not inst.healthy:
+            return SlotRefusal.UNHEALTHY
+        if inst.in_flight >= inst.capacity:
+            return SlotRefusal.FULL
+        return None
+
+    def acquire(self, instance_id: str, now: float) -> Lease:
+        refusal = self.can_acquire(instance_id)
+        if refusal is not None:
+            raise RuntimeError(f"cannot acquire a slot on {instance_id}: {refusal.value}")
+        lease = Lease(next(self._ids), instance_id, now)
+        inst = self._instances[instance_id]
+        inst.in_flight += 1
+        inst.leases.add(lease.id)
+        self._leases[lease.id] = lease
+        return lease
+
+    def release(self, lease: Lease) -> bool:
+        """Free the lease's slot. True the first time, False (and no change) afterwards."""
+        if self._leases.pop(lease.id, None) is None:
+            return False
+        inst = self._instances[lease.instance_id]
+        inst.leases.discard(lease.id)
+        inst.in_flight -= 1
+        return True
+
+    def expired(self, now: float, ttl: float) -> list[Lease]:
+        """Leases held longer than `ttl`: each is a leak the reaper will release."""
+        return [lease for lease in self._leases.values() if now - lease.acquired_at > ttl]
+
+    def set_healthy(self, instance_id: str, healthy: bool) -> bool:
+        """Mark an instance; True when its state changed."""
+        inst = self._instances[instance_id]
+        changed = inst.healthy != healthy
+        inst.healthy = healthy
+        return changed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._leases)
