@@ -1,0 +1,124 @@
+"""`gpuplane engine`: run engines by hand; today the simulator (`gpuplane engine sim`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from collections.abc import Callable
+
+import typer
+
+from gpuplane.serve.engines.sim import SimFleet, fleet_params
+
+app = typer.Typer(name="engine", help="Run inference engines by hand.", no_args_is_help=True)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{what} takes integers separated by commas, got '{text}'"
+        ) from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{what} values must be >= 1, got '{text}'")
+    return values
+
+
+def _slowdowns(items: list[str]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for item in items:
+        index, _, factor = item.partition("=")
+        try:
+            out[int(index)] = float(factor)
+        except ValueError:
+            raise typer.BadParameter(
+                f"--slow takes INDEX=FACTOR (e.g. 0=3), got '{item}'"
+            ) from None
+    return out
+
+
+@app.command()
+def sim(
+    base_port: int = typer.Option(8200, help="instance i listens on BASE_PORT+i; 0: free ports"),
+    instances: int = typer.Option(1, min=1, help="how many instances this process hosts"),
+    max_num_seqs: str = typer.Option(
+        "4", help="sequences an instance runs at once; a comma list cycles (e.g. 4,5)"
+    ),
+    seed: int = typer.Option(0, help="seeds failure injection and generated text"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    model: str = typer.Option("sim", help="model name in /v1/models and responses"),
+    prefill_tokens_per_s: float = typer.Option(50_000.0, help="prefill speed"),
+    itl_ms: float = typer.Option(10.0, help="inter-token latency with one sequence running"),
+    itl_growth: float = typer.Option(0.05, help="ITL grows by this share per extra sequence"),
+    prefix_cache_tokens: int = typer.Option(262_144, help="LRU prefix cache size; 0: none"),
+    block_tokens: int = typer.Option(16, help="prefix cache block size in tokens"),
+    default_max_tokens: int = typer.Option(16, help="output tokens when a request sets none"),
+    tokens_per_chunk: int = typer.Option(1, help="tokens per streamed SSE chunk"),
+    zero_delay: bool = typer.Option(False, help="no prefill or ITL: measure HTTP overhead only"),
+    error_rate: float = typer.Option(0.0, help="share of requests answered with HTTP 500"),
+    hang_rate: float = typer.Option(0.0, help="share of requests that never answer"),
+    drop_rate: float = typer.Option(0.0, help="share of requests whose connection is dropped"),
+    drop_at_token: int = typer.Option(1, help="dropped requests lose the connection here"),
+    slow: list[str] = typer.Option([], help="INDEX=FACTOR: instance INDEX is FACTOR times slower"),
+    json_ready: bool = typer.Option(False, "--json", help="print one JSON line when ready"),
+) -> None:
+    """Run K simulated OpenAI-compatible engine instances in one process (see docs)."""
+    try:
+        params = fleet_params(
+            instances,
+            _ints(max_num_seqs, "--max-num-seqs"),
+            _slowdowns(slow),
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            itl_ms=itl_ms,
+            itl_growth=itl_growth,
+            prefix_cache_tokens=prefix_cache_tokens,
+            block_tokens=block_tokens,
+            default_max_tokens=default_max_tokens,
+            tokens_per_chunk=tokens_per_chunk,
+            zero_delay=zero_delay,
+            error_rate=error_rate,
+            hang_rate=hang_rate,
+            drop_rate=drop_rate,
+            drop_at_token=drop_at_token,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    fleet = SimFleet(params, seed=seed, host=host, base_port=base_port, model=model)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve(fleet, json_ready))
+    except OSError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (uvicorn[standard] brings it): the simulator's per-request cost."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+async def _serve(fleet: SimFleet, json_ready: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await fleet.start()
+    if json_ready:
+        typer.echo(json.dumps({"urls": fleet.urls}), nl=True)
+    else:
+        for inst in fleet.instances:
+            cap = inst.core.params.max_num_seqs
+            typer.echo(f"sim instance {inst.index}: {inst.url} (max_num_seqs {cap})")
+        typer.echo("stats: GET /sim/stats on any instance; Ctrl-C stops")
+    try:
+        await stop.wait()
+    finally:
+        await fleet.stop()

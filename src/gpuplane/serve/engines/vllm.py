@@ -1,0 +1,86 @@
+"""vLLM: `vllm serve` on a slice, `/health`, `vllm:*` Prometheus metrics, `max_num_seqs`.
+
+vLLM renamed its KV-usage gauge (`vllm:gpu_cache_usage_perc` → `vllm:kv_cache_usage_perc`);
+both are read, the newer first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import (
+    EngineAdapter,
+    EngineLoad,
+    LaunchSpec,
+    gpu_env,
+    memory_fraction,
+    prometheus_samples,
+    register,
+)
+
+_MAX_NUM_SEQS = re.compile(r"max_num_seqs=(\d+)")
+
+
+def parse_vllm_load(metrics_text: str) -> EngineLoad:
+    """Running/waiting/KV usage from vLLM's `/metrics` (summed over engines and models)."""
+    s = prometheus_samples(metrics_text)
+    running = s.get("vllm:num_requests_running")
+    waiting = s.get("vllm:num_requests_waiting")
+    kv = s.get("vllm:kv_cache_usage_perc", s.get("vllm:gpu_cache_usage_perc"))
+    return EngineLoad(
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv_cache_usage=kv,
+    )
+
+
+@register
+class VllmAdapter(EngineAdapter):
+    """vLLM's OpenAI server. Capacity is `--max-num-seqs`, which gpuplane sets when it launches."""
+
+    name = "vllm"
+    health_path = "/health"
+    default_capacity = 256  # vLLM's default max_num_seqs
+    info_path = "/server_info"  # only with VLLM_SERVER_DEV_MODE=1; otherwise 404
+
+    def __init__(
+        self,
+        card_mem_mib: int | None = None,
+        devices: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.card_mem_mib = card_mem_mib
+        self.devices = devices
+        self.extra_args = list(extra_args)
+
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        frac = memory_fraction(slice_, self.card_mem_mib, 0.9)
+        argv = ["vllm", "serve", model_path, "--host", host, "--port", str(port)]
+        argv += ["--max-num-seqs", str(capacity), "--gpu-memory-utilization", f"{frac:g}"]
+        if slice_.gpus > 1:
+            argv += ["--tensor-parallel-size", str(slice_.gpus)]
+        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+
+    def parse_load(self, metrics_text: str) -> EngineLoad:
+        return parse_vllm_load(metrics_text)
+
+    def parse_capacity(self, info: dict[str, object]) -> int | None:
+        """`max_num_seqs` from a config dict, or from the `vllm_config` text `/server_info` has."""
+        direct = info.get("max_num_seqs")
+        if isinstance(direct, int) and direct > 0:
+            return direct
+        sched = info.get("scheduler_config")
+        if isinstance(sched, dict):
+            nested = sched.get("max_num_seqs")
+            if isinstance(nested, int) and nested > 0:
+                return nested
+        for value in info.values():
+            if isinstance(value, str):
+                m = _MAX_NUM_SEQS.search(value)
+                if m:
+                    return int(m.group(1))
+        return None
