@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.serve.engines.sim import SimFleet, sim_process, start_sim
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -292,3 +292,19 @@ async def test_bad_requests_say_what_is_wrong(client: httpx.AsyncClient) -> None
 def test_fleet_needs_an_instance() -> None:
     with pytest.raises(ValueError, match="at least one instance"):
         SimFleet([])
+
+
+async def test_the_cli_runs_instances_in_a_child_process(client: httpx.AsyncClient) -> None:
+    async with sim_process(instances=2, max_num_seqs=[1, 2], itl_ms=1.0, seed=5) as sim:
+        r = await client.post(sim.urls[1] + "/v1/chat/completions", json=chat("x"))
+        assert r.status_code == 200
+        await sim.kill(0)
+        with pytest.raises(httpx.ConnectError):
+            await client.get(sim.urls[0] + "/health")
+        await sim.restart(0)
+        assert (await client.get(sim.urls[0] + "/health")).status_code == 200
+        stats = await sim.stats()
+    assert [s["max_num_seqs"] for s in stats] == [1, 2]
+    assert [s["kills"] for s in stats] == [1, 0]
+    assert stats[1]["requests_completed"] == 1
+    assert sim.proc.returncode is not None  # stopped with the block

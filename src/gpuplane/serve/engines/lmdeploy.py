@@ -1,0 +1,85 @@
+"""LMDeploy: `lmdeploy serve api_server` on a slice, `/health`, `lmdeploy:*` metrics.
+
+Capacity is `--max-batch-size`. LMDeploy has no info endpoint for it; it publishes its backend
+config as the Prometheus info metric `lmdeploy:backend_config_info`, whose labels
+`backend_config_labels` returns for `parse_capacity`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import (
+    EngineAdapter,
+    EngineLoad,
+    LaunchSpec,
+    gpu_env,
+    memory_fraction,
+    prometheus_samples,
+    register,
+)
+
+
+def parse_lmdeploy_load(metrics_text: str) -> EngineLoad:
+    s = prometheus_samples(metrics_text)
+    running = s.get("lmdeploy:num_requests_running")
+    waiting = s.get("lmdeploy:num_requests_waiting")
+    return EngineLoad(
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv_cache_usage=s.get("lmdeploy:gpu_cache_usage_perc"),
+    )
+
+
+def backend_config_labels(metrics_text: str) -> dict[str, object]:
+    """The labels of `lmdeploy:backend_config_info`, e.g. `{"max_batch_size": "128", ...}`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "lmdeploy:backend_config_info":
+                return dict(sample.labels)
+    return {}
+
+
+@register
+class LmdeployAdapter(EngineAdapter):
+    """LMDeploy's OpenAI server (TurboMind or PyTorch backend)."""
+
+    name = "lmdeploy"
+    health_path = "/health"
+    default_capacity = 128  # LMDeploy's default max_batch_size on GPUs with lots of memory
+
+    def __init__(
+        self,
+        card_mem_mib: int | None = None,
+        devices: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.card_mem_mib = card_mem_mib
+        self.devices = devices
+        self.extra_args = list(extra_args)
+
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        # --cache-max-entry-count is the share of free memory (after weights) for the KV cache
+        frac = memory_fraction(slice_, self.card_mem_mib, 0.8)
+        argv = ["lmdeploy", "serve", "api_server", model_path]
+        argv += ["--server-name", host, "--server-port", str(port)]
+        argv += ["--max-batch-size", str(capacity), "--cache-max-entry-count", f"{frac:g}"]
+        if slice_.gpus > 1:
+            argv += ["--tp", str(slice_.gpus)]
+        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+
+    def parse_load(self, metrics_text: str) -> EngineLoad:
+        return parse_lmdeploy_load(metrics_text)
+
+    def parse_capacity(self, info: dict[str, object]) -> int | None:
+        value = info.get("max_batch_size")
+        try:
+            n = int(value) if isinstance(value, int | str) else 0
+        except ValueError:
+            return None
+        return n if n > 0 else None

@@ -1,0 +1,75 @@
+"""SGLang: `sglang.launch_server` on a slice, `/health`, `sglang:*` metrics, `max_running_requests`.
+
+SGLang exports metrics only with `--enable-metrics`, which the launch command sets. Capacity comes
+from `/server_info` (`/get_server_info` before 0.4.7): `max_running_requests` at the top level or,
+in newer versions, in `internal_states[0]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import (
+    EngineAdapter,
+    EngineLoad,
+    LaunchSpec,
+    gpu_env,
+    memory_fraction,
+    prometheus_samples,
+    register,
+)
+
+
+def parse_sglang_load(metrics_text: str) -> EngineLoad:
+    s = prometheus_samples(metrics_text)
+    running = s.get("sglang:num_running_reqs")
+    waiting = s.get("sglang:num_queue_reqs")
+    return EngineLoad(
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv_cache_usage=s.get("sglang:token_usage"),
+    )
+
+
+@register
+class SglangAdapter(EngineAdapter):
+    """SGLang's HTTP server."""
+
+    name = "sglang"
+    health_path = "/health"
+    default_capacity = 128
+    info_path = "/server_info"
+
+    def __init__(
+        self,
+        card_mem_mib: int | None = None,
+        devices: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.card_mem_mib = card_mem_mib
+        self.devices = devices
+        self.extra_args = list(extra_args)
+
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        frac = memory_fraction(slice_, self.card_mem_mib, 0.88)
+        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path]
+        argv += ["--host", host, "--port", str(port), "--enable-metrics"]
+        argv += ["--max-running-requests", str(capacity), "--mem-fraction-static", f"{frac:g}"]
+        if slice_.gpus > 1:
+            argv += ["--tp-size", str(slice_.gpus)]
+        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+
+    def parse_load(self, metrics_text: str) -> EngineLoad:
+        return parse_sglang_load(metrics_text)
+
+    def parse_capacity(self, info: dict[str, object]) -> int | None:
+        value = info.get("max_running_requests")
+        states = info.get("internal_states")
+        if not isinstance(value, int) and isinstance(states, list) and states:
+            first = states[0]
+            if isinstance(first, dict):
+                value = first.get("max_running_requests")
+        return value if isinstance(value, int) and value > 0 else None

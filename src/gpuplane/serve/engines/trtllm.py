@@ -1,0 +1,96 @@
+"""TensorRT-LLM: `trtllm-serve` on a slice, `/health`, and its load from either metrics form.
+
+`trtllm-serve` answers `/metrics` with JSON iteration statistics (a list of per-iteration objects
+with `numActiveRequests`, `numQueuedRequests`, `kvCacheStats`, `maxBatchSizeRuntime`, ...); newer
+releases also export Prometheus text with `trtllm_` names at `/prometheus/metrics`. `parse_load`
+accepts both. Capacity is `--max_batch_size`, also reported in the iteration statistics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import (
+    EngineAdapter,
+    EngineLoad,
+    LaunchSpec,
+    gpu_env,
+    memory_fraction,
+    prometheus_samples,
+    register,
+)
+
+
+def _latest(payload: Any) -> dict[str, Any]:
+    if isinstance(payload, list):
+        payload = payload[-1] if payload else {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def parse_trtllm_load(metrics_text: str) -> EngineLoad:
+    text = metrics_text.lstrip()
+    if text.startswith(("[", "{")):
+        stats = _latest(json.loads(text))
+        kv = stats.get("kvCacheStats")
+        usage = None
+        if isinstance(kv, dict) and kv.get("maxNumBlocks"):
+            usage = float(kv.get("usedNumBlocks", 0)) / float(kv["maxNumBlocks"])
+        running, waiting = stats.get("numActiveRequests"), stats.get("numQueuedRequests")
+        return EngineLoad(
+            running=running if isinstance(running, int) else None,
+            waiting=waiting if isinstance(waiting, int) else None,
+            kv_cache_usage=usage,
+        )
+    s = prometheus_samples(metrics_text)
+    running_f = s.get("trtllm_num_requests_running")
+    waiting_f = s.get("trtllm_num_requests_waiting")
+    return EngineLoad(
+        running=None if running_f is None else int(running_f),
+        waiting=None if waiting_f is None else int(waiting_f),
+        kv_cache_usage=s.get("trtllm_kv_cache_utilization"),
+    )
+
+
+@register
+class TrtllmAdapter(EngineAdapter):
+    """`trtllm-serve` (PyTorch or TensorRT backend)."""
+
+    name = "trtllm"
+    health_path = "/health"
+    default_capacity = 2048  # trtllm-serve's default max_batch_size
+
+    def __init__(
+        self,
+        card_mem_mib: int | None = None,
+        devices: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.card_mem_mib = card_mem_mib
+        self.devices = devices
+        self.extra_args = list(extra_args)
+
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        # the KV cache takes this share of the memory left after the weights
+        frac = memory_fraction(slice_, self.card_mem_mib, 0.9)
+        argv = ["trtllm-serve", model_path, "--host", host, "--port", str(port)]
+        argv += ["--max_batch_size", str(capacity)]
+        argv += ["--kv_cache_free_gpu_memory_fraction", f"{frac:g}"]
+        if slice_.gpus > 1:
+            argv += ["--tp_size", str(slice_.gpus)]
+        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+
+    def parse_load(self, metrics_text: str) -> EngineLoad:
+        return parse_trtllm_load(metrics_text)
+
+    def parse_capacity(self, info: dict[str, object]) -> int | None:
+        """From one iteration-statistics object (the last element of `/metrics`)."""
+        for key in ("maxBatchSizeRuntime", "maxBatchSizeStatic", "max_batch_size"):
+            value = info.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
