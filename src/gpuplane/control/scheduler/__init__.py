@@ -1,6 +1,25 @@
-"""The pure scheduler core: snapshot types, filter → score → commit, policies registered by name."""
+"""The pure scheduler core: snapshot types, filter -> score -> commit, policies registered by name.
 
+    decision = schedule(snapshot, Request.from_resources(job_id, resources, selector),
+                        make_policy("frag"), rng)
+    if decision.placement: snapshot.commit(decision.placement)   # checks again, never double-books
+    ...
+    snapshot.release(job_id)                                       # idempotent
+"""
+
+from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.core import feasible, filter_nodes, schedule
+from gpuplane.control.scheduler.fragmentation import Workload
+from gpuplane.control.scheduler.registry import (
+    DEFAULT_POLICY,
+    UnknownPolicyError,
+    make_policy,
+    policy_class,
+    policy_names,
+    register,
+)
 from gpuplane.control.scheduler.snapshot import (
+    MILLI_PER_GPU,
     ClusterReason,
     Decision,
     DeviceGrant,
@@ -14,14 +33,28 @@ from gpuplane.control.scheduler.snapshot import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "MILLI_PER_GPU",
+    "Candidates",
     "ClusterReason",
     "Decision",
     "DeviceGrant",
     "DeviceInfo",
     "NodeInfo",
     "Placement",
+    "Policy",
     "ReasonCode",
     "Request",
     "SchedulingConflict",
+    "Scores",
     "Snapshot",
+    "UnknownPolicyError",
+    "Workload",
+    "feasible",
+    "filter_nodes",
+    "make_policy",
+    "policy_class",
+    "policy_names",
+    "register",
+    "schedule",
 ]

@@ -275,7 +275,9 @@ class Snapshot:
     `cpu_cap`, `mem_cap`; cards padded to `max_devices` per node: `dev_mem_cap`, `dev_mem_free`,
     `dev_milli_free` (0 where a card does not exist), `dev_exists`; per-node aggregates kept in
     step with every mutation so filtering is O(nodes), not O(devices): `full_free` (wholly free
-    cards), `max_milli_free`, `max_mem_free`, `gpu_milli_free` (sum).
+    cards), `max_milli_free`, `max_mem_free`, `gpu_milli_free` (sum). `node_version[i]` changes
+    whenever row i does, and `token` is unique per snapshot (and per copy), so policies may
+    cache per-node results between decisions.
 
     Not thread-safe: the service holds one lock around schedule + commit and around release.
     `generation` increases on every mutation.
@@ -320,6 +322,8 @@ class Snapshot:
         self.mem_free = self.mem_cap.copy()
         self.dev_mem_free = self.dev_mem_cap.copy()
         self.dev_milli_free = self.dev_milli_cap.copy()
+        self.token = object()  # identity of this inventory's state, for policies' caches
+        self.node_version: IntArray = np.zeros(n, dtype=np.int64)  # bumped when a row changes
         self.full_free: IntArray = np.zeros(n, dtype=np.int64)
         self.max_milli_free: IntArray = np.zeros(n, dtype=np.int64)
         self.max_mem_free: IntArray = np.zeros(n, dtype=np.int64)
@@ -342,6 +346,7 @@ class Snapshot:
             self.max_milli_free[rows] = milli.max(axis=-1)
             self.max_mem_free[rows] = mem.max(axis=-1)
         self.gpu_milli_free[rows] = milli.sum(axis=-1)
+        self.node_version[rows] += 1
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -371,6 +376,7 @@ class Snapshot:
             setattr(other, name, getattr(self, name).copy())
         other._allocations = dict(self._allocations)
         other._selector_cache = dict(self._selector_cache)
+        other.token = object()
         return other
 
     # -- ask, then commit ------------------------------------------------------------------
@@ -465,6 +471,6 @@ class Snapshot:
 
 
 _MUTABLE_ARRAYS = (
-    "schedulable", "cpu_free", "mem_free", "dev_mem_free", "dev_milli_free",
+    "schedulable", "node_version", "cpu_free", "mem_free", "dev_mem_free", "dev_milli_free",
     "full_free", "max_milli_free", "max_mem_free", "gpu_milli_free",
 )

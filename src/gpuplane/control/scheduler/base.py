@@ -1,0 +1,105 @@
+"""The policy interface: score the candidate nodes of one request (and, optionally, pick its card).
+
+A policy is a long-lived object registered by name (`registry.py`); per-attempt scratch state
+lives in `Candidates`, which the core builds after filtering and throws away after the decision.
+Policies read the snapshot's arrays and never mutate them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuplane.control.scheduler.snapshot import (
+    MILLI_PER_GPU,
+    BoolArray,
+    IntArray,
+    Request,
+    Snapshot,
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class Candidates:
+    """Scratch state of one scheduling attempt: the nodes that passed the filter.
+
+    `nodes` are snapshot rows. For a fractional request, `card_fit[i, d]` says whether card `d` of
+    candidate `i` can host it and `card_mem[i, d]` is the GPU memory it would take there.
+    """
+
+    snapshot: Snapshot
+    request: Request
+    nodes: IntArray
+    card_fit: BoolArray | None = None
+    card_mem: IntArray | None = None
+    rng: np.random.Generator | None = None
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    # Shared views policies use often (each computed on demand, never stored in the snapshot).
+
+    def cpu_left(self) -> IntArray:
+        """Free CPU on each candidate after placing the request."""
+        return self.snapshot.cpu_free[self.nodes] - self.request.cpu_millis
+
+    def gpu_left(self) -> IntArray:
+        """Free GPU milli on each candidate node after placing the request."""
+        return self.snapshot.gpu_milli_free[self.nodes] - self.request.gpu_demand_milli
+
+    def card_milli(self) -> IntArray:
+        """Free milli of every card of every candidate, -1 where the card does not exist."""
+        snap = self.snapshot
+        return np.where(snap.dev_exists[self.nodes], snap.dev_milli_free[self.nodes], -1)
+
+    def best_fit_cards(self) -> IntArray:
+        """Per candidate, the fitting card with the least free milli (then memory, then index)."""
+        assert self.card_fit is not None
+        snap = self.snapshot
+        milli = snap.dev_milli_free[self.nodes].astype(np.float64)
+        mem_frac = snap.dev_mem_free[self.nodes] / np.maximum(snap.dev_mem_cap[self.nodes], 1)
+        key = np.where(self.card_fit, milli + mem_frac, np.inf)
+        cards: IntArray = np.argmin(key, axis=1).astype(np.int64)
+        return cards
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """A policy's answer: higher is better; `cards` = chosen card per candidate (fractional)."""
+
+    nodes: FloatArray
+    cards: IntArray | None = None
+
+
+class Policy(ABC):
+    """Scores candidate nodes. Subclasses set `name` and implement `score`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    # how the core breaks ties between equal best scores: "random" (Kubernetes' default), or
+    # "first" (the earliest node in snapshot order, as the published simulator does by name)
+    ties: ClassVar[str] = "random"
+
+    @abstractmethod
+    def score(self, cands: Candidates) -> Scores:
+        """Score every candidate; called once per attempt, after the filter, with >= 1 candidate."""
+
+    def observe(self, request: Request) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called by `schedule` with every request before scoring (workload-aware policies)."""
+
+    @classmethod
+    def for_workload(cls, requests: Sequence[Request]) -> Policy:
+        """A policy tuned to a known workload (simulators); the default ignores it."""
+        return cls()
+
+
+def gpu_share(request: Request) -> float:
+    """The request's GPU demand in cards (0.25 for 250 milli)."""
+    return request.gpu_demand_milli / MILLI_PER_GPU

@@ -1,0 +1,139 @@
+"""The scheduling cycle: filter -> score -> pick a node and its cards; `feasible` for submit time.
+
+Pure functions over a `Snapshot`: they never mutate it. Committing is the caller's second step
+(`snapshot.commit(decision.placement)`), which checks again (ask, then commit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuplane.control.scheduler.base import Candidates, Policy
+from gpuplane.control.scheduler.explain import State, capacity_state, explain, free_state
+from gpuplane.control.scheduler.snapshot import (
+    MILLI_PER_GPU,
+    BoolArray,
+    Decision,
+    DeviceGrant,
+    IntArray,
+    Placement,
+    Request,
+    Snapshot,
+)
+
+
+def schedule(
+    snapshot: Snapshot, request: Request, policy: Policy, rng: np.random.Generator
+) -> Decision:
+    """Place `request` on the snapshot's free resources, or say why not per cluster.
+
+    Filter: schedulable nodes whose labels match the selector, with the free CPU, memory and GPU
+    the request needs (whole cards: enough wholly free cards on one node; a fraction: one card
+    with enough free compute and memory). Score: `policy`, highest wins, ties broken with `rng`.
+    Cards: the policy's choice, else the best-fitting card (fractions) or the lowest-numbered
+    free cards (whole). Pure: the caller commits `decision.placement`.
+    """
+    policy.observe(request)
+    cands = filter_nodes(snapshot, request, free_state(snapshot))
+    if len(cands) == 0:
+        return Decision(request.job_id, None, explain(snapshot, request), policy.name)
+    cands.rng = rng
+    scores = policy.score(cands)
+    best = np.flatnonzero(scores.nodes == scores.nodes.max())
+    if len(best) > 1 and policy.ties == "random":
+        pick = int(best[rng.integers(len(best))])
+    else:
+        pick = int(best[0])
+    if request.is_fractional:
+        cards = scores.cards if scores.cards is not None else cands.best_fit_cards()
+        card = int(cards[pick])
+        assert cands.card_fit is not None
+        assert cands.card_mem is not None
+        assert cands.card_fit[pick, card], "policy chose a card that does not fit"
+        grants: tuple[DeviceGrant, ...] = (
+            DeviceGrant(card, int(cands.card_mem[pick, card]), request.gpu_milli),
+        )
+    else:
+        grants = _whole_cards(snapshot, int(cands.nodes[pick]), request.gpus)
+    node = snapshot.nodes[int(cands.nodes[pick])]
+    placement = Placement(
+        request.job_id, node.cluster, node.name, grants, request.cpu_millis, request.memory_mib
+    )
+    return Decision(request.job_id, placement, (), policy.name, float(scores.nodes[pick]))
+
+
+def feasible(snapshot: Snapshot, request: Request) -> Decision:
+    """Would `request` fit on the estate with nothing running? Reasons per cluster when not.
+
+    The placement of a feasible decision is only an example (first fitting node); submit-time
+    refusal (impossible sizes, unknown GPU models, no matching labels) uses `decision.ok`.
+    """
+    cands = filter_nodes(snapshot, request, capacity_state(snapshot))
+    if len(cands) == 0:
+        return Decision(request.job_id, None, explain(snapshot, request, capacity=True), "")
+    i = int(cands.nodes[0])
+    node = snapshot.nodes[i]
+    if request.is_fractional:
+        assert cands.card_fit is not None
+        assert cands.card_mem is not None
+        card = int(np.argmax(cands.card_fit[0]))
+        grants: tuple[DeviceGrant, ...] = (
+            DeviceGrant(card, int(cands.card_mem[0, card]), request.gpu_milli),
+        )
+    else:
+        grants = tuple(
+            DeviceGrant(d, int(snapshot.dev_mem_cap[i, d]), MILLI_PER_GPU)
+            for d in range(request.gpus)
+        )
+    placement = Placement(
+        request.job_id, node.cluster, node.name, grants, request.cpu_millis, request.memory_mib
+    )
+    return Decision(request.job_id, placement, (), "")
+
+
+def filter_nodes(snapshot: Snapshot, request: Request, state: State) -> Candidates:
+    """The filter phase over per-node aggregates first, then card by card on the survivors."""
+    ok: BoolArray = snapshot.schedulable & snapshot.selector_mask(request.selector)
+    if request.cpu_millis:
+        ok &= state.cpu >= request.cpu_millis
+    if request.memory_mib:
+        ok &= state.mem >= request.memory_mib
+    if request.gpus:
+        ok &= state.full_free >= request.gpus
+    elif request.is_fractional:
+        ok &= snapshot.splittable & (state.max_milli >= request.gpu_milli)
+        if request.gpu_mem_mib is not None:
+            ok &= state.max_mem >= request.gpu_mem_mib
+    rows: IntArray = np.flatnonzero(ok)
+    if not request.is_fractional or len(rows) == 0:
+        return Candidates(snapshot, request, rows)
+    card_mem = _card_mem(snapshot, request, rows)
+    fit = snapshot.dev_exists[rows] & (state.dev_milli[rows] >= request.gpu_milli)
+    fit &= state.dev_mem[rows] >= card_mem
+    keep = fit.any(axis=1)
+    if not keep.all():
+        rows, fit, card_mem = rows[keep], fit[keep], card_mem[keep]
+    return Candidates(snapshot, request, rows, fit, card_mem)
+
+
+def _card_mem(snapshot: Snapshot, request: Request, rows: IntArray) -> IntArray:
+    """GPU memory the fractional `request` takes on each card of `rows`."""
+    if request.gpu_mem_mib is not None:
+        return np.full((len(rows), snapshot.max_devices), request.gpu_mem_mib, dtype=np.int64)
+    need: IntArray = snapshot.dev_mem_cap[rows] * request.gpu_milli // MILLI_PER_GPU
+    return need
+
+
+def _whole_cards(snapshot: Snapshot, row: int, count: int) -> tuple[DeviceGrant, ...]:
+    """The `count` lowest-numbered wholly free cards of node `row`."""
+    if count == 0:
+        return ()
+    free = (
+        snapshot.dev_exists[row]
+        & (snapshot.dev_milli_free[row] == MILLI_PER_GPU)
+        & (snapshot.dev_mem_free[row] == snapshot.dev_mem_cap[row])
+    )
+    idx = np.flatnonzero(free)[:count]
+    return tuple(
+        DeviceGrant(int(d), int(snapshot.dev_mem_cap[row, d]), MILLI_PER_GPU) for d in idx
+    )

@@ -1,0 +1,265 @@
+"""GPU fragmentation of a node with respect to a workload (Weng et al., USENIX ATC'23), vectorised.
+
+A workload is a distribution over task classes t (weight p_t): whole cards (k_t cards) or a share
+of one card (m_t milli), plus CPU (and memory). Free GPU on a node is a *fragment* for class t when
+t cannot use it: the node lacks the CPU (or memory, or GPU model) for t, or too few cards with
+m_t free; otherwise the fragments are the cards with less than m_t free. The node's fragmentation
+is the expectation over the workload:
+
+    F = sum_t p_t * frag_t = P * S - V,   V = sum_{t satisfied} p_t * U_t
+
+with S the node's free milli, P = sum_t p_t and U_t = sum of the free milli on cards with at least
+m_t free. Placing a task changes F by -(P * r + dV), r its GPU milli, so scoring needs only
+dV = V_after - V_before, computed here for every candidate node and every card at once.
+
+Cards are counted by their *effective* free share, min(free compute, free memory / card memory),
+so a card whose memory is taken is not free for proportional tasks even if compute is idle.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuplane.control.scheduler.base import Candidates, FloatArray
+from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, IntArray, Request, Snapshot
+from gpuplane.resources import Selector
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClass:
+    """One kind of task in the workload, with its share of the arrivals."""
+
+    gpus: int  # whole cards (0 for a fraction or CPU-only)
+    milli: int  # milli per card: 1000 for whole cards, the share for a fraction, 0 CPU-only
+    cpu_millis: int
+    memory_mib: int
+    weight: float
+    selector: Selector = field(default_factory=Selector)
+
+    @classmethod
+    def key_of(cls, r: Request) -> tuple[int, int, int, int, tuple[object, ...]]:
+        sel = (tuple(sorted(r.selector.match_labels.items())), r.selector.gpu_models)
+        milli = MILLI_PER_GPU if r.gpus else r.gpu_milli
+        return (r.gpus or (1 if r.is_fractional else 0), milli, r.cpu_millis, r.memory_mib, sel)
+
+
+class Workload:
+    """The task-class distribution, preprocessed into lookup tables for fast scoring.
+
+    `use_memory`: a class is satisfied only if the node also has its host memory (the published
+    FGD looks at CPU only).
+    """
+
+    def __init__(self, classes: Iterable[TaskClass], use_memory: bool = False) -> None:
+        self.classes = tuple(c for c in classes if c.weight > 0)
+        self.use_memory = use_memory
+        self.total_weight = float(sum(c.weight for c in self.classes))
+        gpu = [c for c in self.classes if c.milli > 0]
+        self.thresholds: IntArray = np.array(sorted({c.milli for c in gpu}), dtype=np.int64)
+        # a group = (threshold, cards needed, selector): classes that differ only in CPU/memory
+        keys = sorted({(c.milli, max(c.gpus, 1), _sel_key(c.selector)) for c in gpu}, key=str)
+        self.group_thr: IntArray = np.array(
+            [int(np.searchsorted(self.thresholds, m)) for m, _, _ in keys], dtype=np.int64
+        )
+        self.group_k: IntArray = np.array([k for _, k, _ in keys], dtype=np.int64)
+        self.group_selectors = tuple(
+            next(c.selector for c in gpu if _sel_key(c.selector) == s) for _, _, s in keys
+        )
+        self.cpu_levels: IntArray = np.array(sorted({c.cpu_millis for c in gpu}), np.int64)
+        mems = sorted({c.memory_mib for c in gpu}) if use_memory else [0]
+        self.mem_levels: IntArray = np.array(mems, dtype=np.int64)
+        # weight[lc, lm, g]: weight of group g's classes that fit in cpu level lc, memory level lm
+        table = np.zeros((len(self.cpu_levels) + 1, len(self.mem_levels) + 1, len(keys)))
+        index = {k: i for i, k in enumerate(keys)}
+        for c in gpu:
+            g = index[(c.milli, max(c.gpus, 1), _sel_key(c.selector))]
+            lc = int(np.searchsorted(self.cpu_levels, c.cpu_millis)) + 1
+            lm = int(np.searchsorted(self.mem_levels, c.memory_mib if use_memory else 0)) + 1
+            table[lc:, lm:, g] += c.weight
+        self.table = table
+        self.any_selector = any(s.match_labels or s.gpu_models for s in self.group_selectors)
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[Request], popularity: float = 1.0, use_memory: bool = False
+    ) -> Workload:
+        """The distribution of `requests` by class; keep the most popular classes covering
+        `popularity` of them (the published FGD keeps 95 %), weights as shares of all."""
+        reqs = list(requests)
+        counts = Counter(TaskClass.key_of(r) for r in reqs)
+        sels = {TaskClass.key_of(r)[4]: r.selector for r in reqs}
+        total = sum(counts.values())
+        kept: list[TaskClass] = []
+        covered = 0
+        for (gpus, milli, cpu, mem, sel), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            if total and covered >= popularity * total:
+                break
+            covered += n
+            whole = milli == MILLI_PER_GPU and gpus >= 1
+            kept.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total,
+                                  sels.get(sel, Selector())))
+        return cls(kept, use_memory=use_memory)
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def group_weights(
+        self, snap: Snapshot, rows: IntArray, cpu: IntArray, mem: IntArray
+    ) -> FloatArray:
+        """(len(rows), G): weight of each group's classes the nodes have CPU/memory/model for."""
+        lc = np.searchsorted(self.cpu_levels, cpu, side="right")
+        lm = np.searchsorted(self.mem_levels, mem, side="right") if self.use_memory else 1
+        w: FloatArray = self.table[lc, lm]
+        if self.any_selector:
+            access = np.stack([snap.selector_mask(s)[rows] for s in self.group_selectors], axis=1)
+            w = w * access
+        return w
+
+    def value(self, w: FloatArray, cnt: IntArray, usable: IntArray) -> FloatArray:
+        """V = sum_g w_g [cnt_g >= k_g] U_g over the last axis (groups)."""
+        c = cnt[..., self.group_thr]
+        u = usable[..., self.group_thr]
+        out: FloatArray = (w * (c >= self.group_k) * u).sum(axis=-1)
+        return out
+
+    def counts(self, free: IntArray) -> tuple[IntArray, IntArray]:
+        """Per node and threshold m: cards with >= m free, and the free milli on them."""
+        ge = free[..., None] >= self.thresholds
+        cnt: IntArray = ge.sum(axis=-2)
+        usable: IntArray = (free[..., None] * ge).sum(axis=-2)
+        return cnt, usable
+
+    def delta(self, cands: Candidates) -> FloatArray:
+        """dV for every candidate: shape (n, D) for a fractional request (-inf where the card
+        does not fit), (n,) otherwise."""
+        snap, r, rows = cands.snapshot, cands.request, cands.nodes
+        free = effective_free(snap, rows)
+        cpu = snap.cpu_free[rows]
+        mem = snap.mem_free[rows]
+        w0 = self.group_weights(snap, rows, cpu, mem)
+        w1 = self.group_weights(snap, rows, cpu - r.cpu_millis, mem - r.memory_mib)
+        if len(self.thresholds) == 0:
+            zero = np.zeros((len(rows), snap.max_devices) if r.is_fractional else len(rows))
+            return zero
+        cnt, usable = self.counts(free)
+        v0 = self.value(w0, cnt, usable)
+        if not r.is_fractional:
+            if r.gpus:
+                # whole cards: k wholly free cards go to 0 (they count at every threshold)
+                cnt = cnt - r.gpus
+                usable = usable - r.gpus * MILLI_PER_GPU
+            out: FloatArray = self.value(w1, cnt, usable) - v0
+            return out
+        assert cands.card_fit is not None
+        assert cands.card_mem is not None
+        # the share this request takes from each card, in effective milli
+        take = np.maximum(r.gpu_milli, _mem_share(snap, rows, cands.card_mem))
+        after = np.maximum(free - take, 0)
+        thr = self.thresholds
+        ge0 = free[..., None] >= thr
+        ge1 = after[..., None] >= thr
+        cnt1 = cnt[:, None, :] - ge0 + ge1
+        use1 = usable[:, None, :] - free[..., None] * ge0 + after[..., None] * ge1
+        v1 = self.value(w1[:, None, :], cnt1, use1)
+        out = np.where(cands.card_fit, v1 - v0[:, None], -np.inf)
+        return out
+
+
+def effective_free(snap: Snapshot, rows: IntArray) -> IntArray:
+    """Free share of each card in milli: min(free compute, free memory share); 0 if no card."""
+    mem_share = snap.dev_mem_free[rows] * MILLI_PER_GPU // np.maximum(snap.dev_mem_cap[rows], 1)
+    free: IntArray = np.minimum(snap.dev_milli_free[rows], mem_share)
+    return free
+
+
+def _mem_share(snap: Snapshot, rows: IntArray, mem: IntArray) -> IntArray:
+    share: IntArray = -(-mem * MILLI_PER_GPU // np.maximum(snap.dev_mem_cap[rows], 1))
+    return share
+
+
+def _sel_key(s: Selector) -> tuple[object, ...]:
+    return (tuple(sorted(s.match_labels.items())), s.gpu_models)
+
+
+class OnlineWorkload:
+    """A workload learned from the requests seen so far (for the live service).
+
+    Rebuilds its tables when a new class appears, and otherwise every `refresh` requests.
+    """
+
+    def __init__(self, refresh: int = 256, use_memory: bool = False) -> None:
+        self._counts: Counter[tuple[int, int, int, int, tuple[object, ...]]] = Counter()
+        self._selectors: dict[tuple[object, ...], Selector] = {}
+        self._since = 0
+        self.refresh = refresh
+        self.use_memory = use_memory
+        self._current: Workload | None = None
+
+    def observe(self, r: Request) -> None:
+        key = TaskClass.key_of(r)
+        if key not in self._counts:
+            self._current = None
+        self._counts[key] += 1
+        self._selectors.setdefault(key[4], r.selector)
+        self._since += 1
+        if self._since >= self.refresh:
+            self._current = None
+
+    @property
+    def workload(self) -> Workload:
+        if self._current is None:
+            total = sum(self._counts.values())
+            classes = []
+            for (gpus, milli, cpu, mem, sel), n in self._counts.items():
+                whole = milli == MILLI_PER_GPU and gpus >= 1
+                classes.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total,
+                                         self._selectors[sel]))
+            self._current = Workload(classes, use_memory=self.use_memory)
+            self._since = 0
+        return self._current
+
+
+class DeltaCache:
+    """dV per node (and card) for each request class, recomputed only for nodes that changed.
+
+    A node's dV depends only on its own row and the request's class, so across decisions most of
+    it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The cache resets
+    when the snapshot (`token`) or the workload changes, and keeps at most `max_classes` classes.
+    """
+
+    def __init__(self, max_classes: int = 512) -> None:
+        self.max_classes = max_classes
+        self._token: object = None
+        self._workload: Workload | None = None
+        self._entries: dict[tuple[object, ...], tuple[IntArray, FloatArray]] = {}
+
+    def delta(self, workload: Workload, cands: Candidates) -> FloatArray:
+        snap, r, rows = cands.snapshot, cands.request, cands.nodes
+        if snap.token is not self._token or workload is not self._workload:
+            self._token, self._workload, self._entries = snap.token, workload, {}
+        key = (r.gpus, r.gpu_milli, r.gpu_mem_mib, r.cpu_millis, r.memory_mib)
+        entry = self._entries.pop(key, None)  # re-inserted below: dicts keep LRU order
+        if entry is None:
+            shape = (len(snap), snap.max_devices) if r.is_fractional else (len(snap),)
+            entry = (np.full(len(snap), -1, dtype=np.int64), np.zeros(shape))
+            if len(self._entries) >= self.max_classes:
+                self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = entry
+        versions, values = entry
+        stale = versions[rows] != snap.node_version[rows]
+        if stale.any():
+            sub = Candidates(
+                snap, r, rows[stale],
+                None if cands.card_fit is None else cands.card_fit[stale],
+                None if cands.card_mem is None else cands.card_mem[stale],
+            )
+            values[sub.nodes] = workload.delta(sub)
+            versions[sub.nodes] = snap.node_version[sub.nodes]
+        out: FloatArray = values[rows]
+        return out

@@ -1,0 +1,28 @@
+"""Best-Fit: the node with the least CPU and GPU left after placing (the published baseline).
+
+Score = int(100 * (1 - [0.5 (free CPU - request) / max CPU + 0.5 (free GPU - request) / max GPU]))
+with max CPU / max GPU the largest node of the estate (128 cores / 8 GPUs on openb, the published
+constants); integer scores, random ties, the shared card with the least free milli that fits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.registry import register
+from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
+
+
+@register
+class BestFitPolicy(Policy):
+    name = "best-fit"
+    ties = "first"
+    description = "least CPU + GPU left on the node after placing; integer scores (baseline)"
+
+    def score(self, cands: Candidates) -> Scores:
+        snap = cands.snapshot
+        max_cpu = max(int(snap.cpu_cap.max()), 1)
+        max_gpu = max(int(snap.n_devices.max()) * MILLI_PER_GPU, 1)
+        left = cands.cpu_left() / max_cpu * 0.5 + cands.gpu_left() / max_gpu * 0.5
+        return Scores(np.trunc((1.0 - left) * 100.0))

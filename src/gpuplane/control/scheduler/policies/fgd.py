@@ -1,0 +1,67 @@
+"""FGD as published (Weng et al., ATC'23): minimise the expected growth of GPU fragmentation.
+
+Score = int(100 * sigmoid((F_before - F_after) / 1000)) per node, where F is the node's
+fragmentation under the workload's task distribution (`fragmentation.py`); a shared task goes to
+the node's first card with the best score; integer scores, random ties. Kept as the reference
+that gpuplane's own `frag` policy is measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy, Scores
+from gpuplane.control.scheduler.fragmentation import DeltaCache, OnlineWorkload, Workload
+from gpuplane.control.scheduler.registry import register
+from gpuplane.control.scheduler.snapshot import Request
+
+
+class FragmentationPolicy(Policy):
+    """Shared base: a fixed workload (simulations), or one learned from the requests seen."""
+
+    def __init__(self, workload: Workload | None = None) -> None:
+        self._fixed = workload
+        self._online = OnlineWorkload() if workload is None else None
+        self._cache = DeltaCache()
+
+    def delta(self, cands: Candidates) -> FloatArray:
+        """dV of placing the request on each candidate (and card), cached per node version."""
+        return self._cache.delta(self.workload, cands)
+
+    popularity = 1.0  # share of the requests the workload's classes cover
+
+    @classmethod
+    def for_workload(cls, requests: Sequence[Request]) -> Policy:
+        return cls(Workload.from_requests(requests, popularity=cls.popularity))
+
+    @property
+    def workload(self) -> Workload:
+        if self._fixed is not None:
+            return self._fixed
+        assert self._online is not None
+        return self._online.workload
+
+    def observe(self, request: Request) -> None:
+        if self._online is not None:
+            self._online.observe(request)
+
+
+@register
+class FGDPolicy(FragmentationPolicy):
+    name = "fgd"
+    ties = "first"
+    description = "fragmentation gradient descent as published: sigmoid, integer scores"
+    popularity = 0.95  # the published simulator keeps the classes covering 95 % of the tasks
+
+    def score(self, cands: Candidates) -> Scores:
+        w = self.workload
+        gain = w.total_weight * cands.request.gpu_demand_milli + self.delta(cands)
+        with np.errstate(over="ignore"):
+            score = np.trunc(100.0 / (1.0 + np.exp(-gain / 1000.0)))
+        if score.ndim == 1:
+            return Scores(score)
+        score = np.where(np.isfinite(gain), score, -1.0)
+        cards = np.argmax(score, axis=1).astype(np.int64)
+        return Scores(score[np.arange(len(cards)), cards], cards)
