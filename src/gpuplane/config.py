@@ -12,9 +12,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import ConfigError
 
-PlacementPolicy = Literal["slots_prefix", "slots"]
+PlacementPolicy = Literal[
+    "slots_prefix", "slots", "round_robin", "least_connections", "power_of_two"
+]
 
 
 class _Section(BaseModel):
@@ -142,6 +145,7 @@ class Settings(_Section):
     models: list[ModelConfig] = Field(default_factory=list)
     tenants: list[TenantConfig] = Field(default_factory=list)
     engine: EngineConfig = EngineConfig()
+    control: ControlConfig = ControlConfig()
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:

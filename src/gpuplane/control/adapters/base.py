@@ -1,0 +1,149 @@
+"""The cluster adapter interface, the data it speaks, and the registry of adapters by kind.
+
+The service calls an adapter in this order: `inventory()` when the cluster is registered or
+refreshed; `bind(workload)` after a placement is committed; `status(job_ids)` on every reconcile
+tick; `release(job_id)` when a job is cancelled, preempted or has ended; `logs(job_id)` on demand.
+`bind` is idempotent per job id and `release` is idempotent and never raises, so a crash between
+the store's commit and the adapter's call can always be repaired by calling again. A Kubernetes
+adapter maps a workload to a Pod with HAMi resource limits, a Ray adapter to a task with
+fractional `num_gpus`; the `local` adapter runs a process on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import ClassVar
+
+from gpuplane.control.scheduler.snapshot import DeviceGrant
+from gpuplane.control.settings import ClusterConfig, ControlConfig
+from gpuplane.errors import ConfigError, GpuplaneError
+
+
+class AdapterError(GpuplaneError):
+    """A cluster backend refused or failed an operation; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredDevice:
+    index: int
+    model: str
+    mem_mib: int
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredNode:
+    name: str
+    cpu_millis: int
+    memory_mib: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    devices: tuple[DiscoveredDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Nodes and their cards, and where the adapter learnt them (said at start)."""
+
+    nodes: tuple[DiscoveredNode, ...]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One admitted job, as an adapter starts it: what to run and the devices it holds."""
+
+    job_id: str
+    name: str
+    command: tuple[str, ...]
+    node: str
+    devices: tuple[DeviceGrant, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    cpu_millis: int = 0
+    memory_mib: int = 0
+    fractional: bool = False
+
+
+class WorkloadState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"  # the backend no longer knows the workload (e.g. the service restarted)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadStatus:
+    state: WorkloadState
+    exit_code: int | None = None
+    message: str = ""
+
+
+class ClusterAdapter:
+    """Base of every cluster adapter. Subclasses set `kind` and implement the five methods."""
+
+    kind: ClassVar[str] = ""
+    # what this kind cannot do, with the reason (capabilities as data; refused before any I/O)
+    unsupported: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, cluster: ClusterConfig, control: ControlConfig) -> None:
+        self.cluster = cluster
+        self.control = control
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.control.state_dir) / "clusters" / self.cluster.name
+
+    def inventory(self) -> Inventory:
+        """Nodes and devices of the cluster now."""
+        raise NotImplementedError
+
+    def bind(self, workload: Workload) -> None:
+        """Start `workload` on its node and devices. Idempotent per job id; raises AdapterError."""
+        raise NotImplementedError
+
+    def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
+        """The state of each bound workload in `job_ids` (LOST for any the backend forgot)."""
+        raise NotImplementedError
+
+    def release(self, job_id: str) -> None:
+        """Stop `job_id` if it runs and forget it. Idempotent; never raises."""
+        raise NotImplementedError
+
+    def logs(self, job_id: str, tail: int | None = None) -> str:
+        """The workload's output so far (its last `tail` lines); empty when there is none."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release every workload this adapter still runs (service shutdown)."""
+
+
+_REGISTRY: dict[str, type[ClusterAdapter]] = {}
+_BUILTIN = ("local", "kubernetes", "ray")
+
+
+def register(cls: type[ClusterAdapter]) -> type[ClusterAdapter]:
+    """Class decorator: make an adapter available under `cls.kind`."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def create_adapter(cluster: ClusterConfig, control: ControlConfig) -> ClusterAdapter:
+    """The adapter for `cluster.adapter`; an unknown kind fails with the valid ones."""
+    kind = cluster.adapter
+    if kind not in _REGISTRY and kind in _BUILTIN:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(f"gpuplane.control.adapters.{kind}")
+    if kind not in _REGISTRY:
+        known = sorted(_REGISTRY) or ["local"]
+        close = difflib.get_close_matches(kind, sorted(set(known) | set(_BUILTIN)), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(
+            f"cluster {cluster.name}: unknown adapter '{kind}'{hint}; available: {', '.join(known)}"
+        )
+    return _REGISTRY[kind](cluster, control)

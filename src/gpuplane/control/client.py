@@ -1,0 +1,123 @@
+"""A small HTTP client for the control plane's API, used by the CLI and end-to-end tests.
+
+Transport and HTTP errors become `ClientError` with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from gpuplane.errors import GpuplaneError
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+SERVER_ENV = "GPUPLANE_SERVER"
+
+
+class ClientError(GpuplaneError):
+    """The control plane could not be reached, or refused the request."""
+
+    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def server_url(explicit: str | None = None) -> str:
+    return (explicit or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).rstrip("/")
+
+
+class ControlClient:
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.server = server_url(server)
+        self._http = httpx.Client(base_url=self.server, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ClientError(
+                f"cannot reach the control plane at {self.server} ({type(exc).__name__}); "
+                f"start it with `gpuplane control serve` or point --server / {SERVER_ENV} at it"
+            ) from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                detail = body.get("detail", body) if isinstance(body, dict) else body
+            except ValueError:
+                body, detail = response.text, response.text
+            if isinstance(detail, list):  # FastAPI validation errors
+                detail = "; ".join(
+                    f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail
+                )
+            raise ClientError(str(detail), response.status_code, body)
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    # -- the API ------------------------------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = self.json(
+            "POST", "/jobs", json=spec, params={"dry_run": str(dry_run).lower()}
+        )
+        return out
+
+    def jobs(self, team: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("team", team), ("state", state)) if v}
+        out: list[dict[str, Any]] = self.json("GET", "/jobs", params=params)
+        return out
+
+    def job(self, ref: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("GET", f"/jobs/{ref}")
+        return out
+
+    def cancel(self, ref: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/cancel")
+        return out
+
+    def logs(self, ref: str, tail: int | None = None) -> str:
+        params = {"tail": tail} if tail is not None else {}
+        return self.request("GET", f"/jobs/{ref}/logs", params=params).text
+
+    def clusters(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.json("GET", "/clusters")
+        return out
+
+    def cluster(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("GET", f"/clusters/{name}")
+        return out
+
+    def teams(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.json("GET", "/teams")
+        return out
+
+    def team(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("GET", f"/teams/{name}")
+        return out
+
+    def set_team(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("PUT", f"/teams/{name}", json=body)
+        return out
+
+    def set_quota(self, team: str, flavor: str, body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
+        return out

@@ -1,0 +1,155 @@
+"""SQLAlchemy 2 tables of the control plane's store.
+
+Clusters hold nodes, nodes hold devices (GPUs). Teams own Kueue-style quotas per flavor (GPU
+model). Jobs carry their spec, state and pending reasons; allocations bind a running job to the
+devices it holds; events are the audit trail. `scheduler_lock` is one row that every placement
+transaction updates first, which serialises commits on SQLite and PostgreSQL alike.
+Times are seconds since the epoch (float), from the service's injected clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JOB_STATES = ("pending", "admitted", "running", "succeeded", "failed", "cancelled")
+ACTIVE_STATES = ("admitted", "running")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    adapter: Mapped[str] = mapped_column(String(32))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    nodes: Mapped[list[Node]] = relationship(
+        back_populates="cluster", cascade="all, delete-orphan", order_by="Node.name"
+    )
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("cluster_name", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_name: Mapped[str] = mapped_column(ForeignKey("clusters.name", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(253))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cpu_millis: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    cluster: Mapped[Cluster] = relationship(back_populates="nodes")
+    devices: Mapped[list[Device]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="Device.index"
+    )
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(63))
+    mem_mib: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str | None] = mapped_column(String(64), default=None)
+    node: Mapped[Node] = relationship(back_populates="devices")
+
+
+class Team(Base):
+    """A team submits through its LocalQueue into its own ClusterQueue (both named after it)."""
+
+    __tablename__ = "teams"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cohort: Mapped[str | None] = mapped_column(String(63), default=None)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    quotas: Mapped[list[Quota]] = relationship(
+        back_populates="team", cascade="all, delete-orphan", order_by="Quota.flavor"
+    )
+
+
+class Quota(Base):
+    """Nominal quota and borrowing limit of one team on one flavor; GPUs in milli-GPUs."""
+
+    __tablename__ = "quotas"
+
+    team_name: Mapped[str] = mapped_column(
+        ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True
+    )
+    flavor: Mapped[str] = mapped_column(String(63), primary_key=True)
+    nominal_milli_gpus: Mapped[int] = mapped_column(Integer)
+    nominal_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
+    borrowing_limit_milli_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    borrowing_limit_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
+    team: Mapped[Team] = relationship(back_populates="quotas")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_priority", "state", "priority"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    team_name: Mapped[str] = mapped_column(ForeignKey("teams.name"))
+    state: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    reasons: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cluster_name: Mapped[str | None] = mapped_column(String(63), default=None)
+    node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("nodes.id", ondelete="SET NULL"), default=None
+    )
+    flavor: Mapped[str | None] = mapped_column(String(63), default=None)
+    milli_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_mem_mib: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_millis: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    message: Mapped[str | None] = mapped_column(String(2000), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, default=None)
+    finished_at: Mapped[float | None] = mapped_column(Float, default=None)
+    allocations: Mapped[list[Allocation]] = relationship(
+        back_populates="job", cascade="all, delete-orphan"
+    )
+
+
+class Allocation(Base):
+    """One device held by one admitted or running job; deleted when the job releases it."""
+
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
+    mem_mib: Mapped[int] = mapped_column(Integer)
+    gpu_milli: Mapped[int] = mapped_column(Integer)
+    job: Mapped[Job] = relationship(back_populates="allocations")
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(80), index=True, default=None)
+    cluster_name: Mapped[str | None] = mapped_column(String(63), default=None)
+    message: Mapped[str] = mapped_column(String(2000))
+
+
+class SchedulerLock(Base):
+    __tablename__ = "scheduler_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=0)

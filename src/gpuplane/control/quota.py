@@ -1,0 +1,300 @@
+"""Team quota arithmetic, Kueue-style, with no I/O: nominal quota, borrowing, fair-share order.
+
+Vocabulary (docs/glossary.md): each team submits through its LocalQueue into its own ClusterQueue;
+a ResourceFlavor is a GPU model; a Cohort is a set of ClusterQueues that lend each other their
+unused nominal quota. Quota is counted in two resources per flavor: milli-GPUs (1000 = one card;
+a slice counts max(compute share, memory share) of the card) and GPU memory in MiB.
+
+Admission is two steps, as in Kueue: `QuotaBook.check` answers whether the quota can be reserved
+(and whether that means borrowing), the scheduler then finds a place, and only then does the
+service `reserve` the quota together with the placement, in one transaction. A team with no quota
+at all is not limited (its usage still counts toward fair share); a team with quotas may only use
+the flavors it has quota for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, Request
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """Quota resources of one flavor: milli-GPUs and GPU memory (MiB)."""
+
+    milli_gpus: int = 0
+    mem_mib: int = 0
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(self.milli_gpus + other.milli_gpus, self.mem_mib + other.mem_mib)
+
+    def __sub__(self, other: Amount) -> Amount:
+        return Amount(self.milli_gpus - other.milli_gpus, self.mem_mib - other.mem_mib)
+
+
+def charge(request: Request, card_mem_mib: int) -> Amount:
+    """What `request` counts against quota on a flavor whose cards have `card_mem_mib`."""
+    if request.gpus:
+        return Amount(request.gpus * MILLI_PER_GPU, request.gpus * card_mem_mib)
+    if not request.is_fractional:
+        return Amount()
+    mem = request.mem_on(card_mem_mib)
+    by_mem = math.ceil(MILLI_PER_GPU * mem / card_mem_mib) if card_mem_mib else 0
+    return Amount(min(MILLI_PER_GPU, max(request.gpu_milli, by_mem)), mem)
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorQuota:
+    """Nominal quota and borrowing limit on one flavor; None means unlimited."""
+
+    nominal_milli_gpus: int
+    nominal_mem_mib: int | None = None
+    borrowing_limit_milli_gpus: int | None = None
+    borrowing_limit_mem_mib: int | None = None
+
+    def nominal(self, resource: str) -> int | None:
+        return self.nominal_milli_gpus if resource == "milli_gpus" else self.nominal_mem_mib
+
+    def borrowing_limit(self, resource: str) -> int | None:
+        if resource == "milli_gpus":
+            return self.borrowing_limit_milli_gpus
+        return self.borrowing_limit_mem_mib
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuota:
+    """A team's ClusterQueue: its cohort, fair-share weight and quota per flavor."""
+
+    name: str
+    cohort: str | None = None
+    weight: float = 1.0
+    flavors: Mapping[str, FlavorQuota] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.flavors)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDecision:
+    """The answer of `QuotaBook.check`: may the quota be reserved, by borrowing or not, why not."""
+
+    ok: bool
+    borrowing: bool = False
+    reason: str = ""
+    numbers: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+_RESOURCES = (("milli_gpus", "milli-GPUs"), ("mem_mib", "MiB of GPU memory"))
+
+
+class QuotaBook:
+    """Quota definitions plus usage per (team, flavor), with reservations keyed by job id."""
+
+    def __init__(self, teams: Iterable[TeamQuota] = ()) -> None:
+        self.teams: dict[str, TeamQuota] = {t.name: t for t in teams}
+        self._usage: dict[tuple[str, str], Amount] = {}
+        self._jobs: dict[str, tuple[str, str, Amount]] = {}
+
+    def copy(self) -> QuotaBook:
+        other = QuotaBook(self.teams.values())
+        other._usage = dict(self._usage)
+        other._jobs = dict(self._jobs)
+        return other
+
+    def team(self, name: str) -> TeamQuota:
+        return self.teams.get(name) or TeamQuota(name)
+
+    def usage(self, team: str, flavor: str) -> Amount:
+        return self._usage.get((team, flavor), Amount())
+
+    def team_total(self, team: str) -> Amount:
+        total = Amount()
+        for (t, _), amount in self._usage.items():
+            if t == team:
+                total = total + amount
+        return total
+
+    def cohort_members(self, cohort: str) -> list[TeamQuota]:
+        return [t for t in self.teams.values() if t.cohort == cohort]
+
+    def reservation(self, job_id: str) -> tuple[str, str, Amount] | None:
+        return self._jobs.get(job_id)
+
+    # -- ask ---------------------------------------------------------------------------------
+
+    def check(self, team: str, flavor: str, amount: Amount) -> QuotaDecision:
+        """Can `team` reserve `amount` of `flavor` now? Pure."""
+        tq = self.team(team)
+        if not tq.limited:
+            return QuotaDecision(ok=True)
+        fq = tq.flavors.get(flavor)
+        if fq is None:
+            return QuotaDecision(
+                ok=False,
+                reason=f"team {team} has no quota for GPU model {flavor} (it has: "
+                f"{', '.join(sorted(tq.flavors))}); add one with `gpuplane quota set`",
+            )
+        used = self.usage(team, flavor)
+        borrowing = False
+        for resource, unit in _RESOURCES:
+            nominal = fq.nominal(resource)
+            if nominal is None:
+                continue
+            want = getattr(used, resource) + getattr(amount, resource)
+            if want <= nominal:
+                continue
+            borrow = want - nominal
+            nums = {
+                "requested": getattr(amount, resource),
+                "used": getattr(used, resource),
+                "nominal": nominal,
+            }
+            if tq.cohort is None:
+                return _no(
+                    f"team {team} would use {want} of its nominal {nominal} {unit} on "
+                    f"{flavor} and has no cohort to borrow from",
+                    nums,
+                )
+            limit = fq.borrowing_limit(resource)
+            if limit is not None and borrow > limit:
+                return _no(
+                    f"team {team} would borrow {borrow} {unit} on {flavor}, over its "
+                    f"borrowing limit of {limit}",
+                    {**nums, "borrowing_limit": limit},
+                )
+            pool = self._cohort_unused(tq.cohort, flavor, resource)
+            if pool is not None and getattr(amount, resource) > pool:
+                return _no(
+                    f"cohort {tq.cohort} has {max(pool, 0)} {unit} of unused quota on "
+                    f"{flavor}; team {team} needs {getattr(amount, resource)}",
+                    {**nums, "cohort_unused": max(pool, 0)},
+                )
+            borrowing = True
+        return QuotaDecision(ok=True, borrowing=borrowing)
+
+    def _cohort_unused(self, cohort: str, flavor: str, resource: str) -> int | None:
+        """Nominal minus usage summed over the cohort (None: some member is unlimited)."""
+        total = 0
+        for member in self.cohort_members(cohort):
+            fq = member.flavors.get(flavor)
+            nominal = fq.nominal(resource) if fq is not None else 0
+            if nominal is None:
+                return None
+            total += nominal - getattr(self.usage(member.name, flavor), resource)
+        return total
+
+    def borrowing(self, team: str, flavor: str) -> bool:
+        """Does `team` use more than its nominal quota of `flavor` now?"""
+        fq = self.team(team).flavors.get(flavor)
+        if fq is None:
+            return False
+        used = self.usage(team, flavor)
+        return any((n := fq.nominal(r)) is not None and getattr(used, r) > n for r, _ in _RESOURCES)
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def reserve(self, job_id: str, team: str, flavor: str, amount: Amount) -> None:
+        """Count `amount` against `team` for `job_id` (replacing an earlier reservation)."""
+        self.release(job_id)
+        self._jobs[job_id] = (team, flavor, amount)
+        self._usage[(team, flavor)] = self.usage(team, flavor) + amount
+
+    def release(self, job_id: str) -> None:
+        """Give back `job_id`'s reservation. Idempotent, never raises."""
+        held = self._jobs.pop(job_id, None)
+        if held is not None:
+            team, flavor, amount = held
+            self._usage[(team, flavor)] = self.usage(team, flavor) - amount
+
+
+def _no(reason: str, numbers: Mapping[str, int]) -> QuotaDecision:
+    return QuotaDecision(ok=False, reason=reason, numbers=MappingProxyType(dict(numbers)))
+
+
+def dominant_share(used: Amount, capacity: Amount, weight: float = 1.0) -> float:
+    """Dominant-resource share of `used` in `capacity`, divided by the team's weight."""
+    shares = [
+        getattr(used, r) / getattr(capacity, r) for r, _ in _RESOURCES if getattr(capacity, r) > 0
+    ]
+    return max(shares, default=0.0) / weight
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A pending job as the queue sees it."""
+
+    job_id: str
+    team: str
+    priority: int
+    created_at: float
+
+
+class FairQueue:
+    """Pending jobs in admission order: priority first, then the team with the smallest
+    dominant-resource share (recomputed on every pop, so admissions shift the order), then the
+    oldest head job, then FIFO within the team.
+    """
+
+    def __init__(self, jobs: Iterable[Queued], share: Callable[[str], float]) -> None:
+        self._share = share
+        levels: dict[int, dict[str, list[Queued]]] = {}
+        for job in jobs:
+            levels.setdefault(job.priority, {}).setdefault(job.team, []).append(job)
+        self._levels: list[dict[str, deque[Queued]]] = [
+            {
+                t: deque(sorted(js, key=lambda j: (j.created_at, j.job_id)))
+                for t, js in teams.items()
+            }
+            for _, teams in sorted(levels.items(), key=lambda kv: -kv[0])
+        ]
+
+    def __iter__(self) -> FairQueue:
+        return self
+
+    def __next__(self) -> Queued:
+        while self._levels:
+            teams = self._levels[0]
+            if not teams:
+                self._levels.pop(0)
+                continue
+            team = min(teams, key=lambda t: (self._share(t), teams[t][0].created_at, t))
+            queue = teams[team]
+            job = queue.popleft()
+            if not queue:
+                del teams[team]
+            return job
+        raise StopIteration
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An admitted job as reclaim sees it."""
+
+    job_id: str
+    team: str
+    flavor: str
+    priority: int
+    started_at: float
+
+
+def reclaim_candidates(
+    book: QuotaBook, team: str, flavor: str, running: Sequence[Running]
+) -> list[Running]:
+    """Jobs of other cohort members that borrow on `flavor`, in preemption order (lowest
+    priority, then newest first). Empty when `team` has no cohort."""
+    cohort = book.team(team).cohort
+    if cohort is None:
+        return []
+    lenders = {t.name for t in book.cohort_members(cohort) if t.name != team}
+    victims = [
+        r
+        for r in running
+        if r.flavor == flavor and r.team in lenders and book.borrowing(r.team, flavor)
+    ]
+    return sorted(victims, key=lambda r: (r.priority, -r.started_at, r.job_id))

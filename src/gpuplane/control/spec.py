@@ -1,0 +1,106 @@
+"""Job specs (YAML) as users write them, validated, and their mapping to a scheduler request.
+
+The minimal spec is a name, a team, a command and resources:
+
+    name: hello
+    team: research
+    command: ["python", "-c", "print(42)"]
+    resources: {gpu_mem_mib: 10240, gpu_cores_pct: 25}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuplane.control.scheduler.snapshot import Request
+from gpuplane.errors import ResourceError
+from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector, Slice
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+
+
+class SpecError(ResourceError):
+    """A job spec is malformed; the message names the field and what is expected."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourcesSpec(_Spec):
+    gpus: int = Field(default=0, ge=0, description="whole cards on one node")
+    gpu_mem_mib: int | None = Field(default=None, gt=0, description="vGPU: memory on one card")
+    gpu_cores_pct: int | None = Field(default=None, gt=0, le=100, description="vGPU: compute %")
+    cpu_millis: int = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+
+
+class SelectorSpec(_Spec):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    gpu_models: list[str] = Field(default_factory=list, description="any of these GPU models")
+    cluster: str | None = None
+    region: str | None = None
+
+
+class JobSpec(_Spec):
+    name: str
+    team: str
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    priority: int = 0
+    resources: ResourcesSpec = ResourcesSpec()
+    selector: SelectorSpec = SelectorSpec()
+
+    @field_validator("name", "team")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                f"'{value}' must be 1-63 lowercase letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit"
+            )
+        return value
+
+    def to_resources(self) -> Resources:
+        r = self.resources
+        return Resources(
+            slice=Slice(gpus=r.gpus, gpu_mem_mib=r.gpu_mem_mib, gpu_cores_pct=r.gpu_cores_pct),
+            cpu_millis=r.cpu_millis,
+            memory_mib=r.memory_mib,
+        )
+
+    def to_selector(self) -> Selector:
+        s = self.selector
+        labels = dict(s.match_labels)
+        if s.cluster:
+            labels[LABEL_CLUSTER] = s.cluster
+        if s.region:
+            labels[LABEL_REGION] = s.region
+        return Selector(match_labels=labels, gpu_models=frozenset(s.gpu_models))
+
+    def to_request(self, job_id: str) -> Request:
+        resources = self.to_resources()
+        return Request.from_resources(job_id, resources, self.to_selector())
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validate a spec (a mapping from YAML or JSON); errors name each bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a job spec must be a mapping, got {type(data).__name__}")
+    try:
+        spec = JobSpec.model_validate(data)
+        spec.to_request("validate")  # the shared vocabulary's own checks (e.g. gpus > 1 + slice)
+    except ValidationError as exc:
+        parts = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"]) or "spec"
+            msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+            parts.append(f"{loc}: {msg}")
+        raise SpecError("invalid job spec: " + "; ".join(parts)) from None
+    except ResourceError as exc:
+        raise SpecError(f"invalid job spec: {exc}") from None
+    return spec

@@ -1,0 +1,125 @@
+"""What the API returns (and the CLI prints): pydantic views of jobs, clusters, nodes and teams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ReasonView(BaseModel):
+    cluster: str
+    code: str
+    message: str
+    numbers: dict[str, int] = Field(default_factory=dict)
+
+
+class JobView(BaseModel):
+    id: str
+    name: str
+    team: str
+    state: str
+    priority: int
+    command: list[str]
+    resources: dict[str, Any]
+    selector: dict[str, Any]
+    cluster: str | None = None
+    node: str | None = None
+    flavor: str | None = None
+    devices: list[int] = Field(default_factory=list)
+    reasons: list[ReasonView] = Field(default_factory=list)
+    message: str | None = None
+    exit_code: int | None = None
+    attempts: int = 0
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class DryRunView(BaseModel):
+    """What submit would do now, without changing anything."""
+
+    dry_run: bool = True
+    fits: bool
+    cluster: str | None = None
+    node: str | None = None
+    flavor: str | None = None
+    devices: list[int] = Field(default_factory=list)
+    preempts: list[str] = Field(default_factory=list)
+    reasons: list[ReasonView] = Field(default_factory=list)
+    queued_ahead: int = Field(description="pending jobs of equal or higher priority")
+
+
+class DeviceView(BaseModel):
+    index: int
+    model: str
+    mem_mib: int
+    mem_free_mib: int
+    gpu_milli_free: int
+    uuid: str | None = None
+
+
+class NodeView(BaseModel):
+    cluster: str
+    name: str
+    labels: dict[str, str]
+    cpu_millis: int
+    cpu_free_millis: int
+    memory_mib: int
+    memory_free_mib: int
+    devices: list[DeviceView]
+
+
+class ClusterView(BaseModel):
+    name: str
+    adapter: str
+    labels: dict[str, str]
+    nodes: int
+    gpus: int
+    gpus_free: int = Field(description="wholly free cards")
+    gpu_milli_free: int
+    inventory: str = ""
+    running_jobs: int = 0
+
+
+class ClusterDetail(ClusterView):
+    node_list: list[NodeView]
+
+
+class QuotaView(BaseModel):
+    flavor: str
+    gpus: float
+    gpu_mem_mib: int | None
+    borrowing_limit_gpus: float | None
+    borrowing_limit_mem_mib: int | None
+    used_gpus: float
+    used_gpu_mem_mib: int
+
+
+class TeamView(BaseModel):
+    name: str
+    cohort: str | None
+    weight: float
+    limited: bool
+    quotas: list[QuotaView]
+    used_gpus: float
+    used_gpu_mem_mib: int
+    dominant_share: float
+    pending_jobs: int = 0
+    running_jobs: int = 0
+
+
+class QuotaSet(BaseModel):
+    """Body of `PUT /teams/{team}/quotas/{flavor}`."""
+
+    gpus: float = Field(ge=0)
+    gpu_mem_mib: int | None = Field(default=None, ge=0)
+    borrowing_limit_gpus: float | None = Field(default=None, ge=0)
+    borrowing_limit_mem_mib: int | None = Field(default=None, ge=0)
+
+
+class TeamSet(BaseModel):
+    """Body of `PUT /teams/{team}`."""
+
+    cohort: str | None = None
+    weight: float = Field(default=1.0, gt=0)

@@ -1,0 +1,161 @@
+"""The local adapter with real processes: inventory, env for the slice, logs, exit codes, stop."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, create_adapter
+from gpuplane.control.adapters.local import LocalAdapter, parse_nvidia_smi
+from gpuplane.control.scheduler.snapshot import DeviceGrant
+from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
+from gpuplane.errors import ConfigError
+from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> LocalAdapter:
+    control = ControlConfig(state_dir=str(tmp_path), kill_grace_s=2.0)
+    a = create_adapter(ClusterConfig(name="local", discover_gpus=False), control)
+    assert isinstance(a, LocalAdapter)
+    yield a
+    a.close()
+    assert a._procs == {}, "a process outlived the adapter"
+
+
+def wait_done(adapter: LocalAdapter, job_id: str) -> WorkloadState:
+    for _ in range(200):
+        state = adapter.status([job_id])[job_id].state
+        if state != WorkloadState.RUNNING:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"{job_id} still running")
+
+
+def test_without_a_gpu_the_default_inventory_is_two_declared_80gib_cards(
+    adapter: LocalAdapter,
+) -> None:
+    inv = adapter.inventory()
+    assert len(inv.nodes) == 1
+    node = inv.nodes[0]
+    assert [(d.index, d.mem_mib) for d in node.devices] == [(0, 81920), (1, 81920)]
+    assert node.labels[LABEL_GPU_MODEL] == "A100-80GB"
+    assert "no GPU found" in inv.source
+    assert "declared 2" in inv.source
+
+
+def test_declared_nodes_come_from_config(tmp_path: Path) -> None:
+    cluster = ClusterConfig(
+        name="lab",
+        region="eu-west",
+        discover_gpus=False,
+        nodes=[
+            DeclaredNode(
+                name="n1",
+                labels={"rack": "r1"},
+                gpus=[DeclaredGpus(model="L4", mem_mib=24576, count=4)],
+            )
+        ],
+    )
+    inv = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path))).inventory()
+    (node,) = inv.nodes
+    assert node.name == "n1"
+    assert len(node.devices) == 4
+    assert node.labels[LABEL_GPU_MODEL] == "L4"
+    assert node.labels[LABEL_REGION] == "eu-west"
+    assert node.labels["rack"] == "r1"
+    assert "declared in config" in inv.source
+
+
+def test_parse_nvidia_smi() -> None:
+    text = "0, NVIDIA H200, 143771, GPU-aaa\n1, NVIDIA H200, 143771, GPU-bbb\n"
+    devices = parse_nvidia_smi(text)
+    assert [(d.index, d.model, d.mem_mib, d.uuid) for d in devices] == [
+        (0, "H200", 143771, "GPU-aaa"),
+        (1, "H200", 143771, "GPU-bbb"),
+    ]
+    assert parse_nvidia_smi("No devices were found\n") == []
+
+
+def test_a_slice_gets_cuda_visible_devices_and_hami_limits(adapter: LocalAdapter) -> None:
+    code = (
+        "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+        "if k.startswith(('CUDA_', 'GPUPLANE_', 'MY_'))}))"
+    )
+    adapter.bind(
+        Workload(
+            job_id="j1",
+            name="envcheck",
+            command=(sys.executable, "-c", code),
+            node="n",
+            devices=(DeviceGrant(1, 10240, 250),),
+            env={"MY_VAR": "x"},
+            fractional=True,
+        )
+    )
+    assert wait_done(adapter, "j1") == WorkloadState.SUCCEEDED
+    env = json.loads(adapter.logs("j1"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
+    assert env["GPUPLANE_JOB_ID"] == "j1"
+    assert env["MY_VAR"] == "x"
+    adapter.release("j1")
+
+
+def test_whole_cards_get_no_slice_limits(adapter: LocalAdapter) -> None:
+    code = (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], 'CUDA_DEVICE_SM_LIMIT' in os.environ)"
+    )
+    adapter.bind(
+        Workload(
+            job_id="j2",
+            name="whole",
+            command=(sys.executable, "-c", code),
+            node="n",
+            devices=(DeviceGrant(0, 81920, 1000), DeviceGrant(1, 81920, 1000)),
+        )
+    )
+    wait_done(adapter, "j2")
+    assert adapter.logs("j2").strip() == "0,1 False"
+    adapter.release("j2")
+
+
+def test_exit_code_and_log_tail(adapter: LocalAdapter) -> None:
+    code = "import sys; print('a'); print('b'); print('c'); sys.exit(3)"
+    adapter.bind(Workload("j3", "fails", (sys.executable, "-c", code), "n"))
+    assert wait_done(adapter, "j3") == WorkloadState.FAILED
+    status = adapter.status(["j3"])["j3"]
+    assert status.exit_code == 3
+    assert "code 3" in status.message
+    assert adapter.logs("j3", tail=2) == "b\nc\n"
+    adapter.release("j3")
+    assert adapter.status(["j3"])["j3"].state == WorkloadState.LOST
+    assert adapter.logs("j3", tail=1) == "c\n"  # logs outlive the process
+
+
+def test_release_stops_a_running_process_and_is_idempotent(adapter: LocalAdapter) -> None:
+    adapter.bind(
+        Workload("j4", "sleeper", (sys.executable, "-c", "import time; time.sleep(60)"), "n")
+    )
+    adapter.bind(Workload("j4", "sleeper", ("ignored",), "n"))  # idempotent per job id
+    assert adapter.status(["j4"])["j4"].state == WorkloadState.RUNNING
+    popen = adapter._procs["j4"].popen
+    adapter.release("j4")
+    assert popen.poll() is not None
+    adapter.release("j4")
+    adapter.release("never-bound")
+
+
+def test_a_missing_command_is_refused_with_the_reason(adapter: LocalAdapter) -> None:
+    with pytest.raises(AdapterError, match="cannot start 'no-such-binary-xyz'"):
+        adapter.bind(Workload("j5", "bad", ("no-such-binary-xyz",), "n"))
+
+
+def test_unknown_adapter_kind_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown adapter 'locall'.*did you mean 'local'"):
+        create_adapter(ClusterConfig(name="x", adapter="locall"), ControlConfig())
