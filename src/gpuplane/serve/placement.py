@@ -69,11 +69,77 @@ class SlotsPolicy:
         return Choice(least.id, "least_loaded", affinity.get(least.id, 0))
 
 
+class RoundRobinPolicy:
+    """The next instance after the last one chosen, in configuration order (peer routers' default).
+
+    Only instances with a free slot are candidates, so unlike a plain round robin it never
+    sends a request to a full instance; it just ignores load and prefixes.
+    """
+
+    uses_prefix = False
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    def choose(
+        self,
+        candidates: Sequence[InstanceSlots],
+        affinity: Mapping[str, int],
+        rng: random.Random,
+    ) -> Choice | None:
+        if not candidates:
+            return None
+        ids = sorted(c.id for c in candidates)
+        after = [i for i in ids if self._last is None or i > self._last]
+        self._last = (after or ids)[0]
+        return Choice(self._last, "round_robin")
+
+
+class LeastConnectionsPolicy:
+    """The candidate with the fewest requests in flight (not relative to capacity)."""
+
+    uses_prefix = False
+
+    def choose(
+        self,
+        candidates: Sequence[InstanceSlots],
+        affinity: Mapping[str, int],
+        rng: random.Random,
+    ) -> Choice | None:
+        if not candidates:
+            return None
+        low = min(c.in_flight for c in candidates)
+        tied = [c for c in candidates if c.in_flight == low]
+        return Choice((tied[0] if len(tied) == 1 else rng.choice(tied)).id, "least_connections")
+
+
+class PowerOfTwoPolicy:
+    """Two candidates drawn at random; the one with fewer requests in flight wins."""
+
+    uses_prefix = False
+
+    def choose(
+        self,
+        candidates: Sequence[InstanceSlots],
+        affinity: Mapping[str, int],
+        rng: random.Random,
+    ) -> Choice | None:
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return Choice(candidates[0].id, "power_of_two")
+        a, b = rng.sample(list(candidates), 2)
+        return Choice((b if b.in_flight < a.in_flight else a).id, "power_of_two")
+
+
 PolicyFactory = Callable[[float], PlacementPolicy]
 
 POLICIES: dict[str, PolicyFactory] = {
     "slots_prefix": lambda imbalance: SlotsPolicy(True, imbalance),
     "slots": lambda imbalance: SlotsPolicy(False, imbalance),
+    "round_robin": lambda imbalance: RoundRobinPolicy(),
+    "least_connections": lambda imbalance: LeastConnectionsPolicy(),
+    "power_of_two": lambda imbalance: PowerOfTwoPolicy(),
 }
 
 
