@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuplane import __version__
+from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import engine
 
 app = typer.Typer(
@@ -13,6 +14,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(batch_cli.app, name="batch")
 app.add_typer(engine.app, name="engine")
 
 

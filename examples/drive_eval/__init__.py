@@ -1,0 +1,1 @@
+"""The reference driving-evaluation workload: synthetic clips, a NumPy perception model, checks."""

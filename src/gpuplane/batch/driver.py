@@ -1,0 +1,396 @@
+"""The driver: clips in, through prefetch, the stage cache and a runner, results and run.json out.
+
+One thread owns all scheduling state; I/O threads and runner workers only report back through a
+queue. Per clip: compute every stage's key (pure), read verified cache hits and download the
+clip only if a missing stage needs it (I/O pool, bounded by the prefetch budget), run the
+missing stages on free replicas of the plan (downstream first, so clips finish and free memory),
+then append the clip's reduced record to the journal. A crash loses at most the clips in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import fsspec
+
+from gpuplane.batch.cache import StageCache
+from gpuplane.batch.journal import Journal
+from gpuplane.batch.metrics import StageMetrics, Timeline
+from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
+from gpuplane.batch.pipeline import CLIP, BatchError, BoundStage, CachePolicy, Pipeline, cache_keys
+from gpuplane.batch.prefetch import ClipRef, Prefetcher
+from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    out_dir: Path
+    devices: tuple[Device, ...]
+    cache_url: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    prefetch_items: int = 8  # clips held at once: downloading, waiting or computing
+    prefetch_bytes: int = 1 << 30
+    io_workers: int = 4
+    profile: Mapping[str, float] | None = None  # seconds per clip per stage; else calibrate
+    heavy_share: float = 0.5
+
+
+class Observer(Protocol):
+    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None: ...
+    def on_update(self, metrics: Mapping[str, StageMetrics], done: int) -> None: ...
+
+
+class _Job:
+    __slots__ = ("data", "hits", "keys", "ref", "running", "values")
+
+    def __init__(self, ref: ClipRef) -> None:
+        self.ref = ref
+        self.keys: dict[str, str] = {}
+        self.values: dict[str, Any] = {}
+        self.hits: list[str] = []
+        self.data: Any = None
+        self.running: set[str] = set()
+
+
+def _post(events: queue.SimpleQueue[tuple[Any, ...]], *head: Any) -> None:
+    """Future callback: hand (kind, ..., future) to the driver thread."""
+    events.put(head)
+
+
+def calibrate(pipeline: Pipeline, data: Any) -> dict[str, float]:
+    """Seconds per clip of each stage, measured by running the chain once in this process."""
+    values: dict[str, Any] = {}
+    out: dict[str, float] = {}
+    for s in pipeline.stages:
+        args = tuple(data if d == CLIP else values[d] for d in s.inputs)
+        bound = BoundStage(s)
+        t = time.perf_counter()
+        values[s.name] = bound(*args)
+        out[s.name] = time.perf_counter() - t
+    return out
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.replace(path)
+
+
+class Driver:
+    """Runs one pipeline over a stream of clips; `run()` returns the summary written to run.json."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        spec: WorkerSpec,
+        runner: Runner,
+        options: RunOptions,
+        observer: Observer | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pipeline = pipeline
+        self.spec = spec
+        self.runner = runner
+        self.opts = options
+        self.observer = observer
+        self.clock = clock
+        self.cache = (
+            StageCache(spec.cache_url, dict(spec.cache_options)) if spec.cache_url else None
+        )
+        self.metrics = {s.name: StageMetrics() for s in pipeline.stages}
+        self.errors = 0
+
+    # ---- planning -------------------------------------------------------------------------
+    def plan(self, sample: ClipRef | None) -> tuple[Plan, dict[str, float]]:
+        profile = dict(self.opts.profile or {})
+        if not profile and self.cache is not None:
+            profile = self.cache.load_profile()
+        if any(s.name not in profile for s in self.pipeline.stages) and sample is not None:
+            profile = calibrate(self.pipeline, self.pipeline.decode(self._fetch(sample)))
+        mods = [
+            ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0)) for s in self.pipeline.stages
+        ]
+        return plan_packing(mods, self.opts.devices, heavy_share=self.opts.heavy_share), profile
+
+    def _fetch(self, ref: ClipRef) -> bytes:
+        fs, path = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))
+        return bytes(fs.cat_file(path))
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self, clips: Iterable[ClipRef], total: int | None = None) -> dict[str, Any]:
+        out = self.opts.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        self._check_resume(out)
+        journal = Journal(out / "results.jsonl")
+        it = iter(clips)
+        first = next(it, None)
+        plan, profile = self.plan(first)
+        started = self.clock()
+        summary: dict[str, Any] = self._header(plan, profile, started)
+        _write_json(out / "run.json", summary | {"status": "running"})
+        if self.observer:
+            self.observer.on_start([s.name for s in self.pipeline.stages], total, plan)
+        status = "failed"
+        skipped = 0
+
+        def source() -> Iterator[ClipRef]:
+            if first is not None:
+                yield first
+            yield from it
+
+        def fresh() -> Iterator[ClipRef]:
+            nonlocal skipped
+            for ref in source():
+                if ref.id in journal.done:
+                    skipped += 1
+                else:
+                    yield ref
+
+        self.timeline = Timeline(started)
+        prefetcher = Prefetcher(
+            self.opts.io_workers, self.opts.prefetch_items, self.opts.prefetch_bytes
+        )
+        done = 0
+        try:
+            self.runner.start(self.spec, plan, self.pipeline)
+            done = self._loop(fresh(), plan, prefetcher, journal, out)
+            status = "finished" if self.errors == 0 else "finished_with_errors"
+        finally:
+            self.runner.stop()
+            prefetcher.close()
+            journal.close()
+            ended = self.clock()
+            if self.cache is not None:
+                for name, m in self.metrics.items():
+                    st = self.cache.stats.of(name)
+                    m.cache.hits, m.cache.misses = st.hits, st.misses
+                    m.cache.corrupt, m.cache.bytes_read = st.corrupt, st.bytes_read
+            wall = ended - started
+            summary |= {
+                "status": status,
+                "finished_at": ended,
+                "wall_s": wall,
+                "clips": {
+                    "done": done,
+                    "skipped_already_done": skipped,
+                    "errors": self.errors,
+                    "journal_total": len(journal.done),
+                },
+                "throughput_clips_per_s": done / wall if wall > 0 else 0.0,
+                "device_seconds": sum(m.device_s for m in self.metrics.values()),
+                "stages": {n: m.to_dict() for n, m in self.metrics.items()},
+                "timeline": self.timeline.to_dict(),
+                "prefetch": {
+                    "max_items": self.opts.prefetch_items,
+                    "max_bytes": self.opts.prefetch_bytes,
+                    "peak_items": prefetcher.peak_items,
+                    "peak_bytes": prefetcher.peak_bytes,
+                },
+            }
+            _write_json(out / "run.json", summary)
+            measured = {n: m.compute_s / m.computed for n, m in self.metrics.items() if m.computed}
+            if self.cache is not None and measured:
+                self.cache.save_profile(measured)
+        return summary
+
+    def _check_resume(self, out: Path) -> None:
+        path = out / "run.json"
+        if not path.exists() or not (out / "results.jsonl").exists():
+            return
+        prior = json.loads(path.read_text())
+        if prior.get("fingerprint") != self.pipeline.fingerprint():
+            raise BatchError(
+                f"{out} holds results of another pipeline version "
+                f"({prior.get('fingerprint')} vs {self.pipeline.fingerprint()}); "
+                "pass a different --out, or delete that directory to start over"
+            )
+
+    def _header(self, plan: Plan, profile: Mapping[str, float], started: float) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline.name,
+            "fingerprint": self.pipeline.fingerprint(),
+            "started_at": started,
+            "runner": self.runner.describe(),
+            "cache_url": self.spec.cache_url,
+            "versions": {s.name: s.version for s in self.pipeline.stages},
+            "devices": [{"id": d.id, "mem_mib": d.mem_mib} for d in self.opts.devices],
+            "profile_s": dict(profile),
+            "plan": {
+                "replicas": dict(plan.replicas),
+                "rates": dict(plan.rates),
+                "bottleneck": plan.bottleneck,
+                "device_load": dict(plan.device_load),
+                "placements": [
+                    {
+                        "module": p.module,
+                        "replica": p.replica,
+                        "device": p.device,
+                        "share": p.share,
+                        "mem_mib": p.mem_mib,
+                    }
+                    for p in plan.placements
+                ],
+                "notes": list(plan.notes),
+            },
+        }
+
+    def _prepare(self, ref: ClipRef, fs: Any) -> _Job:
+        """I/O pool: keys, verified cache hits, and the clip's bytes only if a stage needs them."""
+        job = _Job(ref)
+        job.keys = cache_keys(self.pipeline, ref.fingerprint)
+        if self.cache is not None:
+            for s in self.pipeline.stages:
+                if s.cache is CachePolicy.USE:
+                    hit, value = self.cache.get(s.name, job.keys[s.name])
+                    if hit:
+                        job.values[s.name] = value
+                        job.hits.append(s.name)
+        missing = [s for s in self.pipeline.stages if s.name not in job.values]
+        if any(CLIP in s.inputs for s in missing):
+            job.data = self.pipeline.decode(bytes(fs.cat_file(fs._strip_protocol(ref.url))))
+        return job
+
+    def _loop(
+        self, clips: Iterator[ClipRef], plan: Plan, pf: Prefetcher, journal: Journal, out: Path
+    ) -> int:
+        stages = self.pipeline.stages
+        fs_cache: dict[str, Any] = {}
+        events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        free = {s.name: deque(plan.placements_of(s.name)) for s in stages}
+        ready: dict[str, deque[_Job]] = {s.name: deque() for s in stages}
+        in_flight: dict[str, _Job | None] = {}
+        running = 0
+        done = 0
+        pending: ClipRef | None = None
+        exhausted = False
+        last_update = 0.0
+        errors_path = out / "errors.jsonl"
+
+        def fs_for(url: str) -> Any:
+            proto = url.split("://", 1)[0] if "://" in url else "file"
+            if proto not in fs_cache:
+                fs_cache[proto] = fsspec.core.url_to_fs(url, **dict(self.opts.storage_options))[0]
+            return fs_cache[proto]
+
+        def fail(ref: ClipRef, stage: str, exc: BaseException) -> None:
+            self.errors += 1
+            if stage in self.metrics:
+                self.metrics[stage].errors += 1
+            with errors_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"clip": ref.id, "stage": stage, "error": repr(exc)}) + "\n")
+
+        def advance(job: _Job) -> None:
+            for s in stages:
+                if s.name in job.values or s.name in job.running:
+                    continue
+                if all(job.data is not None if d == CLIP else d in job.values for d in s.inputs):
+                    job.running.add(s.name)
+                    ready[s.name].append(job)
+            if len(job.values) == len(stages):
+                finish(job)
+
+        def finish(job: _Job) -> None:
+            nonlocal done
+            record = {"hits": job.hits, "out": self.pipeline.reduce(job.ref.id, job.values)}
+            journal.append(job.ref.id, record)
+            release(job.ref)
+            done += 1
+
+        def release(ref: ClipRef) -> None:
+            del in_flight[ref.id]
+            pf.release(ref.size)
+
+        while True:
+            while not exhausted:
+                if pending is None:
+                    pending = next(clips, None)
+                    if pending is None:
+                        exhausted = True
+                        break
+                if pending.id in in_flight:
+                    raise BatchError(f"clip id {pending.id!r} appears twice in the source")
+                ref = pending
+                fut = pf.try_submit(ref.size, partial(self._prepare, ref, fs_for(ref.url)))
+                if fut is None:
+                    break
+                in_flight[ref.id] = None
+                pending = None
+                fut.add_done_callback(partial(_post, events, "prepared", ref))
+            if exhausted and not in_flight:
+                break
+            # dispatch: downstream stages first, within replicas and the runner's capacity
+            for s in reversed(stages):
+                q, slots = ready[s.name], free[s.name]
+                while q and slots and running < self.runner.capacity:
+                    job = q.popleft()
+                    if in_flight.get(job.ref.id) is not job:
+                        continue  # the clip failed in another stage
+                    pl = slots.popleft()
+                    args = tuple(job.data if d == CLIP else job.values[d] for d in s.inputs)
+                    cached = self.cache is not None and s.cache is not CachePolicy.OFF
+                    key = job.keys[s.name] if cached else None
+                    try:
+                        f = self.runner.submit(Task(job.ref.id, s.name, key, args), pl)
+                    except Exception:
+                        slots.appendleft(pl)
+                        raise
+                    running += 1
+                    f.add_done_callback(partial(_post, events, "done", job, s.name, pl))
+            ev = events.get()
+            if ev[0] == "prepared":
+                ref, fut_p = ev[1], ev[2]
+                try:
+                    job = fut_p.result()
+                except Exception as exc:
+                    fail(ref, "fetch", exc)
+                    release(ref)
+                    continue
+                in_flight[ref.id] = job
+                for name in job.hits:
+                    self.metrics[name].cached += 1
+                advance(job)
+            else:
+                _, job, name, pl, fut_t = ev
+                running -= 1
+                free[name].append(pl)
+                if in_flight.get(job.ref.id) is not job:
+                    continue  # the clip already failed in another stage
+                try:
+                    res: TaskResult = fut_t.result()
+                except Exception as exc:
+                    fail(job.ref, name, exc)
+                    release(job.ref)
+                    continue
+                self._account(name, pl, res)
+                job.values[name] = res.value
+                job.running.discard(name)
+                if not any(CLIP in s.inputs and s.name not in job.values for s in stages):
+                    job.data = None  # no stage needs the raw clip any more
+                advance(job)
+            now = self.clock()
+            if self.observer and now - last_update > 0.1:
+                last_update = now
+                self.observer.on_update(self.metrics, done)
+        if self.observer:
+            self.observer.on_update(self.metrics, done)
+        return done
+
+    def _account(self, stage: str, pl: Placement, res: TaskResult) -> None:
+        m = self.metrics[stage]
+        dt = max(0.0, res.end - res.start)
+        m.computed += 1
+        m.compute_s += dt
+        share = pl.share if pl.device != CPU else 0.0
+        m.device_s += dt * share
+        m.cache.writes += 1 if res.bytes_written else 0
+        m.cache.bytes_written += res.bytes_written
+        self.timeline.add(pl.device, res.start, res.end, share if share else 1.0)

@@ -1,0 +1,60 @@
+"""Fixtures of the batch tests: toy clips on disk, the toy pipeline's path, a run helper."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.batch.driver import Driver, RunOptions
+from gpuplane.batch.packing import declared_devices
+from gpuplane.batch.pipeline import Pipeline, load_pipeline
+from gpuplane.batch.prefetch import list_clips
+from gpuplane.batch.runners.base import Runner, WorkerSpec, make_runner
+
+TOY = str(Path(__file__).with_name("toy_pipeline.py"))
+
+
+def write_clips(root: Path, n: int, broken: tuple[int, ...] = ()) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        body = (b"FAIL" if i in broken else b"") + bytes((i * 7 + j) % 251 for j in range(500 + i))
+        (root / f"clip-{i:04d}.bin").write_bytes(body)
+    return root
+
+
+@pytest.fixture
+def clips(tmp_path: Path) -> Path:
+    return write_clips(tmp_path / "clips", 12)
+
+
+RunFn = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def run_toy(tmp_path: Path, clips: Path) -> RunFn:
+    """Run the toy pipeline over `clips` with the local runner (threads unless told)."""
+
+    def run(
+        out: str = "run",
+        versions: dict[str, str] | None = None,
+        runner: Runner | None = None,
+        clip_dir: Path | None = None,
+        pipeline: Pipeline | None = None,
+        **opts: Any,
+    ) -> dict[str, Any]:
+        versions = versions or {}
+        pipe = pipeline or load_pipeline(TOY, versions)
+        spec = WorkerSpec(TOY, versions, str(tmp_path / "cache"))
+        run_opts = RunOptions(
+            out_dir=tmp_path / out,
+            devices=declared_devices(2),
+            profile={s.name: 0.01 for s in pipe.stages},
+            **opts,
+        )
+        drv = Driver(pipe, spec, runner or make_runner("local", threads=True, cpu_slots=2), run_opts)
+        return drv.run(list_clips(str(clip_dir or clips)))
+
+    return run
