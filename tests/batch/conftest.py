@@ -54,7 +54,8 @@ def run_toy(tmp_path: Path, clips: Path) -> RunFn:
             profile={s.name: 0.01 for s in pipe.stages},
             **opts,
         )
-        drv = Driver(pipe, spec, runner or make_runner("local", threads=True, cpu_slots=2), run_opts)
+        runner = runner or make_runner("local", threads=True, cpu_slots=2)
+        drv = Driver(pipe, spec, runner, run_opts)
         return drv.run(list_clips(str(clip_dir or clips)))
 
     return run

@@ -22,7 +22,7 @@ def test_put_get_roundtrip_and_stats(tmp_path: Path) -> None:
     assert c.get("a", "k1") == (True, {"x": [1, 2, 3]})
     st = c.stats.of("a")
     assert (st.hits, st.misses, st.writes, st.bytes_written) == (1, 1, 1, n)
-    assert [p.name for p in (tmp_path / "c").rglob("*")  if p.is_file()] == ["k1.gpc"]
+    assert [p.name for p in (tmp_path / "c").rglob("*") if p.is_file()] == ["k1.gpc"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
@@ -76,15 +76,19 @@ def test_gc_plan_by_age_then_size() -> None:
     assert {e.key for e in by_age.remove} == {"k5", "k6", "k7", "k8", "k9", "x.tmp-1"}
     by_size = plan_gc(es, now, max_bytes=300)
     assert {e.key for e in by_size.remove} == {f"k{i}" for i in range(3, 10)}
-    assert by_size.keep_bytes == 300 and by_size.freed_bytes == 700
+    assert by_size.keep_bytes == 300
+    assert by_size.freed_bytes == 700
     with pytest.raises(BatchError):
         plan_gc(es, now, max_age_s=-1)
 
 
 def test_parse_size_and_age() -> None:
-    assert parse_size("2K") == 2048 and parse_size("1.5G") == int(1.5 * (1 << 30))
-    assert parse_size("10MiB") == 10 << 20 and parse_size("77") == 77
-    assert parse_age("15m") == 900 and parse_age("2d") == 172_800
+    assert parse_size("2K") == 2048
+    assert parse_size("1.5G") == int(1.5 * (1 << 30))
+    assert parse_size("10MiB") == 10 << 20
+    assert parse_size("77") == 77
+    assert parse_age("15m") == 900
+    assert parse_age("2d") == 172_800
     with pytest.raises(BatchError, match="500M"):
         parse_size("lots")
     with pytest.raises(BatchError, match="7d"):
@@ -103,10 +107,15 @@ def test_cache_cli_ls_du_gc(tmp_path: Path) -> None:
     assert ls.exit_code == 0, ls.output
     assert ls.output.count('"stage": "perception"') == 4
     du = cli.invoke(app, ["cache", "du", "--cache", str(tmp_path), "-o", "json"])
-    assert '"entries": 4' in du.output and '"entries": 1' in du.output
+    assert '"entries": 4' in du.output
+    assert '"entries": 1' in du.output
     dry = cli.invoke(app, ["cache", "gc", "--cache", str(tmp_path), "--max-age", "2d", "--dry-run"])
-    assert dry.exit_code == 0 and "would remove 1" in dry.output and old.exists()
+    assert dry.exit_code == 0
+    assert "would remove 1" in dry.output
+    assert old.exists()
     gc = cli.invoke(app, ["cache", "gc", "--cache", str(tmp_path), "--max-age", "2d"])
-    assert "removed 1" in gc.output and not old.exists()
+    assert "removed 1" in gc.output
+    assert not old.exists()
     none = cli.invoke(app, ["cache", "gc", "--cache", str(tmp_path)])
-    assert none.exit_code == 2 and "--max-age" in none.output
+    assert none.exit_code == 2
+    assert "--max-age" in none.output

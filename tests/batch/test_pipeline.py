@@ -51,9 +51,11 @@ def test_keys_change_with_version_params_upstream_and_clip() -> None:
     a, b = Stage("a", "1", f), Stage("b", "1", g, inputs=("a",))
     base = cache_keys(Pipeline("p", (a, b)), "clipfp")
     bumped_b = cache_keys(Pipeline("p", (a, b.with_version("2"))), "clipfp")
-    assert bumped_b["a"] == base["a"] and bumped_b["b"] != base["b"]
+    assert bumped_b["a"] == base["a"]
+    assert bumped_b["b"] != base["b"]
     bumped_a = cache_keys(Pipeline("p", (a.with_version("2"), b)), "clipfp")
-    assert bumped_a["a"] != base["a"] and bumped_a["b"] != base["b"]  # upstream key flows down
+    assert bumped_a["a"] != base["a"]
+    assert bumped_a["b"] != base["b"]
     params = cache_keys(Pipeline("p", (Stage("a", "1", f, params={"k": 2}), b)), "clipfp")
     assert params["a"] != base["a"]
     assert cache_keys(Pipeline("p", (a, b)), "other")["a"] != base["a"]
@@ -73,7 +75,9 @@ def test_decorator_and_bound_class_stage_built_once() -> None:
             return x * self.k
 
     s = stage("m", version="3", params={"k": 5}, cache="off")(Model)
-    assert s.version == "3" and s.cache is CachePolicy.OFF and s.inputs == (CLIP,)
+    assert s.version == "3"
+    assert s.cache is CachePolicy.OFF
+    assert s.inputs == (CLIP,)
     bound = BoundStage(s)
     assert [bound(1), bound(2)] == [5, 10]
     assert built == [5]
@@ -82,7 +86,8 @@ def test_decorator_and_bound_class_stage_built_once() -> None:
 
 def test_load_pipeline_by_path_dir_module_and_versions(tmp_path: Path) -> None:
     p = load_pipeline(TOY, {"sum_check": "9"})
-    assert p.name == "toy" and p.stage("sum_check").version == "9"
+    assert p.name == "toy"
+    assert p.stage("sum_check").version == "9"
     d = tmp_path / "pipe"
     d.mkdir()
     (d / "pipeline.py").write_text(Path(TOY).read_text())

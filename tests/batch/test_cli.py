@@ -1,0 +1,69 @@
+"""`gpuplane batch` end to end on the reference workload: run, release re-run, compare, plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuplane.cli.batch import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "drive_eval")
+
+
+@pytest.fixture(scope="module")
+def drive_clips(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("drive") / "clips"
+    gen = ROOT / "examples" / "drive_eval" / "generate.py"
+    subprocess.run([sys.executable, str(gen), str(out), "--clips", "3"], check=True)
+    return out
+
+
+def test_run_rerun_with_bump_and_compare(drive_clips: Path, tmp_path: Path) -> None:
+    cli = CliRunner()
+    url = f"slowfile://{drive_clips}"
+    common = ["--clips", url, "--cache", str(tmp_path / "cache"), "--storage-option",
+              "latency_s=0.01", "--cpu-slots", "2"]  # fmt: skip
+    a = cli.invoke(app, ["run", EXAMPLE, *common, "--out", str(tmp_path / "a")])
+    assert a.exit_code == 0, a.output
+    assert "perception" in a.output
+    assert "report:" in a.output
+    assert (tmp_path / "a" / "report.html").read_text().count("<svg") >= 3
+    b = cli.invoke(
+        app,
+        ["run", EXAMPLE, *common, "--out", str(tmp_path / "b"), "-o", "json",
+         "--stage-version", "lane_rules=2", "--stage-version", "planning_check=2"],
+    )  # fmt: skip
+    assert b.exit_code == 0, b.output
+    doc = json.loads(b.output)
+    assert doc["stages"]["perception"]["cached"] == 3
+    assert doc["stages"]["perception"]["computed"] == 0
+    assert doc["stages"]["lane_rules"]["computed"] == 3
+    assert doc["stages"]["obstacle_rules"]["cached"] == 3
+    cmp = cli.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert cmp.exit_code == 0, cmp.output
+    assert "1 → 2" in cmp.output
+    assert "clips in both: 3" in cmp.output
+
+
+def test_plan_prints_replicas_and_bad_input_says_what_to_do(drive_clips: Path) -> None:
+    cli = CliRunner()
+    res = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    assert set(plan["replicas"]) >= {"perception", "lane_rules", "localization_check"}
+    assert plan["bottleneck"] == "perception"
+    assert all(v <= 1.0 + 1e-9 for v in plan["device_load"].values())
+    table = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips)])
+    assert "packing plan" in table.output
+    bad = cli.invoke(app, ["run", EXAMPLE, "--clips", str(drive_clips), "--stage-version", "x"])
+    assert bad.exit_code == 2
+    assert "KEY=VALUE" in bad.output
+    missing = cli.invoke(app, ["run", EXAMPLE, "--clips", "/nonexistent/clips"])
+    assert missing.exit_code == 2
+    assert "does not exist" in missing.output

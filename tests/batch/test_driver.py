@@ -1,0 +1,141 @@
+"""The driver with the local runner: results, cache reuse on a release, corruption, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuplane.batch.cache import StageCache
+from gpuplane.batch.journal import Journal, read_records
+from gpuplane.batch.pipeline import BatchError, load_pipeline
+from gpuplane.batch.report import compare_runs, write_report
+from gpuplane.batch.runners.base import make_runner
+from tests.batch.conftest import TOY, RunFn, write_clips
+
+
+def expected(clips: Path) -> dict[str, dict[str, int]]:
+    out = {}
+    for p in sorted(clips.iterdir()):
+        data = p.read_bytes()
+        out[p.stem] = {"size_check": len(data), "sum_check": sum(data) % 97,
+                       "parity_check": sum(data) % 3}  # fmt: skip
+    return out
+
+
+def outputs(run_dir: Path) -> dict[str, dict[str, int]]:
+    return {k: v["out"] for k, v in read_records(run_dir / "results.jsonl").items()}
+
+
+@pytest.mark.parametrize("threads", [True, False], ids=["threads", "processes"])
+def test_run_computes_every_clip_once_then_serves_from_cache(
+    run_toy: RunFn, clips: Path, tmp_path: Path, threads: bool
+) -> None:
+    runner = make_runner("local", threads=threads, cpu_slots=2)
+    first = run_toy("a", runner=runner)
+    assert first["status"] == "finished"
+    assert outputs(tmp_path / "a") == expected(clips)
+    stages = first["stages"]
+    assert {n: s["computed"] for n, s in stages.items()} == dict.fromkeys(stages, 12)
+    assert stages["perception"]["cache"]["writes"] == 12
+    assert first["device_seconds"] > 0
+    second = run_toy("b")
+    assert {n: s["cached"] for n, s in second["stages"].items()} == dict.fromkeys(stages, 12)
+    assert all(s["computed"] == 0 for s in second["stages"].values())
+    assert outputs(tmp_path / "b") == expected(clips)
+
+
+def test_release_bump_reuses_stage_a(run_toy: RunFn, clips: Path, tmp_path: Path) -> None:
+    run_toy("a")
+    log = tmp_path / "calls.log"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOY_LOG", str(log))
+        bumped = run_toy("b", versions={"sum_check": "2", "parity_check": "2"})
+    s = bumped["stages"]
+    assert s["perception"]["cached"] == 12
+    assert s["perception"]["computed"] == 0
+    assert s["size_check"]["cached"] == 12
+    assert s["sum_check"]["computed"] == 12
+    assert s["parity_check"]["computed"] == 12
+    calls = [line.split()[0] for line in log.read_text().splitlines()]
+    assert sorted(set(calls)) == ["parity_check", "sum_check"]
+    assert outputs(tmp_path / "b") == expected(clips)
+    cmp = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert cmp["clips"]["common"] == 12
+    assert cmp["changed_results"] == {}
+    assert cmp["stages"]["sum_check"]["version"] == ["1", "2"]
+
+
+def test_corrupt_stage_a_entry_is_recomputed(run_toy: RunFn, tmp_path: Path) -> None:
+    run_toy("a")
+    cache = StageCache(str(tmp_path / "cache"))
+    entries = [e for e in cache.entries() if e.stage == "perception"]
+    victim = Path(entries[0].path)
+    victim.write_bytes(victim.read_bytes()[:-5] + b"XXXXX")
+    again = run_toy("b")
+    p = again["stages"]["perception"]
+    assert (p["computed"], p["cached"], p["cache"]["corrupt"]) == (1, 11, 1)
+    assert victim.exists()  # rewritten, valid again
+    assert cache.get("perception", entries[0].key)[0]
+
+
+def test_failing_clip_is_reported_and_retried_next_run(tmp_path: Path, run_toy: RunFn) -> None:
+    bad = write_clips(tmp_path / "bad", 5, broken=(2,))
+    res = run_toy("a", clip_dir=bad)
+    assert res["status"] == "finished_with_errors"
+    assert res["clips"]["errors"] == 1
+    err = [json.loads(x) for x in (tmp_path / "a" / "errors.jsonl").read_text().splitlines()]
+    assert err[0]["clip"] == "clip-0002"
+    assert err[0]["stage"] == "perception"
+    assert "broken on purpose" in err[0]["error"]
+    assert sorted(read_records(tmp_path / "a" / "results.jsonl")) == [
+        "clip-0000", "clip-0001", "clip-0003", "clip-0004"]  # fmt: skip
+    (bad / "clip-0002.bin").write_bytes(b"fixed now")
+    res2 = run_toy("a", clip_dir=bad)
+    assert res2["clips"]["skipped_already_done"] == 4
+    assert res2["clips"]["done"] == 1
+
+
+def test_prefetch_bound_holds_during_a_run(run_toy: RunFn) -> None:
+    res = run_toy("a", prefetch_items=2, io_workers=3)
+    assert res["prefetch"]["peak_items"] <= 2
+    assert res["clips"]["done"] == 12
+
+
+def test_refuses_to_resume_another_pipeline_version(run_toy: RunFn) -> None:
+    run_toy("a")
+    with pytest.raises(BatchError, match="another pipeline version"):
+        run_toy("a", versions={"perception": "2"})
+
+
+def test_report_has_the_three_plots(run_toy: RunFn, tmp_path: Path) -> None:
+    summary = run_toy("a")
+    html = write_report(summary, tmp_path / "r.html").read_text()
+    for title in ("Time per stage", "Device utilisation over time", "Cache hit rate per stage"):
+        assert f"<h2>{title}</h2><svg" in html
+    util = summary["timeline"]["utilisation"]
+    assert set(util) >= {"gpu0"}
+    assert all(0 <= v <= 1.0 + 1e-6 for v in util["gpu0"])
+
+
+def test_journal_truncates_a_torn_line_and_refuses_duplicates(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"clip":"a","out":1}\n{"clip":"b","ou')
+    j = Journal(path)
+    assert j.done == {"a"}
+    assert j.torn_bytes > 0
+    j.append("b", {"out": 2})
+    with pytest.raises(BatchError, match="twice"):
+        j.append("a", {"out": 3})
+    j.close()
+    assert [json.loads(x)["clip"] for x in path.read_text().splitlines()] == ["a", "b"]
+    path.write_text("not json\n")
+    with pytest.raises(BatchError, match="not a journal line"):
+        Journal(path)
+
+
+def test_unknown_runner_lists_valid_ones() -> None:
+    with pytest.raises(BatchError, match=r"\['local', 'ray'\]"):
+        make_runner("slurm")
+    assert load_pipeline(TOY).name == "toy"

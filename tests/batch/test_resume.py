@@ -1,0 +1,60 @@
+"""A killed run, started again with the same command, skips finished clips; none lost or doubled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuplane.batch.journal import read_records
+from tests.batch.conftest import TOY, write_clips
+from tests.batch.test_driver import expected
+
+
+def test_sigkilled_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
+    clips = write_clips(tmp_path / "clips", 12)
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "gpuplane.cli.batch", "run", TOY, "--clips", str(clips),
+        "--out", str(out), "--cache", str(tmp_path / "cache"), "--cpu-slots", "2",
+        "--prefetch-items", "3", "--no-report", "-o", "json",
+    ]  # fmt: skip
+    env = os.environ | {"TOY_SLEEP_S": "0.3", "TOY_LOG": str(tmp_path / "calls.log")}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    journal = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if journal.exists() and journal.read_text().count("\n") >= 3:
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the first run never finished 3 clips")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    done_at_kill = set(read_records(journal))
+    assert 3 <= len(done_at_kill) < 12
+
+    env["TOY_SLEEP_S"] = "0"
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout)
+    assert summary["clips"]["skipped_already_done"] == len(done_at_kill)
+    assert summary["clips"]["done"] == 12 - len(done_at_kill)
+    perception = summary["stages"]["perception"]
+    assert perception["computed"] + perception["cached"] == 12 - len(done_at_kill)
+
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    ids = [x["clip"] for x in lines]
+    assert len(ids) == len(set(ids)) == 12  # every clip once, none twice
+    assert {x["clip"]: x["out"] for x in lines} == expected(clips)
