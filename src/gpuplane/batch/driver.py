@@ -42,6 +42,7 @@ class RunOptions:
     io_workers: int = 4
     profile: Mapping[str, float] | None = None  # seconds per clip per stage; else calibrate
     heavy_share: float = 0.5
+    max_replicas: int = 16  # per module: bounds processes (local) and actors (Ray)
 
 
 class Observer(Protocol):
@@ -119,7 +120,14 @@ class Driver:
         mods = [
             ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0)) for s in self.pipeline.stages
         ]
-        return plan_packing(mods, self.opts.devices, heavy_share=self.opts.heavy_share), profile
+        plan = plan_packing(
+            mods,
+            self.opts.devices,
+            heavy_share=self.opts.heavy_share,
+            max_replicas=self.opts.max_replicas,
+            max_cpu_replicas=min(4, self.opts.max_replicas),
+        )
+        return plan, profile
 
     def _fetch(self, ref: ClipRef) -> bytes:
         fs, path = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))

@@ -7,6 +7,7 @@ import typer
 from gpuplane import __version__
 from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import engine
+from gpuplane.cli import simulate as simulate_cli
 
 app = typer.Typer(
     name="gpuplane",
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(batch_cli.app, name="batch")
 app.add_typer(engine.app, name="engine")
+app.add_typer(simulate_cli.app, name="simulate")
 
 
 @app.command()
