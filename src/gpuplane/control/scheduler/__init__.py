@@ -1,10 +1,10 @@
 """The pure scheduler core: snapshot types, filter -> score -> commit, policies registered by name.
 
-    decision = schedule(snapshot, Request.from_resources(job_id, resources, selector),
-                        make_policy("frag"), rng)
-    if decision.placement: snapshot.commit(decision.placement)   # checks again, never double-books
-    ...
-    snapshot.release(job_id)                                       # idempotent
+decision = schedule(snapshot, Request.from_resources(job_id, resources, selector),
+                    make_policy("frag"), rng)
+if decision.placement: snapshot.commit(decision.placement)   # checks again, never double-books
+...
+snapshot.release(job_id)                                       # idempotent
 """
 
 from gpuplane.control.scheduler.base import Candidates, Policy, Scores

@@ -134,6 +134,4 @@ def _whole_cards(snapshot: Snapshot, row: int, count: int) -> tuple[DeviceGrant,
         & (snapshot.dev_mem_free[row] == snapshot.dev_mem_cap[row])
     )
     idx = np.flatnonzero(free)[:count]
-    return tuple(
-        DeviceGrant(int(d), int(snapshot.dev_mem_cap[row, d]), MILLI_PER_GPU) for d in idx
-    )
+    return tuple(DeviceGrant(int(d), int(snapshot.dev_mem_cap[row, d]), MILLI_PER_GPU) for d in idx)

@@ -38,15 +38,25 @@ class State:
 
 def free_state(s: Snapshot) -> State:
     return State(
-        s.cpu_free, s.mem_free, s.dev_milli_free, s.dev_mem_free,
-        s.full_free, s.max_milli_free, s.max_mem_free,
+        s.cpu_free,
+        s.mem_free,
+        s.dev_milli_free,
+        s.dev_mem_free,
+        s.full_free,
+        s.max_milli_free,
+        s.max_mem_free,
     )
 
 
 def capacity_state(s: Snapshot) -> State:
     return State(
-        s.cpu_cap, s.mem_cap, s.dev_milli_cap, s.dev_mem_cap,
-        s.n_devices, np.where(s.n_devices > 0, MILLI_PER_GPU, 0), s.max_card_mem,
+        s.cpu_cap,
+        s.mem_cap,
+        s.dev_milli_cap,
+        s.dev_mem_cap,
+        s.n_devices,
+        np.where(s.n_devices > 0, MILLI_PER_GPU, 0),
+        s.max_card_mem,
     )
 
 
@@ -76,7 +86,8 @@ def _cluster_reason(
         want = dict(r.selector.match_labels)
         models = sorted(r.selector.gpu_models)
         return _reason(
-            cluster, ReasonCode.NO_MATCHING_NODE,
+            cluster,
+            ReasonCode.NO_MATCHING_NODE,
             f"no node matches labels {want} and GPU models {models or 'any'}",
             nodes=int(nodes.sum()),
         )
@@ -84,7 +95,8 @@ def _cluster_reason(
         sel &= s.splittable
         if not sel.any():
             return _reason(
-                cluster, ReasonCode.NOT_SPLITTABLE,
+                cluster,
+                ReasonCode.NOT_SPLITTABLE,
                 "a fractional request, but no matching node shares its cards (vGPU)",
             )
     capacity = _capacity_reason(s, r, cluster, sel)
@@ -97,16 +109,20 @@ def _cluster_reason(
     cpu_ok = gpu_ok & (st.cpu >= r.cpu_millis)
     if not cpu_ok.any():
         return _reason(
-            cluster, ReasonCode.INSUFFICIENT_CPU,
+            cluster,
+            ReasonCode.INSUFFICIENT_CPU,
             f"no node with room for the GPU request has {r.cpu_millis} free CPU millis",
-            requested=r.cpu_millis, max_free=int(st.cpu[gpu_ok].max()),
+            requested=r.cpu_millis,
+            max_free=int(st.cpu[gpu_ok].max()),
         )
     mem_ok = cpu_ok & (st.mem >= r.memory_mib)
     if not mem_ok.any():
         return _reason(
-            cluster, ReasonCode.INSUFFICIENT_MEMORY,
+            cluster,
+            ReasonCode.INSUFFICIENT_MEMORY,
             f"no node with room for the GPU and CPU request has {r.memory_mib} MiB free memory",
-            requested=r.memory_mib, max_free=int(st.mem[cpu_ok].max()),
+            requested=r.memory_mib,
+            max_free=int(st.mem[cpu_ok].max()),
         )
     return None
 
@@ -128,27 +144,45 @@ def _fits_static(s: Snapshot, r: Request) -> BoolArray:
     return ok
 
 
-def _capacity_reason(
-    s: Snapshot, r: Request, cluster: str, sel: BoolArray
-) -> ClusterReason | None:
+def _capacity_reason(s: Snapshot, r: Request, cluster: str, sel: BoolArray) -> ClusterReason | None:
     if (sel & _fits_static(s, r)).any():
         return None
     code = ReasonCode.EXCEEDS_CAPACITY
     if r.gpus and not (s.n_devices[sel] >= r.gpus).any():
-        return _reason(cluster, code, f"{r.gpus} GPUs requested; no matching node has that many",
-                       requested=r.gpus, max_per_node=int(s.n_devices[sel].max()))
+        return _reason(
+            cluster,
+            code,
+            f"{r.gpus} GPUs requested; no matching node has that many",
+            requested=r.gpus,
+            max_per_node=int(s.n_devices[sel].max()),
+        )
     if r.is_fractional:
         need = int(_card_need(s, r)[sel].min()) if r.gpu_mem_mib is not None else 0
         if need and not (s.max_card_mem[sel] >= need).any():
-            return _reason(cluster, code, f"{need} MiB GPU memory requested; the largest matching "
-                           f"card has {int(s.max_card_mem[sel].max())} MiB",
-                           requested=need, max_card=int(s.max_card_mem[sel].max()))
+            return _reason(
+                cluster,
+                code,
+                f"{need} MiB GPU memory requested; the largest matching "
+                f"card has {int(s.max_card_mem[sel].max())} MiB",
+                requested=need,
+                max_card=int(s.max_card_mem[sel].max()),
+            )
     if not (s.cpu_cap[sel] >= r.cpu_millis).any():
-        return _reason(cluster, code, f"{r.cpu_millis} CPU millis requested; no matching node "
-                       "has that many", requested=r.cpu_millis, max_node=int(s.cpu_cap[sel].max()))
-    return _reason(cluster, code, f"{r.memory_mib} MiB memory requested; no matching node has "
-                   "that much (with its CPU and cards)", requested=r.memory_mib,
-                   max_node=int(s.mem_cap[sel].max()))
+        return _reason(
+            cluster,
+            code,
+            f"{r.cpu_millis} CPU millis requested; no matching node has that many",
+            requested=r.cpu_millis,
+            max_node=int(s.cpu_cap[sel].max()),
+        )
+    return _reason(
+        cluster,
+        code,
+        f"{r.memory_mib} MiB memory requested; no matching node has "
+        "that much (with its CPU and cards)",
+        requested=r.memory_mib,
+        max_node=int(s.mem_cap[sel].max()),
+    )
 
 
 def _gpu_fits(s: Snapshot, r: Request, st: State) -> BoolArray:
@@ -159,40 +193,74 @@ def _gpu_fits(s: Snapshot, r: Request, st: State) -> BoolArray:
     return np.asarray(fit.any(axis=1), dtype=bool)
 
 
-def _gpu_reason(
-    s: Snapshot, r: Request, cluster: str, sel: BoolArray, st: State
-) -> ClusterReason:
+def _gpu_reason(s: Snapshot, r: Request, cluster: str, sel: BoolArray, st: State) -> ClusterReason:
     if r.gpus:
         total_full = int(st.full_free[sel].sum())
         total_milli = int(st.dev_milli[sel].sum())
-        numbers = dict(requested=r.gpus, max_free_on_a_node=int(st.full_free[sel].max()),
-                       free_cards=total_full, free_milli=total_milli)
+        numbers = dict(
+            requested=r.gpus,
+            max_free_on_a_node=int(st.full_free[sel].max()),
+            free_cards=total_full,
+            free_milli=total_milli,
+        )
         if total_full >= r.gpus:
-            return _reason(cluster, ReasonCode.FRAGMENTED, f"{total_full} wholly free cards in "
-                           f"total, but no node has {r.gpus} of them", **numbers)
+            return _reason(
+                cluster,
+                ReasonCode.FRAGMENTED,
+                f"{total_full} wholly free cards in total, but no node has {r.gpus} of them",
+                **numbers,
+            )
         if total_milli >= r.gpus * MILLI_PER_GPU:
-            return _reason(cluster, ReasonCode.FRAGMENTED, f"{total_milli / 1000:.2f} GPUs free in "
-                           f"total, but spread over partly used cards", **numbers)
-        return _reason(cluster, ReasonCode.INSUFFICIENT_GPUS,
-                       f"{r.gpus} whole GPUs requested, {total_full} free", **numbers)
+            return _reason(
+                cluster,
+                ReasonCode.FRAGMENTED,
+                f"{total_milli / 1000:.2f} GPUs free in total, but spread over partly used cards",
+                **numbers,
+            )
+        return _reason(
+            cluster,
+            ReasonCode.INSUFFICIENT_GPUS,
+            f"{r.gpus} whole GPUs requested, {total_full} free",
+            **numbers,
+        )
     exists = s.dev_exists & sel[:, None]
     need = _card_need(s, r)
     mem_ok = exists & (st.dev_mem >= need)
     milli_ok = exists & (st.dev_milli >= r.gpu_milli)
     free_mem, free_milli = st.dev_mem[exists], st.dev_milli[exists]
     numbers = dict(
-        requested_mem_mib=int(need[exists].min()), requested_milli=r.gpu_milli,
-        max_free_mem_mib=int(free_mem.max()), max_free_milli=int(free_milli.max()),
-        free_mem_mib=int(free_mem.sum()), free_milli=int(free_milli.sum()),
+        requested_mem_mib=int(need[exists].min()),
+        requested_milli=r.gpu_milli,
+        max_free_mem_mib=int(free_mem.max()),
+        max_free_milli=int(free_milli.max()),
+        free_mem_mib=int(free_mem.sum()),
+        free_milli=int(free_milli.sum()),
     )
     if not mem_ok.any() and numbers["free_mem_mib"] < numbers["requested_mem_mib"]:
-        return _reason(cluster, ReasonCode.INSUFFICIENT_GPU_MEMORY, "no card has "
-                       f"{numbers['requested_mem_mib']} MiB free GPU memory", **numbers)
+        return _reason(
+            cluster,
+            ReasonCode.INSUFFICIENT_GPU_MEMORY,
+            f"no card has {numbers['requested_mem_mib']} MiB free GPU memory",
+            **numbers,
+        )
     if not milli_ok.any() and numbers["free_milli"] < r.gpu_milli:
-        return _reason(cluster, ReasonCode.INSUFFICIENT_GPU_CORES,
-                       f"no card has {r.gpu_milli / 10:g}% free compute", **numbers)
+        return _reason(
+            cluster,
+            ReasonCode.INSUFFICIENT_GPU_CORES,
+            f"no card has {r.gpu_milli / 10:g}% free compute",
+            **numbers,
+        )
     if not mem_ok.any():
-        return _reason(cluster, ReasonCode.FRAGMENTED, "enough free GPU memory in total, but no "
-                       f"card has {numbers['requested_mem_mib']} MiB of it", **numbers)
-    return _reason(cluster, ReasonCode.FRAGMENTED, "enough free GPU memory and compute in total, "
-                   "but no single card has all that is requested", **numbers)
+        return _reason(
+            cluster,
+            ReasonCode.FRAGMENTED,
+            "enough free GPU memory in total, but no "
+            f"card has {numbers['requested_mem_mib']} MiB of it",
+            **numbers,
+        )
+    return _reason(
+        cluster,
+        ReasonCode.FRAGMENTED,
+        "enough free GPU memory and compute in total, but no single card has all that is requested",
+        **numbers,
+    )

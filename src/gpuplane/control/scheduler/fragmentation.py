@@ -100,8 +100,11 @@ class Workload:
                 break
             covered += n
             whole = milli == MILLI_PER_GPU and gpus >= 1
-            kept.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total,
-                                  sels.get(sel, Selector())))
+            kept.append(
+                TaskClass(
+                    gpus if whole else 0, milli, cpu, mem, n / total, sels.get(sel, Selector())
+                )
+            )
         return cls(kept, use_memory=use_memory)
 
     def __len__(self) -> int:
@@ -218,8 +221,11 @@ class OnlineWorkload:
             classes = []
             for (gpus, milli, cpu, mem, sel), n in self._counts.items():
                 whole = milli == MILLI_PER_GPU and gpus >= 1
-                classes.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total,
-                                         self._selectors[sel]))
+                classes.append(
+                    TaskClass(
+                        gpus if whole else 0, milli, cpu, mem, n / total, self._selectors[sel]
+                    )
+                )
             self._current = Workload(classes, use_memory=self.use_memory)
             self._since = 0
         return self._current
@@ -255,7 +261,9 @@ class DeltaCache:
         stale = versions[rows] != snap.node_version[rows]
         if stale.any():
             sub = Candidates(
-                snap, r, rows[stale],
+                snap,
+                r,
+                rows[stale],
                 None if cands.card_fit is None else cands.card_fit[stale],
                 None if cands.card_mem is None else cands.card_mem[stale],
             )

@@ -313,7 +313,9 @@ class Snapshot:
         self.dev_mem_cap: IntArray = np.zeros((n, d), dtype=np.int64)
         for i, x in enumerate(nodes):
             if sorted(dv.index for dv in x.devices) != list(range(len(x.devices))):
-                raise ResourceError(f"node {x.name}: device indices must be 0..{len(x.devices)-1}")
+                raise ResourceError(
+                    f"node {x.name}: device indices must be 0..{len(x.devices) - 1}"
+                )
             for dv in x.devices:
                 self.dev_exists[i, dv.index] = True
                 self.dev_mem_cap[i, dv.index] = dv.mem_mib
@@ -397,11 +399,13 @@ class Snapshot:
         if node.cluster != placement.cluster:
             return no(f"node {placement.node} is in cluster {node.cluster}")
         if self.cpu_free[i] < placement.cpu_millis:
-            return no("not enough free CPU", requested=placement.cpu_millis,
-                      free=int(self.cpu_free[i]))
+            return no(
+                "not enough free CPU", requested=placement.cpu_millis, free=int(self.cpu_free[i])
+            )
         if self.mem_free[i] < placement.memory_mib:
-            return no("not enough free memory", requested=placement.memory_mib,
-                      free=int(self.mem_free[i]))
+            return no(
+                "not enough free memory", requested=placement.memory_mib, free=int(self.mem_free[i])
+            )
         seen: set[int] = set()
         for g in placement.devices:
             if not 0 <= g.index < self.n_devices[i] or g.index in seen:
@@ -412,9 +416,14 @@ class Snapshot:
             mem_free = int(self.dev_mem_free[i, g.index])
             milli_free = int(self.dev_milli_free[i, g.index])
             if g.mem_mib > mem_free or g.gpu_milli > milli_free:
-                return no(f"card {g.index} of {placement.node} no longer has room",
-                          device=g.index, mem_requested=g.mem_mib, mem_free=mem_free,
-                          milli_requested=g.gpu_milli, milli_free=milli_free)
+                return no(
+                    f"card {g.index} of {placement.node} no longer has room",
+                    device=g.index,
+                    mem_requested=g.mem_mib,
+                    mem_free=mem_free,
+                    milli_requested=g.gpu_milli,
+                    milli_free=milli_free,
+                )
         if len(placement.devices) > 1 and not all(
             g.mem_mib == self.dev_mem_cap[i, g.index] and g.gpu_milli == MILLI_PER_GPU
             for g in placement.devices
@@ -471,6 +480,14 @@ class Snapshot:
 
 
 _MUTABLE_ARRAYS = (
-    "schedulable", "node_version", "cpu_free", "mem_free", "dev_mem_free", "dev_milli_free",
-    "full_free", "max_milli_free", "max_mem_free", "gpu_milli_free",
+    "schedulable",
+    "node_version",
+    "cpu_free",
+    "mem_free",
+    "dev_mem_free",
+    "dev_milli_free",
+    "full_free",
+    "max_milli_free",
+    "max_mem_free",
+    "gpu_milli_free",
 )

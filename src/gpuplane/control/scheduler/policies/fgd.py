@@ -23,7 +23,7 @@ class FragmentationPolicy(Policy):
 
     def __init__(self, workload: Workload | None = None) -> None:
         self._fixed = workload
-        self._online = OnlineWorkload() if workload is None else None
+        self._online = None if workload is not None else OnlineWorkload(use_memory=self.use_memory)
         self._cache = DeltaCache()
 
     def delta(self, cands: Candidates) -> FloatArray:
@@ -31,10 +31,11 @@ class FragmentationPolicy(Policy):
         return self._cache.delta(self.workload, cands)
 
     popularity = 1.0  # share of the requests the workload's classes cover
+    use_memory = False  # whether a class needs the node's host memory too (FGD: CPU only)
 
     @classmethod
     def for_workload(cls, requests: Sequence[Request]) -> Policy:
-        return cls(Workload.from_requests(requests, popularity=cls.popularity))
+        return cls(Workload.from_requests(requests, cls.popularity, cls.use_memory))
 
     @property
     def workload(self) -> Workload:
