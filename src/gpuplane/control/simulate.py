@@ -51,12 +51,16 @@ def load_nodes(path: Path | str) -> list[NodeInfo]:
         for row in csv.DictReader(f):
             model = row["model"]
             mem = CARD_MEM_MIB.get(model, DEFAULT_CARD_MEM_MIB)
-            nodes.append(NodeInfo(
-                name=row["sn"], cluster=TRACE_CLUSTER, cpu_millis=int(row["cpu_milli"]),
-                memory_mib=int(row["memory_mib"]),
-                devices=tuple(DeviceInfo(i, mem) for i in range(int(row["gpu"]))),
-                labels={LABEL_GPU_MODEL: model},
-            ))
+            nodes.append(
+                NodeInfo(
+                    name=row["sn"],
+                    cluster=TRACE_CLUSTER,
+                    cpu_millis=int(row["cpu_milli"]),
+                    memory_mib=int(row["memory_mib"]),
+                    devices=tuple(DeviceInfo(i, mem) for i in range(int(row["gpu"]))),
+                    labels={LABEL_GPU_MODEL: model},
+                )
+            )
     if not nodes:
         raise ResourceError(f"{path}: no nodes")
     return nodes
@@ -70,13 +74,16 @@ def load_pods(path: Path | str) -> list[Request]:
             gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"])
             spec = frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m)
             fractional = gpus == 1 and milli < MILLI_PER_GPU
-            pods.append(Request(
-                job_id=row["name"],
-                gpus=0 if fractional else gpus,
-                gpu_milli=milli if fractional else 0,
-                cpu_millis=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"]),
-                selector=Selector(gpu_models=spec) if gpus and spec else Selector(),
-            ))
+            pods.append(
+                Request(
+                    job_id=row["name"],
+                    gpus=0 if fractional else gpus,
+                    gpu_milli=milli if fractional else 0,
+                    cpu_millis=int(row["cpu_milli"]),
+                    memory_mib=int(row["memory_mib"]),
+                    selector=Selector(gpu_models=spec) if gpus and spec else Selector(),
+                )
+            )
     if not pods:
         raise ResourceError(f"{path}: no pods")
     return pods
@@ -95,8 +102,17 @@ def tuned_workload(
         if total + p.gpu_demand_milli > target:
             break
         total += p.gpu_demand_milli
-        out.append(Request(f"{p.job_id}-tuned-{i}", p.gpus, p.gpu_milli, p.gpu_mem_mib,
-                           p.cpu_millis, p.memory_mib, p.selector))
+        out.append(
+            Request(
+                f"{p.job_id}-tuned-{i}",
+                p.gpus,
+                p.gpu_milli,
+                p.gpu_mem_mib,
+                p.cpu_millis,
+                p.memory_mib,
+                p.selector,
+            )
+        )
         i += 1
     order = rng.permutation(len(out))
     return [out[j] for j in order]
@@ -142,24 +158,34 @@ class SimulationResult:
     def as_dict(self) -> dict[str, object]:
         key = f"alloc_ratio_{round(self.tune * 100)}"
         return {
-            "policy": self.policy, "tune": self.tune, "seeds": [s.seed for s in self.seeds],
+            "policy": self.policy,
+            "tune": self.tune,
+            "seeds": [s.seed for s in self.seeds],
             "alloc_ratio_100": round(self.alloc_ratio_100, 3),
             key: round(self.alloc_ratio_final, 3),
             "failures_by_cause": {k: round(v, 1) for k, v in self.failures.items()},
             "pods_per_seed": float(np.mean([s.pods for s in self.seeds])),
             "run_time_s": round(self.seconds, 2),
             "per_seed": [
-                {"seed": s.seed, "alloc_ratio_100": round(s.alloc_ratio_100, 3),
-                 key: round(s.alloc_ratio_final, 3), "failed": sum(s.failures.values()),
-                 "seconds": round(s.seconds, 2)}
+                {
+                    "seed": s.seed,
+                    "alloc_ratio_100": round(s.alloc_ratio_100, 3),
+                    key: round(s.alloc_ratio_final, 3),
+                    "failed": sum(s.failures.values()),
+                    "seconds": round(s.seconds, 2),
+                }
                 for s in self.seeds
             ],
         }
 
 
 def run_seed(
-    nodes: Sequence[NodeInfo], pods: Sequence[Request], policy_name: str, seed: int,
-    tune: float = 1.3, clock: Callable[[], float] = time.perf_counter,
+    nodes: Sequence[NodeInfo],
+    pods: Sequence[Request],
+    policy_name: str,
+    seed: int,
+    tune: float = 1.3,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SeedResult:
     """One replay: tune the workload with `seed`, place every pod in order, measure."""
     snap = Snapshot(nodes)
@@ -184,14 +210,23 @@ def run_seed(
         if at_100 is None and arrived >= capacity:
             at_100 = 100.0 * allocated / capacity
     final = 100.0 * allocated / capacity
-    return SeedResult(seed, len(workload), len(workload) - sum(failures.values()),
-                      final if at_100 is None else at_100, final, dict(failures),
-                      clock() - start)
+    return SeedResult(
+        seed,
+        len(workload),
+        len(workload) - sum(failures.values()),
+        final if at_100 is None else at_100,
+        final,
+        dict(failures),
+        clock() - start,
+    )
 
 
 def simulate(
-    nodes: Sequence[NodeInfo], pods: Sequence[Request], policy_name: str,
-    seeds: Sequence[int], tune: float = 1.3,
+    nodes: Sequence[NodeInfo],
+    pods: Sequence[Request],
+    policy_name: str,
+    seeds: Sequence[int],
+    tune: float = 1.3,
     progress: Callable[[SeedResult], None] | None = None,
 ) -> SimulationResult:
     """Replay every seed with one policy; `progress` is called after each seed."""
