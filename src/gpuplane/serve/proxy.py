@@ -66,6 +66,7 @@ class ProxyCall(Response):
         self.started = time.monotonic()
         self.status = 0  # HTTP status sent to the client; 0 until the answer starts
         self.finished = False
+        self.client_left = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
@@ -86,13 +87,15 @@ class ProxyCall(Response):
             finally:
                 tg.cancel_scope.cancel()
                 model = self.router.name
-                self.metrics.requests.labels(model, str(self.status or 499)).inc()
+                status = 499 if self.client_left or not self.status else self.status
+                self.metrics.requests.labels(model, str(status)).inc()
                 self.metrics.latency.labels(model).observe(time.monotonic() - self.started)
 
     async def _watch_client(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                self.client_left = not self.finished
                 scope.cancel()
                 return
 
@@ -155,6 +158,7 @@ class ProxyCall(Response):
                 for k, v in response.headers.items()
                 if k in PASSED_RESPONSE_HEADERS
             ]
+            headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status_code != 200:
                 body = b"".join([chunk async for chunk in self.upstream.chunks(response)])
                 self.metrics.ttft.labels(self.router.name).observe(time.monotonic() - self.started)

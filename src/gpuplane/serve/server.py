@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from pathlib import Path
 
 import uvicorn
@@ -29,42 +29,53 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve_until_signal(
-    settings: Settings, on_ready: Callable[[], None] | None = None
-) -> None:
-    """Serve the gateway on settings.gateway.host:port until SIGINT/SIGTERM."""
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[str]:
+    """Serve the gateway on settings.gateway.host:port while the block runs; yields its URL.
+
+    Port 0 picks a free port (tests and benchmarks use that)."""
     app = create_app(settings)
+    gw = settings.gateway
     config = uvicorn.Config(
         app,
-        host=settings.gateway.host,
-        port=settings.gateway.port,
+        host=gw.host,
+        port=gw.port,
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
     server = _Server(config)
+    serving_task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving_task.done():
+                raise ConfigError(
+                    f"the gateway could not listen on {gw.host}:{gw.port}; "
+                    "is the port taken? choose another with --port"
+                )
+            await asyncio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{gw.host}:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
+            await serving_task
+
+
+async def serve_until_signal(
+    settings: Settings, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Serve the gateway until SIGINT/SIGTERM, then shut down in order."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    serving = asyncio.create_task(server.serve())
     try:
-        while not server.started:
-            if serving.done():
-                await serving
-                raise ConfigError(
-                    f"the gateway could not listen on {settings.gateway.host}:"
-                    f"{settings.gateway.port}; is the port taken? choose another with --port"
-                )
-            await asyncio.sleep(0.05)
-        if on_ready:
-            on_ready()
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
+        async with serving(settings):
+            if on_ready:
+                on_ready()
+            await stop.wait()
     finally:
-        server.should_exit = True
-        await serving
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 

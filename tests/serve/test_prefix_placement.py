@@ -1,0 +1,85 @@
+import random
+
+import pytest
+
+from gpuplane.errors import ConfigError
+from gpuplane.serve.placement import SlotsPolicy, make_policy
+from gpuplane.serve.prefix import PrefixIndex, block_hashes, prompt_text
+from gpuplane.serve.slots import InstanceSlots
+
+SYSTEM = "You are a careful assistant. " * 20
+
+
+def chat(system: str, question: str) -> list[int]:
+    body = {
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    }
+    return block_hashes(prompt_text(body), 16)
+
+
+def test_shared_prefix_shares_leading_blocks() -> None:
+    a = chat(SYSTEM, "what is 2+2? " * 4)
+    b = chat(SYSTEM, "name a colour " * 4)
+    shared = len(SYSTEM) // 16
+    assert a[:shared] == b[:shared]
+    assert a[shared + 1 :] != b[shared + 1 :]
+    assert chat("other " * 40, "what is 2+2?")[0] != a[0]
+
+
+def test_prompt_text_covers_content_parts_and_completions() -> None:
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
+    assert "hello" in prompt_text(parts)
+    assert prompt_text({"prompt": "abc"}) == "abc"
+    assert prompt_text({"prompt": ["abc", "def"]}) == "abc\x1edef"
+
+
+def test_index_matches_the_longest_prefix_per_instance() -> None:
+    idx = PrefixIndex(max_blocks=1000)
+    a = chat(SYSTEM, "q1")
+    idx.record(a, "i1")
+    other = chat(SYSTEM[: len(SYSTEM) // 2] + "x" * 400, "q2")
+    idx.record(other, "i2")
+    match = idx.match(chat(SYSTEM, "q3"))
+    assert match["i1"] > match.get("i2", 0) > 0
+
+
+def test_index_is_bounded_and_forgets_instances() -> None:
+    idx = PrefixIndex(max_blocks=10)
+    idx.record(chat(SYSTEM, "q"), "i1")
+    assert len(idx) == 10
+    idx.forget("i1")
+    assert len(idx) == 0
+    assert idx.match(chat(SYSTEM, "q")) == {}
+
+
+def inst(iid: str, in_flight: int, capacity: int = 4) -> InstanceSlots:
+    return InstanceSlots(iid, f"http://{iid}", capacity, in_flight)
+
+
+def test_prefix_affinity_wins_when_not_much_busier() -> None:
+    policy = SlotsPolicy(use_prefix=True, max_imbalance=0.5)
+    choice = policy.choose([inst("a", 1), inst("b", 0)], {"a": 10}, random.Random(0))
+    assert choice is not None
+    assert (choice.instance_id, choice.reason) == ("a", "prefix")
+
+
+def test_prefix_affinity_yields_to_a_much_less_loaded_instance() -> None:
+    policy = SlotsPolicy(use_prefix=True, max_imbalance=0.5)
+    choice = policy.choose([inst("a", 3), inst("b", 0)], {"a": 10}, random.Random(0))
+    assert choice is not None
+    assert (choice.instance_id, choice.reason) == ("b", "least_loaded")
+
+
+def test_least_utilised_with_random_ties() -> None:
+    policy = SlotsPolicy(use_prefix=False)
+    picks = {
+        policy.choose([inst("a", 1), inst("b", 1), inst("c", 2)], {}, random.Random(s)).instance_id  # type: ignore[union-attr]
+        for s in range(30)
+    }
+    assert picks == {"a", "b"}
+    assert policy.choose([], {}, random.Random(0)) is None
+
+
+def test_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="slots_prefix"):
+        make_policy("slot_prefix", 0.5)
