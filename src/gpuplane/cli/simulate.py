@@ -28,15 +28,18 @@ err = Console(stderr=True)
 
 @app.command()
 def openb(
-    nodes: Path = typer.Option(..., "--nodes", exists=True, dir_okay=False,
-                               help="openb_node_list_gpu_node.csv"),
-    pods: Path = typer.Option(..., "--pods", exists=True, dir_okay=False,
-                              help="openb_pod_list_*.csv"),
+    nodes: Path = typer.Option(
+        ..., "--nodes", exists=True, dir_okay=False, help="openb_node_list_gpu_node.csv"
+    ),
+    pods: Path = typer.Option(
+        ..., "--pods", exists=True, dir_okay=False, help="openb_pod_list_*.csv"
+    ),
     policy: str = typer.Option(
         DEFAULT_POLICY, "--policy", help=f"one of: {', '.join(policy_names())}"
     ),
-    tune: float = typer.Option(1.3, "--tune", min=0.01,
-                               help="append pods until demand reaches this x GPU capacity"),
+    tune: float = typer.Option(
+        1.3, "--tune", min=0.01, help="append pods until demand reaches this x GPU capacity"
+    ),
     seeds: str = typer.Option("42-51", "--seeds", help="e.g. 42-51 or 42,43"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
 ) -> None:
@@ -55,8 +58,11 @@ def openb(
 
     def progress(r: SeedResult) -> None:
         if not as_json:
-            err.print(f"seed {r.seed}: {r.pods} pods, alloc {r.alloc_ratio_100:.2f} % / "
-                      f"{r.alloc_ratio_final:.2f} %, {r.seconds:.1f} s", highlight=False)
+            err.print(
+                f"seed {r.seed}: {r.pods} pods, alloc {r.alloc_ratio_100:.2f} % / "
+                f"{r.alloc_ratio_final:.2f} %, {r.seconds:.1f} s",
+                highlight=False,
+            )
 
     result = simulate(node_list, pod_list, policy, seed_list, tune, progress)
     doc = result.as_dict()
@@ -68,8 +74,12 @@ def openb(
     for col in ("alloc_ratio_100 (%)", f"{final} (%)", "failed pods / seed", "run time (s)"):
         t.add_column(col, justify="right")
     failed = sum(result.failures.values())
-    t.add_row(f"{doc['alloc_ratio_100']:.2f}", f"{doc[final]:.2f}", f"{failed:.1f}",
-              f"{result.seconds:.1f}")
+    t.add_row(
+        f"{doc['alloc_ratio_100']:.2f}",
+        f"{doc[final]:.2f}",
+        f"{failed:.1f}",
+        f"{result.seconds:.1f}",
+    )
     out = Console(width=None if sys.stdout.isatty() else 160)
     out.print(t)
     causes = ", ".join(f"{k} {v:.1f}" for k, v in result.failures.items()) or "none"
