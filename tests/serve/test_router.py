@@ -1,0 +1,138 @@
+"""The per-model router with an injected clock: queue hand-off, fairness, reaping, health."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from gpuplane.config import parse_settings
+from gpuplane.serve.prefix import block_hashes
+from gpuplane.serve.router import FailureKind, ModelRouter, Rejected, Rejection, RouterEvents
+
+pytestmark = pytest.mark.anyio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_router(
+    capacities: list[int], clock: Clock | None = None, **gateway: object
+) -> tuple[ModelRouter, list[str]]:
+    instances = [{"url": f"http://i{n}", "max_concurrency": c} for n, c in enumerate(capacities)]
+    settings = parse_settings(
+        {"gateway": gateway, "models": [{"name": "m", "instances": instances}]}
+    )
+    reaped: list[str] = []
+    events = RouterEvents(reaped=lambda model, lease: reaped.append(lease.instance_id))
+    router = ModelRouter(
+        settings.models[0],
+        settings.gateway,
+        capacities,
+        events=events,
+        clock=clock or Clock(),
+        rng=random.Random(0),
+    )
+    return router, reaped
+
+
+async def test_freed_slot_goes_straight_to_the_next_waiter() -> None:
+    router, _ = make_router([1])
+    held = await router.acquire([])
+    waiter = asyncio.create_task(router.acquire([]))
+    await asyncio.sleep(0)
+    assert len(router.queue) == 1
+    router.release(held)
+    granted = await waiter
+    assert granted.lease.instance_id == "http://i0"
+    assert router.slots.get("http://i0").in_flight == 1
+    router.release(granted)
+    router.release(granted)  # idempotent
+    assert router.slots.in_flight == 0
+
+
+async def test_tenants_share_freed_slots_by_weight() -> None:
+    router, _ = make_router([1], queue={"max_size": 100, "fairness_slack": 0})
+    held = await router.acquire([])
+    order: list[str] = []
+
+    async def client(tenant: str, weight: float) -> None:
+        admission = await router.acquire([], tenant=tenant, weight=weight)
+        order.append(tenant)
+        router.release(admission)
+
+    tasks = [asyncio.create_task(client("heavy", 3.0)) for _ in range(6)]
+    tasks += [asyncio.create_task(client("light", 1.0)) for _ in range(6)]
+    await asyncio.sleep(0)
+    router.release(held)
+    await asyncio.gather(*tasks)
+    assert order[:8].count("heavy") == 6  # 3:1 while both wait
+    assert sorted(order) == ["heavy"] * 6 + ["light"] * 6
+
+
+async def test_freed_slot_prefers_a_waiter_whose_prefix_it_holds() -> None:
+    router, _ = make_router([1, 1])
+    a_blocks = block_hashes("tenant A system prompt " * 20, 64)
+    b_blocks = block_hashes("tenant B system prompt " * 20, 64)
+    on_0 = await router.acquire(a_blocks)
+    on_1 = await router.acquire(b_blocks)
+    assert {on_0.lease.instance_id, on_1.lease.instance_id} == {"http://i0", "http://i1"}
+    # waiters arrive B first, then A; the instance holding A's prefix frees up
+    wait_b = asyncio.create_task(router.acquire(b_blocks, tenant="b"))
+    wait_a = asyncio.create_task(router.acquire(a_blocks, tenant="a"))
+    await asyncio.sleep(0)
+    router.release(on_0)
+    got_a = await wait_a
+    assert got_a.lease.instance_id == on_0.lease.instance_id
+    assert got_a.choice.reason == "prefix"
+    router.release(on_1)
+    assert (await wait_b).lease.instance_id == on_1.lease.instance_id
+
+
+async def test_reaper_frees_only_leases_past_their_ttl() -> None:
+    clock = Clock()
+    router, reaped = make_router([2], clock, request_timeout_s=10, lease_ttl_s=20)
+    old = await router.acquire([])
+    clock.now = 15
+    await router.acquire([])
+    clock.now = 25
+    assert router.reap() == 1
+    assert reaped == [old.lease.instance_id]
+    assert router.slots.in_flight == 1
+
+
+async def test_queue_timeout_and_full() -> None:
+    router, _ = make_router([1], queue={"max_size": 1, "timeout_s": 0.05})
+    held = await router.acquire([])
+    waiting = asyncio.create_task(router.acquire([]))
+    await asyncio.sleep(0)
+    with pytest.raises(Rejected) as full:
+        await router.acquire([])
+    assert full.value.reason is Rejection.QUEUE_FULL
+    with pytest.raises(Rejected) as late:
+        await waiting
+    assert late.value.reason is Rejection.QUEUE_TIMEOUT
+    assert len(router.queue) == 0
+    router.release(held)
+    assert router.slots.in_flight == 0
+
+
+async def test_passive_health_marks_down_and_probe_brings_back() -> None:
+    router, _ = make_router([1, 1], health={"failure_threshold": 2})
+    router.report_failure("http://i0", FailureKind.TIMEOUT)
+    assert router.slots.get("http://i0").healthy
+    router.report_failure("http://i0", FailureKind.STATUS)
+    assert not router.slots.get("http://i0").healthy
+    router.report_failure("http://i1", FailureKind.CONNECT)
+    assert not router.slots.get("http://i1").healthy
+    with pytest.raises(Rejected) as down:
+        await router.acquire([])
+    assert down.value.reason is Rejection.NO_HEALTHY_INSTANCE
+    router.report_success("http://i1")
+    assert (await router.acquire([])).lease.instance_id == "http://i1"
