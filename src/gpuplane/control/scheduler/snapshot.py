@@ -256,11 +256,12 @@ class Decision:
         return min(self.reasons, key=_reason_rank) if self.reasons else None
 
 
+# Closeness to fitting: transient causes (quota, a lost race) first, then resources that free up
+# (fragmented, GPU, memory, CPU), then the structural ones (capacity, labels, no nodes).
 _RANK = {code: i for i, code in enumerate(reversed(list(ReasonCode)))}
 
 
 def _reason_rank(reason: ClusterReason) -> int:
-    # later codes in ReasonCode are "closer to fitting" than earlier ones, except CONFLICT/QUOTA
     return _RANK[reason.code]
 
 

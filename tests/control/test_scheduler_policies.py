@@ -1,0 +1,162 @@
+"""Each policy on hand-made snapshots: where it puts a job, and why that is its contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuplane.control.scheduler import (
+    DEFAULT_POLICY,
+    Decision,
+    Policy,
+    Request,
+    Snapshot,
+    make_policy,
+    policy_class,
+    schedule,
+)
+from gpuplane.control.scheduler.fragmentation import TaskClass, Workload
+from gpuplane.control.scheduler.policies.fgd import FGDPolicy
+from gpuplane.control.scheduler.policies.frag import FragPolicy
+from tests.control.sched_helpers import GIB, node
+
+
+def decide(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> Decision:
+    pol = make_policy(policy) if isinstance(policy, str) else policy
+    return schedule(snap, req, pol, np.random.default_rng(seed))
+
+
+def node_of(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> str:
+    placement = decide(snap, req, policy, seed).placement
+    assert placement is not None
+    return placement.node
+
+
+def half_used() -> Snapshot:
+    """n1: 8 cards, 6 taken whole; n2: 8 free cards."""
+    snap = Snapshot([node("n1"), node("n2")])
+    snap.commit(decide(snap, Request("big", gpus=6), "best-fit").placement)  # type: ignore[arg-type]
+    assert snap.allocations["big"].node == "n1"
+    return snap
+
+
+def test_default_policy_is_gpuplanes_fragmentation_aware_one() -> None:
+    assert DEFAULT_POLICY == "frag"
+    assert policy_class(DEFAULT_POLICY) is FragPolicy
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "binpack", "packing", "frag", "fgd"])
+def test_consolidating_policies_fill_the_used_node(policy: str) -> None:
+    assert node_of(half_used(), Request("j", gpus=1), policy) == "n1"
+
+
+def test_spread_picks_the_emptiest_node_and_the_freest_card() -> None:
+    snap = half_used()
+    assert node_of(snap, Request("j", gpus=1), "spread") == "n2"
+    snap = Snapshot([node("n1", cards=2)])
+    first = decide(snap, Request("a", gpu_milli=300), "spread").placement
+    assert first is not None
+    snap.commit(first)
+    second = decide(snap, Request("b", gpu_milli=300), "spread").placement
+    assert second is not None
+    assert second.devices[0].index != first.devices[0].index
+
+
+def test_best_fit_and_packing_share_the_fullest_card_that_fits() -> None:
+    snap = Snapshot([node("n1", cards=3)])
+    for job, milli in (("a", 300), ("b", 600)):
+        placement = decide(snap, Request(job, gpu_milli=milli), "spread").placement
+        assert placement is not None
+        snap.commit(placement)
+    # cards now: 700, 400 and 1000 free (spread used different cards)
+    free = sorted(snap.dev_milli_free[0].tolist())
+    assert free == [400, 700, 1000]
+    for policy in ("best-fit", "packing", "binpack"):
+        placement = decide(snap, Request("c", gpu_milli=350), policy).placement
+        assert placement is not None
+        assert snap.dev_milli_free[0, placement.devices[0].index] == 400
+
+
+def test_packing_prefers_a_shared_card_then_a_used_node_then_an_empty_one() -> None:
+    snap = Snapshot([node("n1", cards=2), node("n2", cards=2), node("n3", cards=2)])
+    snap.commit(decide(snap, Request("s", gpu_milli=500), "packing").placement)  # type: ignore[arg-type]
+    used = snap.allocations["s"].node
+    # a share fits on the half-used card
+    assert node_of(snap, Request("t", gpu_milli=400), "packing") == used
+    # a whole card goes to the used node's free card rather than an empty node
+    assert node_of(snap, Request("w", gpus=1), "packing") == used
+
+
+def test_random_spreads_over_every_fitting_node() -> None:
+    snap = Snapshot([node(f"n{i}", cards=1) for i in range(4)])
+    seen = {node_of(snap, Request("j", gpus=1), "random", seed) for seed in range(40)}
+    assert seen == {"n0", "n1", "n2", "n3"}
+
+
+def fragmentation_case() -> Snapshot:
+    """n1: one card with 600 milli free; n2: one free card."""
+    snap = Snapshot([node("n1", cards=1), node("n2", cards=1)])
+    snap.commit(decide(snap, Request("x", gpu_milli=400), "best-fit").placement)  # type: ignore[arg-type]
+    assert snap.allocations["x"].node == "n1"
+    return snap
+
+
+def halves() -> Workload:
+    return Workload([TaskClass(gpus=0, milli=500, cpu_millis=0, memory_mib=0, weight=1.0)])
+
+
+def test_fragmentation_aware_policies_keep_fragments_usable() -> None:
+    """A 400-milli job on n1 would leave 200 milli no 500-milli task can use; on n2 it leaves 600.
+
+    Best fit takes n1 (least left); FGD and frag take n2, where nothing becomes a fragment.
+    """
+    req = Request("j", gpu_milli=400)
+    assert node_of(fragmentation_case(), req, "best-fit") == "n1"
+    assert node_of(fragmentation_case(), req, FGDPolicy(halves())) == "n2"
+    assert node_of(fragmentation_case(), req, FragPolicy(halves())) == "n2"
+
+
+def test_frag_learns_the_workload_from_the_requests_it_sees() -> None:
+    policy = make_policy("frag")
+    warmup = Snapshot([node("w", cards=1)])
+    for i in range(20):
+        schedule(warmup, Request(f"h{i}", gpu_milli=500), policy, np.random.default_rng(0))
+    assert node_of(fragmentation_case(), Request("j", gpu_milli=400), policy) == "n2"
+
+
+def test_frag_counts_host_memory_that_fgd_ignores() -> None:
+    """Typical tasks need 4 GiB of host memory. n1 has 5 GiB left: a 2 GiB job there strands its
+    GPU for them. FGD sees only CPU and ties (first node wins); frag goes to n2."""
+    workload = [TaskClass(0, 250, 0, 4 * GIB, 1.0)]
+    snap = Snapshot([node("n1", cards=1, mem_gib=16), node("n2", cards=1, mem_gib=16)])
+    snap.commit(decide(snap, Request("mem", memory_mib=11 * GIB), "best-fit").placement)  # type: ignore[arg-type]
+    assert snap.allocations["mem"].node == "n1"
+    req = Request("j", gpu_milli=250, memory_mib=2 * GIB)
+    assert node_of(snap, req, FGDPolicy(Workload(workload))) == "n1"
+    assert node_of(snap, req, FragPolicy(Workload(workload, use_memory=True))) == "n2"
+
+
+def test_workload_from_requests_keeps_the_popular_classes() -> None:
+    reqs = [Request(f"a{i}", gpu_milli=500) for i in range(90)]
+    reqs += [Request(f"b{i}", gpus=2) for i in range(9)] + [Request("c", gpu_milli=130)]
+    w = Workload.from_requests(reqs, popularity=0.95)
+    assert {(c.gpus, c.milli) for c in w.classes} == {(0, 500), (2, 1000)}
+    assert w.total_weight == pytest.approx(0.99)
+    assert len(Workload.from_requests(reqs)) == 3
+
+
+@pytest.mark.parametrize("policy", ["frag", "fgd", "random", "best-fit"])
+def test_decisions_are_reproducible_with_the_same_rng(policy: str) -> None:
+    def run(seed: int) -> list[str]:
+        snap = Snapshot([node(f"n{i}", cards=2) for i in range(6)])
+        pol = make_policy(policy)
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(12):
+            d = schedule(snap, Request(f"j{i}", gpu_milli=300 + 50 * (i % 5)), pol, rng)
+            assert d.placement is not None
+            snap.commit(d.placement)
+            out.append(f"{d.placement.node}/{d.placement.devices[0].index}")
+        return out
+
+    assert run(7) == run(7)
