@@ -2,7 +2,7 @@
 and a per-connection bandwidth limit, as an fsspec filesystem (`slowfile:///path/to/clips`).
 
 Options (fsspec storage options, `--storage-option latency_s=0.1`): `latency_s` per request
-(default 0.05 s) and `bandwidth_mb_s` per connection (default 8 MB/s). Parallel readers each get
+(default 0.1 s) and `bandwidth_mb_s` per connection (default 5 MB/s). Parallel readers each get
 their own connection, as with S3 or GCS.
 """
 
@@ -20,7 +20,7 @@ PROTOCOL = "slowfile"
 class SlowFileSystem(LocalFileSystem):  # type: ignore[misc]
     protocol = (PROTOCOL,)
 
-    def __init__(self, latency_s: float = 0.05, bandwidth_mb_s: float = 8.0, **kw: Any) -> None:
+    def __init__(self, latency_s: float = 0.1, bandwidth_mb_s: float = 5.0, **kw: Any) -> None:
         super().__init__(**kw)
         self.latency_s = float(latency_s)
         self.bandwidth = float(bandwidth_mb_s) * 1e6

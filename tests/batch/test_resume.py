@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuplane.batch.journal import read_records
 from tests.batch.conftest import TOY, write_clips
 from tests.batch.test_driver import expected
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
     clips = write_clips(tmp_path / "clips", 12)
     out = tmp_path / "run"
