@@ -234,3 +234,12 @@ async def test_failure_mid_stream_ends_with_an_error_event() -> None:
     assert s.status_code == 200
     assert "data: [DONE]" not in lines
     assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_error"
+
+
+async def test_request_timeout_is_504_and_frees_the_slot() -> None:
+    async with gateway(
+        instances=1, sim={"hang_rate": 1.0}, request_timeout_s=0.5, lease_ttl_s=5
+    ) as (base, client, _):
+        r = await client.post(f"{base}/v1/chat/completions", json=CHAT)
+    assert r.status_code == 504
+    assert "request_timeout_s" in error_of(r)["message"]

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from rich.console import Console
 from gpuplane.config import Settings, load_settings
 from gpuplane.errors import GpuplaneError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 
 
@@ -31,6 +32,15 @@ def _settings(config: Path | None, host: str | None, port: int | None) -> Settin
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (uvicorn[standard] brings it): a cheaper event loop per request."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -52,11 +62,12 @@ def gateway(
         if not settings.models:
             raise GpuplaneError(f"{config} configures no models; add a `models:` list")
         gw = settings.gateway
-        asyncio.run(
-            serve_until_signal(
-                settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(
+                serve_until_signal(
+                    settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
+                )
             )
-        )
     except GpuplaneError as exc:
         raise _fail(exc) from None
 
