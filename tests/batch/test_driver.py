@@ -139,3 +139,30 @@ def test_unknown_runner_lists_valid_ones() -> None:
     with pytest.raises(BatchError, match=r"\['local', 'ray'\]"):
         make_runner("slurm")
     assert load_pipeline(TOY).name == "toy"
+
+
+def test_plan_uses_declared_shares_first_then_measured_profile(tmp_path: Path, clips: Path) -> None:
+    from gpuplane.batch.driver import Driver, RunOptions
+    from gpuplane.batch.packing import declared_devices
+    from gpuplane.batch.prefetch import list_clips
+    from gpuplane.batch.runners.base import WorkerSpec
+
+    pipe = load_pipeline(TOY)
+    spec = WorkerSpec(TOY, {}, str(tmp_path / "cache"))
+
+    def driver(out: str, calibrate: bool = False) -> Driver:
+        opts = RunOptions(tmp_path / out, declared_devices(2), calibrate=calibrate)
+        return Driver(pipe, spec, make_runner("local", threads=True, cpu_slots=2), opts)
+
+    first = driver("a").run(list_clips(str(clips)))
+    assert first["profile_s"]["perception"] == pytest.approx(0.4)  # its declared share
+    stored = StageCache(str(tmp_path / "cache")).load_profile()
+    assert set(stored) == {s.name for s in pipe.stages}
+    assert stored["perception"] == pytest.approx(first["stages"]["perception"]["mean_compute_s"])
+    _, profile = driver("b").plan(None)
+    assert profile == stored
+    fresh = Driver(pipe, WorkerSpec(TOY), make_runner("local", threads=True),
+                   RunOptions(tmp_path / "c", declared_devices(1), calibrate=True))  # fmt: skip
+    _, timed = fresh.plan(next(iter(list_clips(str(clips)))))
+    assert set(timed) == set(stored)
+    assert timed != {s.name: 0.4 for s in pipe.stages}

@@ -43,6 +43,7 @@ class RunOptions:
     profile: Mapping[str, float] | None = None  # seconds per clip per stage; else calibrate
     heavy_share: float = 0.5
     max_replicas: int = 16  # per module: bounds processes (local) and actors (Ray)
+    calibrate: bool = False  # time one clip through the chain when no profile is known
 
 
 class Observer(Protocol):
@@ -115,8 +116,15 @@ class Driver:
         profile = dict(self.opts.profile or {})
         if not profile and self.cache is not None:
             profile = self.cache.load_profile()
-        if any(s.name not in profile for s in self.pipeline.stages) and sample is not None:
+        missing = [s for s in self.pipeline.stages if s.name not in profile]
+        if missing and self.opts.calibrate and sample is not None:
             profile = calibrate(self.pipeline, self.pipeline.decode(self._fetch(sample)))
+        elif missing:
+            # nothing measured yet: a module's declared share stands in for its cost; the run
+            # measures the real figures and stores them for the next plan
+            mem = self.opts.devices[0].mem_mib if self.opts.devices else 81920
+            for s in missing:
+                profile[s.name] = s.slice.share(mem) if s.slice.is_gpu else 0.01
         mods = [
             ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0)) for s in self.pipeline.stages
         ]

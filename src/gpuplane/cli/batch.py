@@ -141,6 +141,9 @@ def run(
     prefetch_bytes: str = typer.Option("1G", help="bytes of clips held at once"),
     io_workers: int = typer.Option(4, help="parallel downloads"),
     limit: int | None = typer.Option(None, help="only the first N clips"),
+    calibrate: bool = typer.Option(
+        False, help="time one clip before planning when no earlier run measured the stages"
+    ),
     report: bool = typer.Option(True, help="write report.html in the run directory"),
     progress: bool = typer.Option(True, help="show progress (off when not a terminal)"),
     output: Output = typer.Option(Output.table, "-o", "--output"),
@@ -172,6 +175,7 @@ def run(
             prefetch_items=prefetch_items,
             prefetch_bytes=parse_size(prefetch_bytes),
             io_workers=io_workers,
+            calibrate=calibrate,
         )
         console = Console(stderr=True)
         obs = RichObserver(console, progress and output is Output.table and console.is_terminal)
@@ -228,9 +232,8 @@ def plan(
         first = next(iter(list_clips(clips, storage_options=opts_fs)), None)
         if first is None:
             raise BatchError(f"no clips under {clips} to calibrate on")
-        run_opts = RunOptions(
-            Path("."), declared_devices(gpus, gpu_mem_mib), storage_options=opts_fs
-        )
+        devices = declared_devices(gpus, gpu_mem_mib)
+        run_opts = RunOptions(Path("."), devices, storage_options=opts_fs, calibrate=True)
         drv = Driver(pipe, WorkerSpec(None), make_runner("local"), run_opts)
         return drv.plan(first)
 
