@@ -69,3 +69,23 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("models: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_settings(bad)
+
+
+def test_config_commands_print_defaults_and_check_files(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpuplane.cli.main import app
+
+    runner = CliRunner()
+    defaults = runner.invoke(app, ["config", "defaults"])
+    assert defaults.exit_code == 0
+    path = tmp_path / "gpuplane.yaml"
+    path.write_text(defaults.stdout)
+    assert load_settings(path) == load_settings(None)
+    assert runner.invoke(app, ["config", "check", str(path)]).exit_code == 0
+    path.write_text("gateway: {prot: 1}\n")
+    bad = runner.invoke(app, ["config", "check", str(path)])
+    assert bad.exit_code == 1
+    reference = runner.invoke(app, ["config", "reference"])
+    assert "`gateway.queue.timeout_s`" in reference.stdout
+    assert "`models[].instances[].max_concurrency`" in reference.stdout

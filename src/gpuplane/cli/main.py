@@ -6,7 +6,8 @@ import typer
 
 from gpuplane import __version__
 from gpuplane.cli import batch as batch_cli
-from gpuplane.cli import engine
+from gpuplane.cli import config as config_cli
+from gpuplane.cli import engine, serve
 from gpuplane.cli import simulate as simulate_cli
 
 app = typer.Typer(
@@ -15,6 +16,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+serve.register(app)
+app.add_typer(config_cli.app, name="config")
 app.add_typer(batch_cli.app, name="batch")
 app.add_typer(engine.app, name="engine")
 app.add_typer(simulate_cli.app, name="simulate")

@@ -1,0 +1,64 @@
+"""`gpuplane config`: print every setting with its default, and check a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from pydantic import BaseModel
+from rich.console import Console
+
+from gpuplane.config import Settings, load_settings
+from gpuplane.errors import ConfigError
+
+app = typer.Typer(help="Inspect and validate gpuplane.yaml.", no_args_is_help=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+@app.command()
+def defaults() -> None:
+    """Print the complete configuration with every default, as YAML (a starting gpuplane.yaml)."""
+    typer.echo(yaml.safe_dump(Settings().model_dump(mode="json"), sort_keys=False), nl=False)
+
+
+@app.command()
+def reference() -> None:
+    """Print every setting with its type, default and meaning (Markdown)."""
+    typer.echo("| key | type | default | meaning |\n|---|---|---|---|")
+    for row in _rows(Settings, ""):
+        typer.echo(row)
+
+
+@app.command()
+def check(path: Path = typer.Argument(..., help="gpuplane.yaml to validate")) -> None:
+    """Validate a config file; exit 1 with the reasons when it is invalid."""
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        err.print(f"[red]invalid:[/red] {exc}")
+        raise typer.Exit(1) from None
+    err.print(
+        f"{path} is valid: {len(settings.models)} model(s), {len(settings.tenants)} tenant(s)"
+    )
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        inner = field.annotation
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            rows += _rows(inner, key + ".")
+            continue
+        item = (getattr(inner, "__args__", None) or (None,))[0]
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            rows.append(f"| `{key}` | list | `[]` | {field.description or ''} |")
+            rows += _rows(item, key + "[].")
+            continue
+        default: Any = field.get_default(call_default_factory=True)
+        shown = "" if default is None else f"`{default!r}`"
+        type_name = str(inner).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        rows.append(f"| `{key}` | {type_name} | {shown} | {field.description or ''} |")
+    return rows
