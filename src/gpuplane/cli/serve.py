@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import httpx
 import typer
 from rich.console import Console
 
+from gpuplane import logs
 from gpuplane.config import Settings, load_settings
 from gpuplane.errors import GpuplaneError
 
@@ -27,11 +27,6 @@ def _settings(config: Path | None, host: str | None, port: int | None) -> Settin
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
     return settings.model_copy(update={"gateway": gateway})
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -56,7 +51,7 @@ def gateway(
     """Serve the OpenAI-compatible gateway in front of the configured engine instances."""
     from gpuplane.serve.server import serve_until_signal
 
-    _configure_logging()
+    logs.configure()
     try:
         settings = _settings(config, host, port)
         if not settings.models:
@@ -82,7 +77,7 @@ def up(
     """Start llama.cpp instances and the gateway in front of them; Ctrl-C stops everything."""
     from gpuplane.serve.server import run_up
 
-    _configure_logging()
+    logs.configure()
     try:
         settings = _settings(config, host, port)
         if instances is not None:

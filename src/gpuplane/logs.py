@@ -1,0 +1,26 @@
+"""Logging for every gpuplane command: readable on a terminal, one JSON event per line otherwise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from pythonjsonlogger.json import JsonFormatter
+from rich.logging import RichHandler
+
+QUIET = ("httpx", "httpcore", "uvicorn.access")  # one line per request or probe otherwise
+
+
+def configure(level: int = logging.INFO) -> None:
+    """Route log records to stderr: Rich on a terminal, JSON lines when piped or in a service."""
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        handler = RichHandler(show_path=False, rich_tracebacks=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            JsonFormatter("{asctime}{levelname}{name}{message}", style="{", timestamp=False)
+        )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
