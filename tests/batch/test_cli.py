@@ -51,15 +51,18 @@ def test_run_rerun_with_bump_and_compare(drive_clips: Path, tmp_path: Path) -> N
     assert "clips in both: 3" in cmp.output
 
 
-def test_plan_prints_replicas_and_bad_input_says_what_to_do(drive_clips: Path) -> None:
+def test_plan_prints_replicas_and_bad_input_says_what_to_do(
+    drive_clips: Path, tmp_path: Path
+) -> None:
     cli = CliRunner()
-    res = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), "-o", "json"])
+    cache = ["--cache", str(tmp_path / "cache")]
+    res = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), *cache, "-o", "json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output)
     assert set(plan["replicas"]) >= {"perception", "lane_rules", "localization_check"}
     assert plan["bottleneck"] == "perception"
     assert all(v <= 1.0 + 1e-9 for v in plan["device_load"].values())
-    table = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips)])
+    table = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), *cache])
     assert "packing plan" in table.output
     bad = cli.invoke(app, ["run", EXAMPLE, "--clips", str(drive_clips), "--stage-version", "x"])
     assert bad.exit_code == 2
@@ -67,3 +70,33 @@ def test_plan_prints_replicas_and_bad_input_says_what_to_do(drive_clips: Path) -
     missing = cli.invoke(app, ["run", EXAMPLE, "--clips", "/nonexistent/clips"])
     assert missing.exit_code == 2
     assert "does not exist" in missing.output
+
+
+def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from gpuplane.batch.driver import Driver, RunOptions
+    from gpuplane.batch.packing import declared_devices
+    from gpuplane.batch.pipeline import load_pipeline
+    from gpuplane.batch.prefetch import list_clips
+    from gpuplane.batch.runners.base import WorkerSpec, make_runner
+    from gpuplane.cli.batch import RichObserver
+    from tests.batch.conftest import TOY, write_clips
+
+    clips = write_clips(tmp_path / "clips", 4)
+    buf = io.StringIO()
+    obs = RichObserver(Console(file=buf, force_terminal=True, width=120), enabled=True)
+    opts = RunOptions(tmp_path / "run", declared_devices(1))
+    runner = make_runner("local", threads=True, cpu_slots=1)
+    try:
+        Driver(load_pipeline(TOY), WorkerSpec(TOY), runner, opts, obs).run(
+            list_clips(str(clips)), total=4
+        )
+    finally:
+        obs.stop()
+    text = buf.getvalue()
+    for name in ("clips", "perception", "size_check", "sum_check", "parity_check"):
+        assert name in text
+    assert "4/4" in text

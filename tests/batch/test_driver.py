@@ -53,6 +53,10 @@ def test_release_bump_reuses_stage_a(run_toy: RunFn, clips: Path, tmp_path: Path
         mp.setenv("TOY_LOG", str(log))
         bumped = run_toy("b", versions={"sum_check": "2", "parity_check": "2"})
     s = bumped["stages"]
+    # the planner saw perception's entries before the run and planned it as nearly free
+    assert bumped["expected_hit_rate"]["perception"] == 1.0
+    assert bumped["expected_hit_rate"]["sum_check"] == 0.0
+    assert bumped["plan"]["rates"]["perception"] > 1e300
     assert s["perception"]["cached"] == 12
     assert s["perception"]["computed"] == 0
     assert s["size_check"]["cached"] == 12

@@ -9,12 +9,13 @@ then append the clip's reduced record to the journal. A crash loses at most the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -44,6 +45,10 @@ class RunOptions:
     heavy_share: float = 0.5
     max_replicas: int = 16  # per module: bounds processes (local) and actors (Ray)
     calibrate: bool = False  # time one clip through the chain when no profile is known
+
+
+PROBE_CLIPS = 8
+"""Clips whose cache entries are checked before planning, to discount stages likely to hit."""
 
 
 class Observer(Protocol):
@@ -110,9 +115,25 @@ class Driver:
         )
         self.metrics = {s.name: StageMetrics() for s in pipeline.stages}
         self.errors = 0
+        self.hit_estimate: dict[str, float] = {}
 
     # ---- planning -------------------------------------------------------------------------
-    def plan(self, sample: ClipRef | None) -> tuple[Plan, dict[str, float]]:
+    def expected_hits(self, probe: Sequence[ClipRef]) -> dict[str, float]:
+        """Share of the probe clips whose entry each stage already has in the cache."""
+        if self.cache is None or not probe:
+            return {}
+        hits = dict.fromkeys((s.name for s in self.pipeline.stages), 0)
+        for ref in probe:
+            keys = cache_keys(self.pipeline, ref.fingerprint)
+            for s in self.pipeline.stages:
+                if s.cache is CachePolicy.USE and self.cache.contains(s.name, keys[s.name]):
+                    hits[s.name] += 1
+        return {name: n / len(probe) for name, n in hits.items()}
+
+    def plan(
+        self, sample: ClipRef | None, probe: Sequence[ClipRef] = ()
+    ) -> tuple[Plan, dict[str, float]]:
+        """Measured (or declared) seconds per clip, discounted by the expected cache hits."""
         profile = dict(self.opts.profile or {})
         if not profile and self.cache is not None:
             profile = self.cache.load_profile()
@@ -125,8 +146,12 @@ class Driver:
             mem = self.opts.devices[0].mem_mib if self.opts.devices else 81920
             for s in missing:
                 profile[s.name] = s.slice.share(mem) if s.slice.is_gpu else 0.01
+        self.hit_estimate = self.expected_hits(probe)
         mods = [
-            ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0)) for s in self.pipeline.stages
+            ModuleProfile(
+                s.name, s.slice, profile.get(s.name, 0.0) * (1 - self.hit_estimate.get(s.name, 0))
+            )
+            for s in self.pipeline.stages
         ]
         plan = plan_packing(
             mods,
@@ -148,19 +173,20 @@ class Driver:
         self._check_resume(out)
         journal = Journal(out / "results.jsonl")
         it = iter(clips)
-        first = next(it, None)
-        plan, profile = self.plan(first)
+        head = list(itertools.islice(it, PROBE_CLIPS))
+        probe = [r for r in head if r.id not in journal.done]
+        plan, profile = self.plan(head[0] if head else None, probe)
         started = self.clock()
         summary: dict[str, Any] = self._header(plan, profile, started)
         _write_json(out / "run.json", summary | {"status": "running"})
         if self.observer:
-            self.observer.on_start([s.name for s in self.pipeline.stages], total, plan)
+            left = None if total is None else max(0, total - len(journal.done))
+            self.observer.on_start([s.name for s in self.pipeline.stages], left, plan)
         status = "failed"
         skipped = 0
 
         def source() -> Iterator[ClipRef]:
-            if first is not None:
-                yield first
+            yield from head
             yield from it
 
         def fresh() -> Iterator[ClipRef]:
@@ -240,6 +266,7 @@ class Driver:
             "versions": {s.name: s.version for s in self.pipeline.stages},
             "devices": [{"id": d.id, "mem_mib": d.mem_mib} for d in self.opts.devices],
             "profile_s": dict(profile),
+            "expected_hit_rate": dict(self.hit_estimate),
             "plan": {
                 "replicas": dict(plan.replicas),
                 "rates": dict(plan.rates),

@@ -5,6 +5,7 @@ compare two runs. Thin: parse, call `gpuplane.batch`, print.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -220,6 +221,7 @@ def plan(
     clips: str = typer.Option(..., "--clips", help="clips to calibrate on (the first one is run)"),
     gpus: int = typer.Option(2, help="declared GPU inventory (cards)"),
     gpu_mem_mib: int = typer.Option(81920, help="memory of each declared card"),
+    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache: expected hits lighten a stage"),
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable"),
     storage_option: list[str] = typer.Option([], help="KEY=VALUE for the clips' filesystem"),
     output: Output = typer.Option(Output.table, "-o", "--output"),
@@ -229,13 +231,15 @@ def plan(
     def go() -> tuple[Plan, dict[str, float]]:
         pipe = load_pipeline(pipeline, _pairs(stage_version, "--stage-version"))
         opts_fs = _pairs(storage_option, "--storage-option")
-        first = next(iter(list_clips(clips, storage_options=opts_fs)), None)
-        if first is None:
+        head = list(itertools.islice(list_clips(clips, storage_options=opts_fs), 8))
+        if not head:
             raise BatchError(f"no clips under {clips} to calibrate on")
         devices = declared_devices(gpus, gpu_mem_mib)
         run_opts = RunOptions(Path("."), devices, storage_options=opts_fs, calibrate=True)
-        drv = Driver(pipe, WorkerSpec(None), make_runner("local"), run_opts)
-        return drv.plan(first)
+        drv = Driver(
+            pipe, WorkerSpec(None, cache_url=cache or None), make_runner("local"), run_opts
+        )
+        return drv.plan(head[0], head)
 
     p, profile = _guard(go)
     if output is not Output.table:
