@@ -6,8 +6,12 @@ import typer
 
 from gpuplane import __version__
 from gpuplane.cli import batch as batch_cli
+from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
+from gpuplane.cli import control as control_cli
 from gpuplane.cli import engine, serve
+from gpuplane.cli import job as job_cli
+from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import simulate as simulate_cli
 
 app = typer.Typer(
@@ -20,6 +24,10 @@ serve.register(app)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(batch_cli.app, name="batch")
 app.add_typer(engine.app, name="engine")
+app.add_typer(control_cli.app, name="control")
+app.add_typer(job_cli.app, name="job")
+app.add_typer(cluster_cli.app, name="cluster")
+app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
 
 

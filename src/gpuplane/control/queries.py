@@ -1,0 +1,258 @@
+"""Reads and quota edits behind the API: job, cluster, node and team views from the store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
+from gpuplane.control.quota import dominant_share
+from gpuplane.control.service import ControlService, NotFoundError, quota_row
+from gpuplane.control.views import (
+    ClusterDetail,
+    ClusterView,
+    DeviceView,
+    JobView,
+    NodeView,
+    QuotaSet,
+    QuotaView,
+    ReasonView,
+    TeamSet,
+    TeamView,
+)
+
+
+def job_view(service: ControlService, job: Job) -> JobView:
+    estate, _ = service.estate()
+    placement = estate.snapshot.allocations.get(job.id)
+    node = placement.node.partition("/")[2] if placement else None
+    if node is None and job.node_id is not None:
+        with service.store.session() as session:
+            node = session.scalar(select(Node.name).where(Node.id == job.node_id))
+    spec = job.spec
+    reasons = (job.reasons or {}).get("list", [])
+    return JobView(
+        id=job.id,
+        name=job.name,
+        team=job.team_name,
+        state=job.state,
+        priority=job.priority,
+        command=spec.get("command", []),
+        resources=spec.get("resources", {}),
+        selector=spec.get("selector", {}),
+        cluster=job.cluster_name,
+        node=node,
+        flavor=job.flavor,
+        devices=list(placement.device_indices) if placement else [],
+        reasons=[ReasonView(**r) for r in reasons],
+        message=job.message,
+        exit_code=job.exit_code,
+        attempts=job.attempts,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )
+
+
+def get_job(service: ControlService, ref: str) -> JobView:
+    with service.store.session() as session:
+        return job_view(service, service._job(session, ref))
+
+
+def list_jobs(
+    service: ControlService, team: str | None = None, state: str | None = None, limit: int = 500
+) -> list[JobView]:
+    with service.store.session() as session:
+        query = select(Job).order_by(Job.created_at.desc()).limit(limit)
+        if team:
+            query = query.where(Job.team_name == team)
+        if state:
+            query = query.where(Job.state == state)
+        return [job_view(service, j) for j in session.scalars(query)]
+
+
+def job_logs(service: ControlService, ref: str, tail: int | None = None) -> str:
+    with service.store.session() as session:
+        job = service._job(session, ref)
+        cluster = job.cluster_name
+        job_id = job.id
+    adapter = service.adapters.get(cluster or "")
+    if adapter is None:
+        return ""
+    return adapter.logs(job_id, tail)
+
+
+def _node_views(service: ControlService, session: Session, cluster: str) -> list[NodeView]:
+    estate, _ = service.estate()
+    snap = estate.snapshot
+    out = []
+    nodes = session.scalars(
+        select(Node)
+        .where(Node.cluster_name == cluster)
+        .options(selectinload(Node.devices))
+        .order_by(Node.name)
+    )
+    for node in nodes:
+        i = snap.index.get(f"{cluster}/{node.name}")
+        if i is None:
+            continue
+        out.append(
+            NodeView(
+                cluster=cluster,
+                name=node.name,
+                labels=node.labels,
+                cpu_millis=node.cpu_millis,
+                cpu_free_millis=int(snap.cpu_free[i]),
+                memory_mib=node.memory_mib,
+                memory_free_mib=int(snap.mem_free[i]),
+                devices=[
+                    DeviceView(
+                        index=d.index,
+                        model=d.model,
+                        mem_mib=d.mem_mib,
+                        mem_free_mib=int(snap.dev_mem_free[i, d.index]),
+                        gpu_milli_free=int(snap.dev_milli_free[i, d.index]),
+                        uuid=d.uuid,
+                    )
+                    for d in node.devices
+                ],
+            )
+        )
+    return out
+
+
+def _cluster_view(service: ControlService, session: Session, c: Cluster) -> ClusterDetail:
+    nodes = _node_views(service, session, c.name)
+    devices = [d for n in nodes for d in n.devices]
+    running = (
+        session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.cluster_name == c.name, Job.state.in_(ACTIVE_STATES))
+        )
+        or 0
+    )
+    return ClusterDetail(
+        name=c.name,
+        adapter=c.adapter,
+        labels=c.labels,
+        nodes=len(nodes),
+        gpus=len(devices),
+        gpus_free=sum(d.gpu_milli_free == 1000 and d.mem_free_mib == d.mem_mib for d in devices),
+        gpu_milli_free=sum(d.gpu_milli_free for d in devices),
+        inventory=service.inventory_sources.get(c.name, ""),
+        running_jobs=running,
+        node_list=nodes,
+    )
+
+
+def list_clusters(service: ControlService) -> list[ClusterView]:
+    with service.store.session() as session:
+        clusters = session.scalars(select(Cluster).order_by(Cluster.name))
+        return [
+            ClusterView(**_cluster_view(service, session, c).model_dump(exclude={"node_list"}))
+            for c in clusters
+        ]
+
+
+def get_cluster(service: ControlService, name: str) -> ClusterDetail:
+    with service.store.session() as session:
+        c = session.get(Cluster, name)
+        if c is None:
+            raise NotFoundError(f"no cluster '{name}'; list clusters with `gpuplane cluster list`")
+        return _cluster_view(service, session, c)
+
+
+def list_nodes(service: ControlService) -> list[NodeView]:
+    with service.store.session() as session:
+        names = list(session.scalars(select(Cluster.name).order_by(Cluster.name)))
+        return [n for c in names for n in _node_views(service, session, c)]
+
+
+def team_view(service: ControlService, session: Session, team: Team) -> TeamView:
+    estate, _ = service.estate()
+    book = estate.book
+    grouped = session.execute(
+        select(Job.state, func.count()).where(Job.team_name == team.name).group_by(Job.state)
+    ).all()
+    counts: dict[str, int] = {str(state): int(n) for state, n in grouped}
+    used = book.team_total(team.name)
+    return TeamView(
+        name=team.name,
+        cohort=team.cohort,
+        weight=team.weight,
+        limited=bool(team.quotas),
+        quotas=[
+            QuotaView(
+                flavor=q.flavor,
+                gpus=q.nominal_milli_gpus / 1000,
+                gpu_mem_mib=q.nominal_mem_mib,
+                borrowing_limit_gpus=None
+                if q.borrowing_limit_milli_gpus is None
+                else q.borrowing_limit_milli_gpus / 1000,
+                borrowing_limit_mem_mib=q.borrowing_limit_mem_mib,
+                used_gpus=book.usage(team.name, q.flavor).milli_gpus / 1000,
+                used_gpu_mem_mib=book.usage(team.name, q.flavor).mem_mib,
+            )
+            for q in team.quotas
+        ],
+        used_gpus=used.milli_gpus / 1000,
+        used_gpu_mem_mib=used.mem_mib,
+        dominant_share=dominant_share(used, estate.capacity, team.weight),
+        pending_jobs=counts.get("pending", 0),
+        running_jobs=counts.get("running", 0) + counts.get("admitted", 0),
+    )
+
+
+def list_teams(service: ControlService) -> list[TeamView]:
+    with service.store.session() as session:
+        teams = session.scalars(select(Team).options(selectinload(Team.quotas)).order_by(Team.name))
+        return [team_view(service, session, t) for t in teams]
+
+
+def get_team(service: ControlService, name: str) -> TeamView:
+    with service.store.session() as session:
+        team = session.get(Team, name)
+        if team is None:
+            raise NotFoundError(
+                f"no team '{name}'; teams appear on their first submit or `gpuplane quota set`"
+            )
+        return team_view(service, session, team)
+
+
+def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
+    with service._locked() as (session, _):
+        team = session.get(Team, name) or Team(name=name)
+        team.cohort, team.weight = body.cohort, body.weight
+        session.add(team)
+    service._invalidate()
+    return get_team(service, name)
+
+
+def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -> TeamView:
+    with service._locked() as (session, _):
+        if session.get(Team, team) is None:
+            session.add(Team(name=team))
+            session.flush()
+        existing = session.get(Quota, (team, flavor))
+        if existing is not None:
+            session.delete(existing)
+            session.flush()
+        session.add(
+            quota_row(
+                team,
+                flavor,
+                body.gpus,
+                body.gpu_mem_mib,
+                body.borrowing_limit_gpus,
+                body.borrowing_limit_mem_mib,
+            )
+        )
+    service._invalidate()
+    return get_team(service, team)
+
+
+def as_dicts(items: list[Any]) -> list[dict[str, Any]]:
+    return [i.model_dump(mode="json") for i in items]

@@ -1,0 +1,116 @@
+"""Bind admitted jobs through their cluster's adapter, and observe them until they end.
+
+Adapters are called outside the store's transaction: bind after the placement was committed,
+release after the end was recorded. A job is only moved on if it is still in the state this
+round saw (a cancel or a preemption in between wins).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, update
+
+from gpuplane.control.adapters.base import AdapterError, Workload, WorkloadState, WorkloadStatus
+from gpuplane.control.inventory import split_qualified
+from gpuplane.control.models import Job
+from gpuplane.control.spec import JobSpec
+
+if TYPE_CHECKING:
+    from gpuplane.control.service import ControlService
+
+
+def bind_admitted(svc: ControlService) -> None:
+    """Stop preempted workloads, then start admitted ones; a refusal fails the job."""
+    drain_stops(svc)
+    with svc.store.session() as session:
+        jobs = list(session.scalars(select(Job).where(Job.state == "admitted")))
+    estate, _ = svc.estate()
+    binds: list[tuple[str, Workload]] = []
+    for job in jobs:
+        placement = estate.snapshot.allocations.get(job.id)
+        if placement is None or job.cluster_name not in svc.adapters:
+            continue
+        spec = JobSpec.model_validate(job.spec)
+        binds.append(
+            (
+                str(job.cluster_name),
+                Workload(
+                    job_id=job.id,
+                    name=job.name,
+                    command=tuple(spec.command),
+                    node=split_qualified(placement.node)[1],
+                    devices=placement.devices,
+                    env=spec.env,
+                    workdir=spec.workdir,
+                    cpu_millis=job.cpu_millis,
+                    memory_mib=job.memory_mib,
+                    fractional=spec.to_request(job.id).is_fractional,
+                ),
+            )
+        )
+    started, failed = [], {}
+    for cluster, workload in binds:
+        try:
+            svc.adapters[cluster].bind(workload)
+            started.append(workload.job_id)
+        except AdapterError as exc:
+            failed[workload.job_id] = str(exc)
+    if not (started or failed):
+        return
+    now = svc.clock()
+    with svc._locked() as (session, estate):
+        for job_id in started:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == "admitted")
+                .values(state="running", started_at=now)
+            )
+            svc._event(session, "started", "bound by the adapter", job_id=job_id)
+        for job_id, msg in failed.items():
+            svc._finish(session, estate, job_id, "failed", None, msg, now, expect="admitted")
+
+
+def reconcile(svc: ControlService) -> None:
+    """Record running jobs that ended (or that the backend lost); free their devices."""
+    with svc.store.session() as session:
+        rows = session.execute(select(Job.id, Job.cluster_name).where(Job.state == "running")).all()
+    by_cluster: dict[str, list[str]] = {}
+    for row in rows:
+        by_cluster.setdefault(str(row.cluster_name), []).append(row.id)
+    ended: list[tuple[str, str, WorkloadStatus]] = []
+    for cluster, ids in by_cluster.items():
+        adapter = svc.adapters.get(cluster)
+        if adapter is None:
+            continue
+        for job_id, status in adapter.status(ids).items():
+            if status.state != WorkloadState.RUNNING:
+                ended.append((cluster, job_id, status))
+    if not ended:
+        return
+    now = svc.clock()
+    done = []
+    with svc._locked() as (session, estate):
+        for cluster, job_id, status in ended:
+            state = "succeeded" if status.state == WorkloadState.SUCCEEDED else "failed"
+            if svc._finish(
+                session,
+                estate,
+                job_id,
+                state,
+                status.exit_code,
+                status.message or None,
+                now,
+                expect="running",
+            ):
+                done.append((cluster, job_id))
+    for cluster, job_id in done:
+        svc.adapters[cluster].release(job_id)
+
+
+def drain_stops(svc: ControlService) -> None:
+    """Stop the workloads of jobs preempted since the last call. Idempotent."""
+    stops, svc._stop_later = svc._stop_later, []
+    for cluster, job_id in stops:
+        if cluster in svc.adapters:
+            svc.adapters[cluster].release(job_id)

@@ -1,0 +1,378 @@
+"""The control-plane service: submit → queue → admit (quota + placement) → bind → observe.
+
+Holds the store, one adapter per cluster and an in-memory `Estate` (snapshot + quota book) that
+mirrors the store. Every change to allocations runs in `Store.locked()`: the lock row's version
+says whether the mirror is current (it is rebuilt from the store when another process moved it),
+so commits never double-book a device, across threads or processes. Adapters are called outside
+the transaction, after the commit (bind) or after the release was recorded (stop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from gpuplane.control import intake, runtime
+from gpuplane.control.adapters.base import (
+    ClusterAdapter,
+    create_adapter,
+)
+from gpuplane.control.admission import Estate, PendingJob, run_pass
+from gpuplane.control.inventory import (
+    RowIds,
+    load_estate,
+    remove_clusters_except,
+    sync_cluster,
+)
+from gpuplane.control.models import Allocation, Event, Job, Quota, Team
+from gpuplane.control.scheduler.registry import DEFAULT_POLICY, make_policy
+from gpuplane.control.settings import ControlConfig
+from gpuplane.control.spec import JobSpec
+from gpuplane.control.store import Store
+from gpuplane.errors import GpuplaneError
+
+log = logging.getLogger("gpuplane.control")
+
+
+class NotFoundError(GpuplaneError):
+    """No job, cluster or team by that name."""
+
+
+class ConflictError(GpuplaneError):
+    """The object is not in a state that allows the operation."""
+
+
+class InfeasibleJobError(GpuplaneError):
+    """The job can never run on this estate (e.g. 200 GiB on 80 GiB cards, unknown GPU model)."""
+
+    def __init__(self, message: str, reasons: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
+
+
+class ControlService:
+    """One control plane over the configured clusters. Thread-safe."""
+
+    def __init__(
+        self,
+        config: ControlConfig,
+        *,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: np.random.Generator | None = None,
+        new_id: Callable[[str], str] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store or Store.open(config.resolved_database_url())
+        self.clock = clock
+        self.rng = rng or np.random.default_rng(0)
+        self.new_id = new_id or (lambda name: f"{name}-{uuid.uuid4().hex[:8]}")
+        self.policy = make_policy(config.policy or DEFAULT_POLICY)
+        self.adapters: dict[str, ClusterAdapter] = {}
+        self.inventory_sources: dict[str, str] = {}
+        self._mutex = threading.RLock()
+        self._estate: Estate | None = None
+        self._ids = RowIds()
+        self._version: int | None = None
+        self._pending: dict[str, PendingJob] = {}
+        self._stop_later: list[tuple[str, str]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Register the configured clusters and teams; returns what each inventory came from."""
+        now = self.clock()
+        messages = []
+        for cluster in self.config.clusters:
+            adapter = create_adapter(cluster, self.config)
+            inventory = adapter.inventory()
+            self.adapters[cluster.name] = adapter
+            self.inventory_sources[cluster.name] = inventory.source
+            messages.append(f"cluster {cluster.name} ({cluster.adapter}): {inventory.source}")
+            with self._locked() as (session, _):
+                sync_cluster(
+                    session,
+                    cluster.name,
+                    cluster.adapter,
+                    dict(cluster.labels),
+                    cluster.region,
+                    inventory,
+                    now,
+                )
+                self._event(
+                    session, "cluster", f"registered: {inventory.source}", cluster=cluster.name
+                )
+        with self._locked() as (session, _):
+            for gone in remove_clusters_except(session, self.adapters):
+                messages.append(f"cluster {gone} is no longer configured: removed")
+            for team in self.config.teams:
+                self._apply_team_config(session, team)
+        self._invalidate()
+        return messages
+
+    def close(self) -> None:
+        for adapter in self.adapters.values():
+            adapter.close()
+        self.store.close()
+
+    def tick(self) -> None:
+        """One round of the background loop: observe, admit, bind."""
+        self.reconcile()
+        self.schedule_pass()
+        self.bind_admitted()
+
+    # -- the mirror ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[tuple[Session, Estate]]:
+        """A locked store transaction and the estate, current as of this transaction."""
+        with self._mutex:
+            try:
+                with self.store.locked() as (session, version):
+                    if self._estate is None or self._version != version - 1:
+                        self._estate, self._ids = load_estate(session)
+                    self._version = version
+                    yield session, self._estate
+            except BaseException:
+                self._invalidate()
+                raise
+
+    def _invalidate(self) -> None:
+        with self._mutex:
+            self._estate, self._version = None, None
+
+    def estate(self) -> tuple[Estate, RowIds]:
+        """The current estate for reads (rebuilt if the store moved); do not mutate it."""
+        with self._mutex:
+            version = self.store.version()
+            if self._estate is None or self._version != version:
+                with self.store.session() as session:
+                    self._estate, self._ids = load_estate(session)
+                self._version = version
+            return self._estate, self._ids
+
+    # -- submit ----------------------------------------------------------------------------------
+
+    def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Validate, refuse the impossible, then queue and try to admit (or only answer)."""
+        return intake.submit(self, data, dry_run=dry_run)
+
+    def bind_admitted(self) -> None:
+        """Hand admitted jobs to their cluster's adapter; a refusal fails the job."""
+        runtime.bind_admitted(self)
+
+    def reconcile(self) -> None:
+        """Record jobs that ended (or that the backend lost), releasing their devices."""
+        runtime.reconcile(self)
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def schedule_pass(self) -> int:
+        """Admit what fits now, in queue order, in one locked transaction; returns how many."""
+        now = self.clock()
+        with self._locked() as (session, estate):
+            rows = session.execute(
+                select(
+                    Job.id, Job.team_name, Job.priority, Job.created_at, Job.spec, Job.reasons
+                ).where(Job.state == "pending")
+            ).all()
+            pending, old = [], {}
+            for row in rows:
+                job = self._pending.get(row.id)
+                if job is None or job.priority != row.priority:
+                    request = JobSpec.model_validate(row.spec).to_request(row.id)
+                    job = PendingJob(row.id, row.team_name, row.priority, row.created_at, request)
+                    self._pending[row.id] = job
+                pending.append(job)
+                old[row.id] = row.reasons
+            if not pending:
+                return 0
+            result = run_pass(estate, pending, self.policy, self.rng, now)
+            preempted = [v for a in result.admitted for v in a.preempted]
+            if preempted:
+                session.execute(delete(Allocation).where(Allocation.job_id.in_(preempted)))
+                victims = session.execute(
+                    select(Job.id, Job.cluster_name, Job.attempts).where(Job.id.in_(preempted))
+                ).all()
+                session.execute(
+                    update(Job),
+                    [
+                        {
+                            "id": v.id,
+                            "state": "pending",
+                            "cluster_name": None,
+                            "node_id": None,
+                            "flavor": None,
+                            "milli_gpus": 0,
+                            "gpu_mem_mib": 0,
+                            "attempts": v.attempts + 1,
+                            "started_at": None,
+                            "message": "preempted: its team's borrowed quota was reclaimed",
+                        }
+                        for v in victims
+                    ],
+                )
+                self._stop_later += [(v.cluster_name, v.id) for v in victims if v.cluster_name]
+                for v in victims:
+                    self._event(
+                        session, "preempted", "borrowed quota reclaimed; requeued", job_id=v.id
+                    )
+            if result.admitted:
+                ids = self._ids
+                session.execute(
+                    update(Job),
+                    [
+                        {
+                            "id": a.job_id,
+                            "state": "admitted",
+                            "cluster_name": a.placement.cluster,
+                            "node_id": ids.nodes[a.placement.node],
+                            "flavor": a.flavor,
+                            "milli_gpus": a.amount.milli_gpus,
+                            "gpu_mem_mib": a.amount.mem_mib,
+                            "reasons": {"list": []},
+                            "message": None,
+                        }
+                        for a in result.admitted
+                    ],
+                )
+                allocs = [
+                    {
+                        "job_id": a.job_id,
+                        "mem_mib": g.mem_mib,
+                        "gpu_milli": g.gpu_milli,
+                        "device_id": ids.devices[(ids.nodes[a.placement.node], g.index)],
+                    }
+                    for a in result.admitted
+                    for g in a.placement.devices
+                ]
+                if allocs:
+                    session.execute(insert(Allocation), allocs)
+                for a in result.admitted:
+                    self._pending.pop(a.job_id, None)
+            changed = [
+                {"id": j, "reasons": {"list": r}}
+                for j, r in result.reasons.items()
+                if old.get(j) != {"list": r}
+            ]
+            if changed:
+                session.execute(update(Job), changed)
+            return len(result.admitted)
+
+    def cancel(self, ref: str) -> str:
+        """Cancel a pending or active job (its process is stopped); returns its id."""
+        now = self.clock()
+        with self._locked() as (session, estate):
+            job = self._job(session, ref)
+            if job.state in ("succeeded", "failed", "cancelled"):
+                raise ConflictError(f"job {job.id} already ended ({job.state}); nothing to cancel")
+            cluster = job.cluster_name
+            self._finish(session, estate, job.id, "cancelled", None, "cancelled by a user", now)
+            job_id = job.id
+        self._pending.pop(job_id, None)
+        if cluster in self.adapters:
+            self.adapters[str(cluster)].release(job_id)
+        return job_id
+
+    def _finish(
+        self,
+        session: Session,
+        estate: Estate,
+        job_id: str,
+        state: str,
+        exit_code: int | None,
+        message: str | None,
+        now: float,
+        *,
+        expect: str | None = None,
+    ) -> bool:
+        """Record the end of a job and free its devices; with `expect`, only from that state."""
+        if expect is not None:
+            current = session.scalar(select(Job.state).where(Job.id == job_id))
+            if current != expect:
+                return False
+        session.execute(delete(Allocation).where(Allocation.job_id == job_id))
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(state=state, exit_code=exit_code, message=message, finished_at=now)
+        )
+        estate.release(job_id)
+        self._event(session, state, message or state, job_id=job_id)
+        return True
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _job(self, session: Session, ref: str) -> Job:
+        job = session.get(Job, ref)
+        if job is None:
+            job = session.scalars(
+                select(Job).where(Job.name == ref).order_by(Job.created_at.desc()).limit(1)
+            ).first()
+        if job is None:
+            raise NotFoundError(f"no job '{ref}'; list jobs with `gpuplane job list`")
+        return job
+
+    def _event(
+        self,
+        session: Session,
+        kind: str,
+        message: str,
+        *,
+        job_id: str | None = None,
+        cluster: str | None = None,
+    ) -> None:
+        session.add(
+            Event(
+                at=self.clock(),
+                kind=kind,
+                job_id=job_id,
+                cluster_name=cluster,
+                message=message[:2000],
+            )
+        )
+
+    def _apply_team_config(self, session: Session, team: Any) -> None:
+        row = session.get(Team, team.name) or Team(name=team.name)
+        row.cohort, row.weight = team.cohort, team.weight
+        session.add(row)
+        session.flush()
+        session.execute(delete(Quota).where(Quota.team_name == team.name))
+        for q in team.quotas:
+            session.add(
+                quota_row(
+                    team.name,
+                    q.flavor,
+                    q.gpus,
+                    q.gpu_mem_mib,
+                    q.borrowing_limit_gpus,
+                    q.borrowing_limit_mem_mib,
+                )
+            )
+
+
+def quota_row(
+    team: str,
+    flavor: str,
+    gpus: float,
+    mem: int | None,
+    borrow_gpus: float | None,
+    borrow_mem: int | None,
+) -> Quota:
+    return Quota(
+        team_name=team,
+        flavor=flavor,
+        nominal_milli_gpus=round(gpus * 1000),
+        nominal_mem_mib=mem,
+        borrowing_limit_milli_gpus=None if borrow_gpus is None else round(borrow_gpus * 1000),
+        borrowing_limit_mem_mib=borrow_mem,
+    )

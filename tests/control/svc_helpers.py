@@ -1,0 +1,144 @@
+"""Helpers for service tests: a service on a real store with a declared inventory, and checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+
+from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import (
+    ClusterConfig,
+    ControlConfig,
+    DeclaredGpus,
+    DeclaredNode,
+    TeamConfig,
+)
+
+A100 = "A100-80GB"
+SLEEP = ["sleep", "30"]
+
+
+def config(
+    state_dir: str,
+    url: str | None = None,
+    *,
+    nodes: int = 1,
+    gpus: int = 2,
+    teams: Sequence[TeamConfig] = (),
+    clusters: Sequence[ClusterConfig] | None = None,
+) -> ControlConfig:
+    if clusters is None:
+        declared = [
+            DeclaredNode(
+                name=f"n{i}",
+                cpu_millis=64_000,
+                memory_mib=512 * 1024,
+                gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=gpus)],
+            )
+            for i in range(nodes)
+        ]
+        clusters = [ClusterConfig(name="local", discover_gpus=False, nodes=declared)]
+    return ControlConfig(
+        state_dir=state_dir,
+        database_url=url,
+        clusters=list(clusters),
+        teams=list(teams),
+        kill_grace_s=2.0,
+    )
+
+
+def make_service(cfg: ControlConfig) -> ControlService:
+    service = ControlService(cfg)
+    service.start()
+    return service
+
+
+def job(
+    name: str, team: str = "research", command: list[str] | None = None, **resources: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "team": team,
+        "command": command or SLEEP,
+        "resources": resources,
+    }
+    return spec
+
+
+def state(service: ControlService, job_id: str) -> Job:
+    with service.store.session() as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        return row
+
+
+def wait_state(service: ControlService, job_id: str, *states: str, timeout_s: float = 30) -> Job:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        service.tick()
+        row = state(service, job_id)
+        if row.state in states:
+            return row
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{job_id} is {row.state}, expected {states}")
+        time.sleep(0.05)
+
+
+def assert_no_device_over_allocated(service: ControlService) -> None:
+    """Per card: memory and compute granted never exceed it; a whole card has one holder."""
+    with service.store.session() as session:
+        rows = session.execute(
+            select(
+                Device.id,
+                Device.mem_mib,
+                func.sum(Allocation.mem_mib),
+                func.sum(Allocation.gpu_milli),
+                func.count(Allocation.id),
+            )
+            .join(Allocation, Allocation.device_id == Device.id)
+            .group_by(Device.id, Device.mem_mib)
+        ).all()
+        for _dev, cap, mem, milli, holders in rows:
+            assert mem <= cap, f"device {_dev}: {mem} MiB granted of {cap}"
+            assert milli <= 1000, f"device {_dev}: {milli} milli granted"
+            assert holders >= 1
+        orphans = session.scalar(
+            select(func.count())
+            .select_from(Allocation)
+            .join(Job)
+            .where(Job.state.not_in(ACTIVE_STATES))
+        )
+        assert orphans == 0, "a job that is not active still holds a device"
+
+
+def submit_concurrently(
+    services: Sequence[ControlService], specs: Sequence[dict[str, Any]], threads: int = 8
+) -> list[str]:
+    """Submit `specs` from `threads` threads spread over `services`; returns the job ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(k: int) -> str:
+        out = services[k % len(services)].submit(specs[k])
+        return str(out["id"])
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, range(len(specs))))
+
+
+def assert_quota_respected(
+    service: ControlService, limits: dict[str, tuple[int, int | None]]
+) -> None:
+    """Each team's admitted milli-GPUs stay within nominal + borrowing limit (team -> both)."""
+    with service.store.session() as session:
+        rows = session.execute(
+            select(Job.team_name, func.sum(Job.milli_gpus))
+            .where(Job.state.in_(ACTIVE_STATES))
+            .group_by(Job.team_name)
+        ).all()
+    for team, used in rows:
+        nominal, borrow = limits.get(team, (10**9, None))
+        assert used <= nominal + (borrow if borrow is not None else 10**9), (team, used)

@@ -1,0 +1,136 @@
+"""The HTTP API in-process (FastAPI's TestClient over the real service and SQLite)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuplane.control.api import create_app
+from gpuplane.control.service import ControlService
+from tests.control.svc_helpers import A100, config, job, make_service
+
+HELLO = {
+    "name": "hello",
+    "team": "research",
+    "command": ["python", "-c", "print(42)"],
+    "resources": {"gpu_mem_mib": 10240, "gpu_cores_pct": 25},
+}
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ControlService]:
+    svc = make_service(config(str(tmp_path)))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def client(service: ControlService) -> Iterator[TestClient]:
+    with TestClient(create_app(service, background=False)) as c:
+        yield c
+
+
+def test_openapi_lists_the_resources(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in (
+        "/clusters",
+        "/clusters/{name}",
+        "/nodes",
+        "/jobs",
+        "/jobs/{ref}",
+        "/jobs/{ref}/cancel",
+        "/jobs/{ref}/logs",
+        "/teams",
+        "/quotas",
+        "/teams/{name}/quotas/{flavor}",
+    ):
+        assert path in paths
+    assert client.get("/docs").status_code == 200
+    assert client.get("/healthz").json() == {"status": "ok", "store": "sqlite"}
+
+
+def test_submit_describe_list_and_cancel(client: TestClient) -> None:
+    created = client.post("/jobs", json=job("sleeper", gpus=1))
+    assert created.status_code == 201
+    body = created.json()
+    assert body["state"] == "running"
+    assert body["cluster"] == "local"
+    assert body["flavor"] == A100
+    assert client.get(f"/jobs/{body['id']}").json()["devices"] == body["devices"]
+    assert client.get("/jobs/sleeper").json()["id"] == body["id"]  # by name: the newest
+    assert [j["id"] for j in client.get("/jobs", params={"team": "research"}).json()] == [
+        body["id"]
+    ]
+    assert client.get("/jobs", params={"state": "pending"}).json() == []
+    cancelled = client.post(f"/jobs/{body['id']}/cancel")
+    assert cancelled.json()["state"] == "cancelled"
+    again = client.post(f"/jobs/{body['id']}/cancel")
+    assert again.status_code == 409
+    assert "already ended" in again.json()["detail"]
+    assert client.get("/jobs/nope").status_code == 404
+
+
+def test_impossible_requests_get_422_with_reasons(client: TestClient) -> None:
+    r = client.post("/jobs", json=job("big", gpu_mem_mib=200 * 1024))
+    assert r.status_code == 422
+    assert "can never run" in r.json()["detail"]
+    assert r.json()["reasons"][0]["code"] == "ExceedsCapacity"
+    r = client.post("/jobs", json={**job("x", gpus=1), "selector": {"gpu_models": ["B200"]}})
+    assert r.status_code == 422
+    assert "B200" in r.json()["detail"]
+    r = client.post("/jobs", json={"name": "x", "team": "t"})
+    assert r.status_code == 422
+    assert "command" in r.json()["detail"]
+
+
+def test_dry_run_changes_nothing(client: TestClient) -> None:
+    r = client.post("/jobs", json=HELLO, params={"dry_run": "true"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["fits"] is True
+    assert body["cluster"] == "local"
+    assert len(body["devices"]) == 1
+    assert client.get("/jobs").json() == []
+
+
+def test_clusters_nodes_and_usage(client: TestClient) -> None:
+    client.post("/jobs", json=job("slice", gpu_mem_mib=20480, gpu_cores_pct=50))
+    (cluster,) = client.get("/clusters").json()
+    assert cluster["gpus"] == 2
+    assert cluster["gpus_free"] == 1
+    assert cluster["running_jobs"] == 1
+    detail = client.get("/clusters/local").json()
+    devices = detail["node_list"][0]["devices"]
+    assert sorted(d["gpu_milli_free"] for d in devices) == [500, 1000]
+    assert len(client.get("/nodes").json()) == 1
+    assert client.get("/clusters/nowhere").status_code == 404
+
+
+def test_quota_set_and_show(client: TestClient) -> None:
+    r = client.put(f"/teams/research/quotas/{A100}", json={"gpus": 1, "borrowing_limit_gpus": 0.5})
+    assert r.status_code == 200
+    assert r.json()["quotas"][0]["gpus"] == 1.0
+    client.put("/teams/research", json={"cohort": "ml", "weight": 2})
+    client.post("/jobs", json=job("one", gpus=1))
+    pending = client.post("/jobs", json=job("two", gpus=1)).json()
+    assert pending["state"] == "pending"
+    assert pending["reasons"][0]["code"] == "Quota"
+    (team,) = client.get("/quotas").json()
+    assert team["cohort"] == "ml"
+    assert team["weight"] == 2.0
+    assert team["used_gpus"] == 1.0
+    assert team["quotas"][0]["borrowing_limit_gpus"] == 0.5
+    bad = client.put(f"/teams/research/quotas/{A100}", json={"gpus": -1})
+    assert bad.status_code == 422
+
+
+def test_logs_of_a_finished_job(client: TestClient, service: ControlService) -> None:
+    jid = client.post("/jobs", json=HELLO).json()["id"]
+    for _ in range(200):
+        service.tick()
+        if client.get(f"/jobs/{jid}").json()["state"] == "succeeded":
+            break
+    assert client.get(f"/jobs/{jid}/logs").text == "42\n"

@@ -1,0 +1,163 @@
+"""The CLI against a real `gpuplane control serve` subprocess: the minimal job end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpuplane.cli.main import app
+
+MINIMAL = """\
+name: hello
+team: research
+command: ["python", "-c", "print(42)"]
+resources: {gpu_mem_mib: 10240, gpu_cores_pct: 25}
+"""
+
+runner = CliRunner()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gpuplane control serve` on embedded defaults (run from an empty directory)."""
+    workdir = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuplane.cli.main", "control", "serve", "--port", str(port)],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        yield url
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        assert (workdir / ".gpuplane" / "control.db").exists()
+        assert "declared 2 x A100-80GB" in out or "nvidia-smi found" in out, out
+
+
+def cli(server: str, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), env={"GPUPLANE_SERVER": server})
+    return result.exit_code, result.output
+
+
+@pytest.mark.slow
+def test_minimal_job_end_to_end(server: str, tmp_path: Path) -> None:
+    spec = tmp_path / "hello.yaml"
+    spec.write_text(MINIMAL)
+    code, out = cli(server, "job", "submit", str(spec), "-o", "json")
+    assert code == 0, out
+    job_id = json.loads(out)["id"]
+    state = ""
+    for _ in range(300):
+        code, out = cli(server, "job", "describe", job_id, "-o", "json")
+        state = json.loads(out)["state"]
+        if state in ("succeeded", "failed"):
+            break
+        time.sleep(0.1)
+    assert state == "succeeded"
+    code, out = cli(server, "job", "logs", job_id)
+    assert (code, out) == (0, "42\n")
+    code, out = cli(server, "job", "list")
+    assert code == 0
+    assert job_id in out
+    assert "succeeded" in out
+    code, out = cli(server, "job", "describe", job_id, "-o", "yaml")
+    assert yaml.safe_load(out)["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_impossible_request_exits_non_zero_with_the_reason(server: str, tmp_path: Path) -> None:
+    spec = tmp_path / "big.yaml"
+    spec.write_text(MINIMAL.replace("gpu_mem_mib: 10240", "gpu_mem_mib: 204800"))
+    code, out = cli(server, "job", "submit", str(spec))
+    assert code == 1
+    assert "HTTP 422" in out
+    assert "204800 MiB" in out
+    assert "ExceedsCapacity" in out
+    unknown = tmp_path / "h100.yaml"
+    unknown.write_text(MINIMAL + "selector: {gpu_models: [H100]}\n")
+    code, out = cli(server, "job", "submit", str(unknown), "--dry-run")
+    assert code == 1
+    assert "H100" in out
+
+
+@pytest.mark.slow
+def test_dry_run_cluster_and_quota_commands(server: str, tmp_path: Path) -> None:
+    spec = tmp_path / "hello.yaml"
+    spec.write_text(MINIMAL)
+    code, out = cli(server, "job", "submit", str(spec), "--dry-run")
+    assert code == 0
+    assert "would run on local/" in out
+    code, out = cli(server, "cluster", "list", "-o", "json")
+    (cluster,) = json.loads(out)
+    assert cluster["name"] == "local"
+    assert cluster["gpus"] >= 1
+    code, out = cli(server, "cluster", "describe", "local")
+    assert code == 0
+    assert "MEM FREE" in out
+    code, out = cli(
+        server,
+        "quota",
+        "set",
+        "vision",
+        "--gpu-model",
+        "A100-80GB",
+        "--gpus",
+        "1.5",
+        "--cohort",
+        "ml",
+    )
+    assert code == 0, out
+    code, out = cli(server, "quota", "show", "vision", "-o", "json")
+    team = json.loads(out)
+    assert team["cohort"] == "ml"
+    assert team["quotas"][0]["gpus"] == 1.5
+    code, out = cli(server, "quota", "show")
+    assert code == 0
+    assert "vision" in out
+    code, out = cli(server, "job", "cancel", "no-such-job")
+    assert code == 1
+    assert "no job 'no-such-job'" in out
+
+
+def test_an_unreachable_server_says_how_to_fix_it() -> None:
+    code, out = cli(f"http://127.0.0.1:{free_port()}", "job", "list")
+    assert code == 1
+    assert "cannot reach the control plane" in out
+    assert "GPUPLANE_SERVER" in out
+
+
+def test_a_missing_spec_file_is_an_error(tmp_path: Path) -> None:
+    code, out = cli("http://127.0.0.1:9", "job", "submit", str(tmp_path / "none.yaml"))
+    assert code == 1
+    assert "does not exist" in out

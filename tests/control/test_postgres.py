@@ -1,0 +1,123 @@
+"""The store and the service on a real PostgreSQL server that these tests start themselves."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from gpuplane.control import queries
+from gpuplane.control.models import Base
+from gpuplane.control.store import Store
+from tests.control.pg_server import create_database, postgres_server
+from tests.control.svc_helpers import (
+    assert_no_device_over_allocated,
+    assert_quota_respected,
+    config,
+    job,
+    make_service,
+    submit_concurrently,
+    wait_state,
+)
+from tests.control.test_service_concurrency import LIMITS, TEAMS, shapes
+
+pytestmark = pytest.mark.slow
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def db(pg: str) -> str:
+    return create_database(pg, f"t{next(_names)}")
+
+
+def test_migrations_match_the_models_on_postgres(db: str) -> None:
+    store = Store.open(db)
+    try:
+        store.migrate()  # idempotent
+        with store.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    finally:
+        store.close()
+
+
+def test_the_lock_row_serialises_postgres_transactions(db: str) -> None:
+    store = Store.open(db)
+    seen: list[int] = []
+    guard = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(10):
+            with store.locked() as (_, version), guard:
+                seen.append(version)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    assert sorted(seen) == list(range(1, 61))  # every transaction saw its own version
+
+
+def test_the_minimal_job_runs_with_a_postgres_store(db: str, tmp_path: Path) -> None:
+    svc = make_service(config(str(tmp_path), db))
+    try:
+        out = svc.submit(
+            job("hello", command=["python", "-c", "print(42)"], gpu_mem_mib=10240, gpu_cores_pct=25)
+        )
+        assert wait_state(svc, out["id"], "succeeded", "failed").state == "succeeded"
+        assert queries.job_logs(svc, out["id"]) == "42\n"
+    finally:
+        svc.close()
+
+
+def test_concurrent_submits_through_two_services_on_postgres(db: str, tmp_path: Path) -> None:
+    cfg = config(str(tmp_path), db, nodes=2, gpus=4, teams=TEAMS)
+    first, second = make_service(cfg), make_service(cfg)
+    try:
+        specs = [job(f"w{i}", team="ab"[i % 2], gpus=1) for i in range(16)]
+        specs += [
+            job(f"f{i}", team="ab"[i % 2], gpu_mem_mib=20480, gpu_cores_pct=20) for i in range(16)
+        ]
+        submit_concurrently([first, second], specs, threads=12)
+        assert_no_device_over_allocated(first)
+        assert_quota_respected(first, LIMITS)
+    finally:
+        first.close()
+        second.close()
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(jobs=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), shapes), min_size=4, max_size=12))
+def test_property_no_over_allocation_on_postgres(
+    pg: str, tmp_path: Path, jobs: list[tuple[str, dict[str, int]]]
+) -> None:
+    url = create_database(pg, f"p{next(_names)}")
+    cfg = config(str(tmp_path / url.rsplit("/", 1)[1]), url, nodes=2, gpus=2, teams=TEAMS)
+    first, second = make_service(cfg), make_service(cfg)
+    try:
+        specs = [job(f"p{i}", team=team, **res) for i, (team, res) in enumerate(jobs)]
+        submit_concurrently([first, second], specs)
+        assert_no_device_over_allocated(first)
+        assert_quota_respected(first, LIMITS)
+    finally:
+        first.close()
+        second.close()
