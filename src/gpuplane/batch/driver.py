@@ -27,8 +27,9 @@ from gpuplane.batch.cache import StageCache
 from gpuplane.batch.journal import Journal
 from gpuplane.batch.metrics import StageMetrics, Timeline
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
-from gpuplane.batch.pipeline import CLIP, BatchError, BoundStage, CachePolicy, Pipeline, cache_keys
+from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, cache_keys
 from gpuplane.batch.prefetch import ClipRef, Prefetcher
+from gpuplane.batch.profile import expected_hits, resolve_profile
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
 
 
@@ -36,12 +37,11 @@ from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
 class RunOptions:
     out_dir: Path
     devices: tuple[Device, ...]
-    cache_url: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     prefetch_items: int = 8  # clips held at once: downloading, waiting or computing
     prefetch_bytes: int = 1 << 30
     io_workers: int = 4
-    profile: Mapping[str, float] | None = None  # seconds per clip per stage; else calibrate
+    profile: Mapping[str, float] | None = None  # seconds per clip per stage (see `profile`)
     heavy_share: float = 0.5
     max_replicas: int = 16  # per module: bounds processes (local) and actors (Ray)
     calibrate: bool = False  # time one clip through the chain when no profile is known
@@ -71,19 +71,6 @@ class _Job:
 def _post(events: queue.SimpleQueue[tuple[Any, ...]], *head: Any) -> None:
     """Future callback: hand (kind, ..., future) to the driver thread."""
     events.put(head)
-
-
-def calibrate(pipeline: Pipeline, data: Any) -> dict[str, float]:
-    """Seconds per clip of each stage, measured by running the chain once in this process."""
-    values: dict[str, Any] = {}
-    out: dict[str, float] = {}
-    for s in pipeline.stages:
-        args = tuple(data if d == CLIP else values[d] for d in s.inputs)
-        bound = BoundStage(s)
-        t = time.perf_counter()
-        values[s.name] = bound(*args)
-        out[s.name] = time.perf_counter() - t
-    return out
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -116,37 +103,21 @@ class Driver:
         self.metrics = {s.name: StageMetrics() for s in pipeline.stages}
         self.errors = 0
         self.hit_estimate: dict[str, float] = {}
+        self.profile_source = ""
 
     # ---- planning -------------------------------------------------------------------------
-    def expected_hits(self, probe: Sequence[ClipRef]) -> dict[str, float]:
-        """Share of the probe clips whose entry each stage already has in the cache."""
-        if self.cache is None or not probe:
-            return {}
-        hits = dict.fromkeys((s.name for s in self.pipeline.stages), 0)
-        for ref in probe:
-            keys = cache_keys(self.pipeline, ref.fingerprint)
-            for s in self.pipeline.stages:
-                if s.cache is CachePolicy.USE and self.cache.contains(s.name, keys[s.name]):
-                    hits[s.name] += 1
-        return {name: n / len(probe) for name, n in hits.items()}
-
     def plan(
         self, sample: ClipRef | None, probe: Sequence[ClipRef] = ()
     ) -> tuple[Plan, dict[str, float]]:
-        """Measured (or declared) seconds per clip, discounted by the expected cache hits."""
-        profile = dict(self.opts.profile or {})
-        if not profile and self.cache is not None:
-            profile = self.cache.load_profile()
-        missing = [s for s in self.pipeline.stages if s.name not in profile]
-        if missing and self.opts.calibrate and sample is not None:
-            profile = calibrate(self.pipeline, self.pipeline.decode(self._fetch(sample)))
-        elif missing:
-            # nothing measured yet: a module's declared share stands in for its cost; the run
-            # measures the real figures and stores them for the next plan
-            mem = self.opts.devices[0].mem_mib if self.opts.devices else 81920
-            for s in missing:
-                profile[s.name] = s.slice.share(mem) if s.slice.is_gpu else 0.01
-        self.hit_estimate = self.expected_hits(probe)
+        """Seconds per clip (see `profile`), discounted by the expected cache hits, packed."""
+        mem = self.opts.devices[0].mem_mib if self.opts.devices else 81920
+        timer = None
+        if self.opts.calibrate and sample is not None:
+            timer = partial(self._decoded, sample)
+        profile, self.profile_source = resolve_profile(
+            self.pipeline, self.opts.profile, self.cache, mem, timer
+        )
+        self.hit_estimate = expected_hits(self.pipeline, self.cache, probe)
         mods = [
             ModuleProfile(
                 s.name, s.slice, profile.get(s.name, 0.0) * (1 - self.hit_estimate.get(s.name, 0))
@@ -162,9 +133,9 @@ class Driver:
         )
         return plan, profile
 
-    def _fetch(self, ref: ClipRef) -> bytes:
+    def _decoded(self, ref: ClipRef) -> Any:
         fs, path = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))
-        return bytes(fs.cat_file(path))
+        return self.pipeline.decode(bytes(fs.cat_file(path)))
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, clips: Iterable[ClipRef], total: int | None = None) -> dict[str, Any]:
@@ -173,9 +144,13 @@ class Driver:
         self._check_resume(out)
         journal = Journal(out / "results.jsonl")
         it = iter(clips)
-        head = list(itertools.islice(it, PROBE_CLIPS))
-        probe = [r for r in head if r.id not in journal.done]
-        plan, profile = self.plan(head[0] if head else None, probe)
+        try:
+            head = list(itertools.islice(it, PROBE_CLIPS))
+            probe = [r for r in head if r.id not in journal.done]
+            plan, profile = self.plan(head[0] if head else None, probe)
+        except BaseException:
+            journal.close()
+            raise
         started = self.clock()
         summary: dict[str, Any] = self._header(plan, profile, started)
         _write_json(out / "run.json", summary | {"status": "running"})
@@ -266,6 +241,7 @@ class Driver:
             "versions": {s.name: s.version for s in self.pipeline.stages},
             "devices": [{"id": d.id, "mem_mib": d.mem_mib} for d in self.opts.devices],
             "profile_s": dict(profile),
+            "profile_source": self.profile_source,
             "expected_hit_rate": dict(self.hit_estimate),
             "plan": {
                 "replicas": dict(plan.replicas),
