@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from gpuplane.batch.packing import Placement, Plan
@@ -19,8 +21,16 @@ from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, Worker
 _WORKER: Worker | None = None
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A worker whose driver was killed (SIGKILL leaves no chance to stop the pool) exits too."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 def _init_process(spec: WorkerSpec) -> None:
     global _WORKER
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _WORKER = Worker(spec)
 
 
