@@ -24,6 +24,7 @@ from gpuplane.serve.router import Admission, FailureKind, ModelRouter, Rejected,
 from gpuplane.serve.upstream import PASSED_RESPONSE_HEADERS, Upstream, UpstreamFailure
 
 _DONE = b"data: [DONE]"
+_PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
 
 
 @dataclass(slots=True)
@@ -153,11 +154,7 @@ class ProxyCall(Response):
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
             )
-            headers = [
-                (k.encode(), v.encode())
-                for k, v in response.headers.items()
-                if k in PASSED_RESPONSE_HEADERS
-            ]
+            headers = [(k, v) for k, v in response.headers.raw if k.lower() in _PASSED]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status_code != 200:
                 body = b"".join([chunk async for chunk in self.upstream.chunks(response)])

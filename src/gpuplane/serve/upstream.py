@@ -34,34 +34,56 @@ def _map(exc: httpx.HTTPError, url: str) -> UpstreamFailure:
 
 
 class Upstream:
+    """One pooled client per engine instance (origin).
+
+    httpcore scans every pooled connection on each request and release (quadratically, in
+    httpcore 1.0), so one shared pool in front of a fleet costs milliseconds per request; a pool
+    per instance holds only that instance's few connections.
+    """
+
     def __init__(self, cfg: GatewayConfig) -> None:
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=cfg.connect_timeout_s,
-                read=cfg.idle_timeout_s,
-                write=cfg.idle_timeout_s,
-                pool=cfg.connect_timeout_s,
-            ),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            trust_env=False,
+        self._timeout = httpx.Timeout(
+            connect=cfg.connect_timeout_s,
+            read=cfg.idle_timeout_s,
+            write=cfg.idle_timeout_s,
+            pool=cfg.connect_timeout_s,
         )
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def _client_for(self, url: str) -> httpx.AsyncClient:
+        origin = url[: url.find("/", url.find("//") + 2)] if url.count("/") > 2 else url
+        client = self._clients.get(origin)
+        if client is None:
+            client = self._clients[origin] = httpx.AsyncClient(
+                timeout=self._timeout,
+                # expire idle connections before an engine's keep-alive (uvicorn: 5 s) closes
+                # them, so that a request is never sent on a connection the engine is closing
+                limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0
+                ),
+                trust_env=False,
+            )
+        return client
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
 
     async def open(self, url: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
         """Send the request; return the response with its body still to be streamed.
 
         A 5xx answer is a failure (closed here); other statuses are the engine's answer.
         """
-        request = self._client.build_request(
+        client = self._client_for(url)
+        request = client.build_request(
             "POST",
             url,
             content=body,
             headers={k: v for k, v in headers.items() if k in FORWARDED_REQUEST_HEADERS},
         )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise _map(exc, url) from None
         if response.status_code >= 500:
@@ -83,7 +105,7 @@ class Upstream:
 
     async def probe(self, url: str, timeout_s: float) -> bool:
         try:
-            response = await self._client.get(url, timeout=timeout_s)
+            response = await self._client_for(url).get(url, timeout=timeout_s)
         except httpx.HTTPError:
             return False
         return response.status_code < 500
