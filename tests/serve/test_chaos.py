@@ -210,7 +210,9 @@ async def test_no_slot_leaks_and_no_over_admission_under_chaos() -> None:
             }
         )
         async with serving(settings) as gateway_url:
-            limits = httpx.Limits(max_connections=CLIENTS * 2)
+            # idle connections expire on the client before uvicorn's 5 s keep-alive closes them,
+            # or a request sent just as the server closes fails (a client race, not the gateway's)
+            limits = httpx.Limits(max_connections=CLIENTS * 2, keepalive_expiry=2.0)
             async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
                 url = gateway_url + "/v1/chat/completions"
                 plans = [plan(rng, i) for i in range(REQUESTS)]

@@ -10,7 +10,8 @@ reads and writes.
 
 Simulator-only endpoints, served by every instance: `GET /sim/stats` (this instance's counters),
 `GET /sim/stats/all`, and `POST /sim/instances/{i}/kill|restart|hang|unhang` acting on instance i
-of the same process (so a killed instance is controlled through a live one).
+of the same process (so a killed instance is controlled through a live one). `POST
+/reset_prefix_cache` empties this instance's prefix cache, as vLLM's endpoint of that name does.
 
 The HTTP server is uvicorn's httptools protocol on sockets this module owns, so that killing an
 instance can close its listener and abort its connections the way a crashed engine does.
@@ -223,6 +224,9 @@ class SimFleet:
             await self._generate(inst, path.endswith("chat/completions"), body, receive, send)
         elif method == "POST" and path.startswith("/sim/instances/"):
             await self._control(path, send)
+        elif method == "POST" and path == "/reset_prefix_cache":  # as vLLM names it
+            inst.core.cache.clear()
+            await _json(send, 200, {"instance": inst.index, "prefix_cache_blocks": 0})
         elif method == "GET":
             await self._get(inst, path, send)
         else:
@@ -239,8 +243,7 @@ class SimFleet:
     async def _get(self, inst: SimInstance, path: str, send: Send) -> None:
         p = inst.core.params
         if path in ("/health", "/health_generate", "/ping"):
-            await send({"type": "http.response.start", "status": 200, "headers": _JSON})
-            await send({"type": "http.response.body", "body": b""})
+            await _full(send, 200, b"")
         elif path == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [self._model_card()]})
         elif path == "/metrics":
@@ -387,9 +390,7 @@ class SimFleet:
             return await _drop(send)
         text = "".join(core.output_token(req, j, self.seed) for j in range(n))
         core.generated(n)
-        body = wire.completion(rid, chat, model, int(time.time()), text, req)
-        await send({"type": "http.response.start", "status": 200, "headers": _JSON})
-        await send({"type": "http.response.body", "body": body})
+        await _full(send, 200, wire.completion(rid, chat, model, int(time.time()), text, req))
         return True
 
 
@@ -426,6 +427,11 @@ async def _drop(send: Send) -> bool:
 
 
 async def _json(send: Send, status: int, obj: object) -> None:
-    body = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status, "headers": _JSON})
+    await _full(send, status, json.dumps(obj).encode())
+
+
+async def _full(send: Send, status: int, body: bytes) -> None:
+    """A whole JSON body with its length (no chunked encoding: cheaper for every client)."""
+    headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
