@@ -63,9 +63,11 @@ def capacity_state(s: Snapshot) -> State:
 def explain(s: Snapshot, r: Request, capacity: bool = False) -> tuple[ClusterReason, ...]:
     """One `ClusterReason` per cluster where `r` does not fit (against capacity if asked)."""
     state = capacity_state(s) if capacity else free_state(s)
+    static = _fits_static(s, r)  # computed once for every node, then masked per cluster
+    gpu = _gpu_fits(s, r, state) if r.is_gpu else static
     out = []
     for c, cluster in enumerate(s.clusters):
-        reason = _cluster_reason(s, r, cluster, s.cluster_masks[c], state)
+        reason = _cluster_reason(s, r, cluster, s.cluster_masks[c], state, static, gpu)
         if reason is not None:
             out.append(reason)
     return tuple(out)
@@ -76,7 +78,13 @@ def _reason(cluster: str, code: ReasonCode, msg: str, **numbers: int) -> Cluster
 
 
 def _cluster_reason(
-    s: Snapshot, r: Request, cluster: str, mask: BoolArray, st: State
+    s: Snapshot,
+    r: Request,
+    cluster: str,
+    mask: BoolArray,
+    st: State,
+    static: BoolArray,
+    gpu: BoolArray,
 ) -> ClusterReason | None:
     nodes = mask & s.schedulable
     if not nodes.any():
@@ -99,11 +107,10 @@ def _cluster_reason(
                 ReasonCode.NOT_SPLITTABLE,
                 "a fractional request, but no matching node shares its cards (vGPU)",
             )
-    capacity = _capacity_reason(s, r, cluster, sel)
-    if capacity is not None:
-        return capacity
-    sel &= _fits_static(s, r)
-    gpu_ok = sel if not r.is_gpu else sel & _gpu_fits(s, r, st)
+    if not (sel & static).any():
+        return _capacity_reason(s, r, cluster, sel)
+    sel &= static
+    gpu_ok = sel & gpu
     if not gpu_ok.any():
         return _gpu_reason(s, r, cluster, sel, st)
     cpu_ok = gpu_ok & (st.cpu >= r.cpu_millis)

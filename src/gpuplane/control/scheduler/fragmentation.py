@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuplane.control.scheduler.base import Candidates, FloatArray
 from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, IntArray, Request, Snapshot
@@ -60,28 +61,29 @@ class Workload:
         self.total_weight = float(sum(c.weight for c in self.classes))
         gpu = [c for c in self.classes if c.milli > 0]
         self.thresholds: IntArray = np.array(sorted({c.milli for c in gpu}), dtype=np.int64)
-        # a group = (threshold, cards needed, selector): classes that differ only in CPU/memory
-        keys = sorted({(c.milli, max(c.gpus, 1), _sel_key(c.selector)) for c in gpu}, key=str)
-        self.group_thr: IntArray = np.array(
-            [int(np.searchsorted(self.thresholds, m)) for m, _, _ in keys], dtype=np.int64
-        )
-        self.group_k: IntArray = np.array([k for _, k, _ in keys], dtype=np.int64)
-        self.group_selectors = tuple(
-            next(c.selector for c in gpu if _sel_key(c.selector) == s) for _, _, s in keys
-        )
+        # a group = (threshold, cards needed): classes that differ only in CPU, memory, selector
+        groups = sorted({(c.milli, max(c.gpus, 1)) for c in gpu})
+        self.group_thr: IntArray = np.searchsorted(self.thresholds, [m for m, _ in groups])
+        self.group_k: IntArray = np.array([k for _, k in groups], dtype=np.int64)
+        selectors = {_sel_key(c.selector): c.selector for c in gpu}
+        self.selectors = tuple(selectors.values())
         self.cpu_levels: IntArray = np.array(sorted({c.cpu_millis for c in gpu}), np.int64)
         mems = sorted({c.memory_mib for c in gpu}) if use_memory else [0]
         self.mem_levels: IntArray = np.array(mems, dtype=np.int64)
-        # weight[lc, lm, g]: weight of group g's classes that fit in cpu level lc, memory level lm
-        table = np.zeros((len(self.cpu_levels) + 1, len(self.mem_levels) + 1, len(keys)))
-        index = {k: i for i, k in enumerate(keys)}
+        # table[s, lc, lm, g]: weight of group g's classes with selector s that fit in CPU level
+        # lc and memory level lm (levels count the classes' sorted requests at or below)
+        shape = (len(selectors), len(self.cpu_levels) + 1, len(self.mem_levels) + 1, len(groups))
+        table = np.zeros(shape)
+        group_of = {g: i for i, g in enumerate(groups)}
+        selector_of = {k: i for i, k in enumerate(selectors)}
         for c in gpu:
-            g = index[(c.milli, max(c.gpus, 1), _sel_key(c.selector))]
+            g = group_of[(c.milli, max(c.gpus, 1))]
             lc = int(np.searchsorted(self.cpu_levels, c.cpu_millis)) + 1
             lm = int(np.searchsorted(self.mem_levels, c.memory_mib if use_memory else 0)) + 1
-            table[lc:, lm:, g] += c.weight
+            table[selector_of[_sel_key(c.selector)], lc:, lm:, g] += c.weight
         self.table = table
-        self.any_selector = any(s.match_labels or s.gpu_models for s in self.group_selectors)
+        self.any_selector = any(s.match_labels or s.gpu_models for s in self.selectors)
+        self._access: tuple[object, npt.NDArray[np.float64]] | None = None
 
     @classmethod
     def from_requests(
@@ -91,21 +93,8 @@ class Workload:
         `popularity` of them (the published FGD keeps 95 %), weights as shares of all."""
         reqs = list(requests)
         counts = Counter(TaskClass.key_of(r) for r in reqs)
-        sels = {TaskClass.key_of(r)[4]: r.selector for r in reqs}
-        total = sum(counts.values())
-        kept: list[TaskClass] = []
-        covered = 0
-        for (gpus, milli, cpu, mem, sel), n in sorted(counts.items(), key=lambda kv: -kv[1]):
-            if total and covered >= popularity * total:
-                break
-            covered += n
-            whole = milli == MILLI_PER_GPU and gpus >= 1
-            kept.append(
-                TaskClass(
-                    gpus if whole else 0, milli, cpu, mem, n / total, sels.get(sel, Selector())
-                )
-            )
-        return cls(kept, use_memory=use_memory)
+        selectors = {TaskClass.key_of(r)[4]: r.selector for r in reqs}
+        return _from_counts(counts, selectors, popularity, use_memory)
 
     def __len__(self) -> int:
         return len(self.classes)
@@ -118,39 +107,51 @@ class Workload:
         """(len(rows), G): weight of each group's classes the nodes have CPU/memory/model for."""
         lc = np.searchsorted(self.cpu_levels, cpu, side="right")
         lm = np.searchsorted(self.mem_levels, mem, side="right") if self.use_memory else 1
-        w: FloatArray = self.table[lc, lm]
-        if self.any_selector:
-            access = np.stack([snap.selector_mask(s)[rows] for s in self.group_selectors], axis=1)
-            w = w * access
-        return w
+        if not self.any_selector:
+            w: FloatArray = (
+                self.table[0, lc, lm]
+                if len(self.selectors) == 1
+                else (self.table[:, lc, lm].sum(axis=0))
+            )
+            return w
+        access = self.access(snap)[rows]  # (n, S)
+        out: FloatArray = np.einsum("ns,sng->ng", access, self.table[:, lc, lm])
+        return out
+
+    def access(self, snap: Snapshot) -> npt.NDArray[np.float64]:
+        """(nodes, S): 1 where selector s admits the node; cached per snapshot inventory."""
+        if self._access is None or self._access[0] is not snap.inventory_token:
+            masks = [snap.selector_mask(s) for s in self.selectors]
+            self._access = (snap.inventory_token, np.stack(masks, axis=1).astype(np.float64))
+        return self._access[1]
 
     def value(self, w: FloatArray, cnt: IntArray, usable: IntArray) -> FloatArray:
         """V = sum_g w_g [cnt_g >= k_g] U_g over the last axis (groups)."""
         c = cnt[..., self.group_thr]
         u = usable[..., self.group_thr]
-        out: FloatArray = (w * (c >= self.group_k) * u).sum(axis=-1)
+        out: FloatArray = np.einsum("...g,...g->...", w, np.where(c >= self.group_k, u, 0))
         return out
-
-    def counts(self, free: IntArray) -> tuple[IntArray, IntArray]:
-        """Per node and threshold m: cards with >= m free, and the free milli on them."""
-        ge = free[..., None] >= self.thresholds
-        cnt: IntArray = ge.sum(axis=-2)
-        usable: IntArray = (free[..., None] * ge).sum(axis=-2)
-        return cnt, usable
 
     def delta(self, cands: Candidates) -> FloatArray:
         """dV for every candidate: shape (n, D) for a fractional request (-inf where the card
         does not fit), (n,) otherwise."""
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
-        free = effective_free(snap, rows)
-        cpu = snap.cpu_free[rows]
-        mem = snap.mem_free[rows]
-        w0 = self.group_weights(snap, rows, cpu, mem)
-        w1 = self.group_weights(snap, rows, cpu - r.cpu_millis, mem - r.memory_mib)
+        n = len(rows)
         if len(self.thresholds) == 0:
-            zero = np.zeros((len(rows), snap.max_devices) if r.is_fractional else len(rows))
-            return zero
-        cnt, usable = self.counts(free)
+            return np.zeros((n, snap.max_devices) if r.is_fractional else n)
+        cpu, mem = snap.cpu_free[rows], snap.mem_free[rows]
+        # before and after in one pass: rows [0, n) now, [n, 2n) once the request is placed
+        w = self.group_weights(
+            snap,
+            np.concatenate([rows, rows]),
+            np.concatenate([cpu, cpu - r.cpu_millis]),
+            np.concatenate([mem, mem - r.memory_mib]),
+        )
+        w0, w1 = w[:n], w[n:]
+        free = effective_free(snap, rows)
+        ge0 = free[..., None] >= self.thresholds  # (n, D, M)
+        cnt: IntArray = ge0.sum(axis=-2)
+        usable: IntArray = (free[..., None] * ge0).sum(axis=-2)
         v0 = self.value(w0, cnt, usable)
         if not r.is_fractional:
             if r.gpus:
@@ -161,17 +162,37 @@ class Workload:
             return out
         assert cands.card_fit is not None
         assert cands.card_mem is not None
-        # the share this request takes from each card, in effective milli
-        take = np.maximum(r.gpu_milli, _mem_share(snap, rows, cands.card_mem))
+        # the share this request takes from each card, in effective milli (a proportional
+        # request's memory never takes a larger share than its compute)
+        take: IntArray | int = r.gpu_milli
+        if r.gpu_mem_mib is not None:
+            take = np.maximum(r.gpu_milli, _mem_share(snap, rows, cands.card_mem))
         after = np.maximum(free - take, 0)
-        thr = self.thresholds
-        ge0 = free[..., None] >= thr
-        ge1 = after[..., None] >= thr
+        ge1 = after[..., None] >= self.thresholds
         cnt1 = cnt[:, None, :] - ge0 + ge1
         use1 = usable[:, None, :] - free[..., None] * ge0 + after[..., None] * ge1
         v1 = self.value(w1[:, None, :], cnt1, use1)
         out = np.where(cands.card_fit, v1 - v0[:, None], -np.inf)
         return out
+
+
+def _from_counts(
+    counts: Counter[tuple[int, int, int, int, tuple[object, ...]]],
+    selectors: dict[tuple[object, ...], Selector],
+    popularity: float,
+    use_memory: bool,
+) -> Workload:
+    """Classes by popularity until they cover `popularity` of the requests; weights = shares."""
+    total = sum(counts.values())
+    kept: list[TaskClass] = []
+    covered = 0
+    for (gpus, milli, cpu, mem, sel), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if covered >= popularity * total:
+            break
+        covered += n
+        whole = milli == MILLI_PER_GPU and gpus >= 1
+        kept.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total, selectors[sel]))
+    return Workload(kept, use_memory=use_memory)
 
 
 def effective_free(snap: Snapshot, rows: IntArray) -> IntArray:
@@ -193,41 +214,38 @@ def _sel_key(s: Selector) -> tuple[object, ...]:
 class OnlineWorkload:
     """A workload learned from the requests seen so far (for the live service).
 
-    Rebuilds its tables when a new class appears, and otherwise every `refresh` requests.
+    The tables are rebuilt after 16, 32, 64, ... requests and then every `refresh` requests, so a
+    new class counts from the next rebuild and policies' caches survive in between; classes
+    covering `popularity` of the requests are kept, as in `Workload.from_requests`.
     """
 
-    def __init__(self, refresh: int = 256, use_memory: bool = False) -> None:
+    def __init__(
+        self, refresh: int = 1024, use_memory: bool = False, popularity: float = 0.95
+    ) -> None:
         self._counts: Counter[tuple[int, int, int, int, tuple[object, ...]]] = Counter()
         self._selectors: dict[tuple[object, ...], Selector] = {}
-        self._since = 0
+        self._total = 0
+        self._next_rebuild = 16
         self.refresh = refresh
         self.use_memory = use_memory
+        self.popularity = popularity
         self._current: Workload | None = None
 
     def observe(self, r: Request) -> None:
         key = TaskClass.key_of(r)
-        if key not in self._counts:
-            self._current = None
         self._counts[key] += 1
         self._selectors.setdefault(key[4], r.selector)
-        self._since += 1
-        if self._since >= self.refresh:
+        self._total += 1
+        if self._total >= self._next_rebuild:
             self._current = None
+            self._next_rebuild = min(2 * self._total, self._total + self.refresh)
 
     @property
     def workload(self) -> Workload:
         if self._current is None:
-            total = sum(self._counts.values())
-            classes = []
-            for (gpus, milli, cpu, mem, sel), n in self._counts.items():
-                whole = milli == MILLI_PER_GPU and gpus >= 1
-                classes.append(
-                    TaskClass(
-                        gpus if whole else 0, milli, cpu, mem, n / total, self._selectors[sel]
-                    )
-                )
-            self._current = Workload(classes, use_memory=self.use_memory)
-            self._since = 0
+            self._current = _from_counts(
+                self._counts, self._selectors, self.popularity, self.use_memory
+            )
         return self._current
 
 

@@ -325,13 +325,17 @@ class Snapshot:
         self.mem_free = self.mem_cap.copy()
         self.dev_mem_free = self.dev_mem_cap.copy()
         self.dev_milli_free = self.dev_milli_cap.copy()
-        self.token = object()  # identity of this inventory's state, for policies' caches
+        self.token = object()  # identity of this state's history, for policies' caches
+        self.inventory_token = object()  # identity of the node set and labels
         self.node_version: IntArray = np.zeros(n, dtype=np.int64)  # bumped when a row changes
         self.full_free: IntArray = np.zeros(n, dtype=np.int64)
         self.max_milli_free: IntArray = np.zeros(n, dtype=np.int64)
         self.max_mem_free: IntArray = np.zeros(n, dtype=np.int64)
         self.gpu_milli_free: IntArray = np.zeros(n, dtype=np.int64)
         self.max_card_mem: IntArray = self.dev_mem_cap.max(axis=1) if d else np.zeros(n, np.int64)
+        # the largest node, for policies that normalise by it
+        self.max_node_cpu = max(int(self.cpu_cap.max()) if n else 0, 1)
+        self.max_node_gpu_milli = max(d * MILLI_PER_GPU, 1)
         self._refresh(slice(None))
         self._selector_cache: dict[tuple[object, ...], BoolArray] = {}
         self.cluster_masks: tuple[BoolArray, ...] = tuple(

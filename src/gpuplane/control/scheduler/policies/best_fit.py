@@ -11,7 +11,6 @@ import numpy as np
 
 from gpuplane.control.scheduler.base import Candidates, Policy, Scores
 from gpuplane.control.scheduler.registry import register
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
 
 
 @register
@@ -22,7 +21,6 @@ class BestFitPolicy(Policy):
 
     def score(self, cands: Candidates) -> Scores:
         snap = cands.snapshot
-        max_cpu = max(int(snap.cpu_cap.max()), 1)
-        max_gpu = max(int(snap.n_devices.max()) * MILLI_PER_GPU, 1)
+        max_cpu, max_gpu = snap.max_node_cpu, snap.max_node_gpu_milli
         left = cands.cpu_left() / max_cpu * 0.5 + cands.gpu_left() / max_gpu * 0.5
         return Scores(np.trunc((1.0 - left) * 100.0))

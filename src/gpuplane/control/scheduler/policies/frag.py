@@ -20,7 +20,6 @@ import numpy as np
 from gpuplane.control.scheduler.base import Candidates, Scores
 from gpuplane.control.scheduler.policies.fgd import FGDPolicy
 from gpuplane.control.scheduler.registry import register
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
 
 _TIE = 0.01  # best-fit term in [0, _TIE): only orders nodes whose integer scores are equal
 
@@ -36,7 +35,6 @@ class FragPolicy(FGDPolicy):
     def score(self, cands: Candidates) -> Scores:
         scores = super().score(cands)
         snap = cands.snapshot
-        max_cpu = max(int(snap.cpu_cap.max()), 1)
-        max_gpu = max(int(snap.n_devices.max()) * MILLI_PER_GPU, 1)
+        max_cpu, max_gpu = snap.max_node_cpu, snap.max_node_gpu_milli
         left = 0.5 * cands.cpu_left() / max_cpu + 0.5 * cands.gpu_left() / max_gpu
         return Scores(scores.nodes + _TIE * (1.0 - np.clip(left, 0.0, 1.0)), scores.cards)
