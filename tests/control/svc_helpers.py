@@ -51,7 +51,9 @@ def config(
     )
 
 
-def make_service(cfg: ControlConfig) -> ControlService:
+def make_service(cfg: ControlConfig, instance: str | None = None) -> ControlService:
+    if instance is not None:
+        cfg = cfg.model_copy(update={"instance": instance})
     service = ControlService(cfg)
     service.start()
     return service
@@ -76,7 +78,7 @@ def state(service: ControlService, job_id: str) -> Job:
         return row
 
 
-def wait_state(service: ControlService, job_id: str, *states: str, timeout_s: float = 30) -> Job:
+def wait_state(service: ControlService, job_id: str, *states: str, timeout_s: float = 120) -> Job:
     deadline = time.monotonic() + timeout_s
     while True:
         service.tick()

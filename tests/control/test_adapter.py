@@ -28,7 +28,7 @@ def adapter(tmp_path: Path) -> LocalAdapter:
 
 
 def wait_done(adapter: LocalAdapter, job_id: str) -> WorkloadState:
-    for _ in range(200):
+    for _ in range(2400):  # up to 2 min on a loaded machine
         state = adapter.status([job_id])[job_id].state
         if state != WorkloadState.RUNNING:
             return state
@@ -144,6 +144,7 @@ def test_release_stops_a_running_process_and_is_idempotent(adapter: LocalAdapter
     )
     adapter.bind(Workload("j4", "sleeper", ("ignored",), "n"))  # idempotent per job id
     assert adapter.status(["j4"])["j4"].state == WorkloadState.RUNNING
+    assert adapter.workloads() == ["j4"]
     popen = adapter._procs["j4"].popen
     adapter.release("j4")
     assert popen.poll() is not None

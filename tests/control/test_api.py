@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import A100, config, job, make_service
+from tests.control.svc_helpers import A100, config, job, make_service, wait_state
 
 HELLO = {
     "name": "hello",
@@ -129,8 +129,19 @@ def test_quota_set_and_show(client: TestClient) -> None:
 
 def test_logs_of_a_finished_job(client: TestClient, service: ControlService) -> None:
     jid = client.post("/jobs", json=HELLO).json()["id"]
-    for _ in range(200):
-        service.tick()
-        if client.get(f"/jobs/{jid}").json()["state"] == "succeeded":
-            break
+    wait_state(service, jid, "succeeded", timeout_s=120)
+    assert client.get(f"/jobs/{jid}").json()["state"] == "succeeded"
     assert client.get(f"/jobs/{jid}/logs").text == "42\n"
+
+
+def test_batch_submit_is_all_or_nothing(client: TestClient) -> None:
+    ok = client.post("/jobs/batch", json=[job("a", gpus=1), job("b", gpu_mem_mib=1024)])
+    assert ok.status_code == 201
+    assert len(ok.json()["ids"]) == 2
+    bad = client.post("/jobs/batch", json=[job("c", gpus=1), job("d", gpu_mem_mib=10**6)])
+    assert bad.status_code == 422
+    assert "job d can never run" in bad.json()["detail"]
+    bad = client.post("/jobs/batch", json=[job("e", gpus=1), {"name": "f"}])
+    assert bad.status_code == 422
+    assert bad.json()["detail"].startswith("item 1: invalid job spec")
+    assert sorted(j["name"] for j in client.get("/jobs").json()) == ["a", "b"]

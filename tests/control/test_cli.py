@@ -50,7 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        for _ in range(1200):
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                     break
@@ -78,7 +78,7 @@ def test_minimal_job_end_to_end(server: str, tmp_path: Path) -> None:
     assert code == 0, out
     job_id = json.loads(out)["id"]
     state = ""
-    for _ in range(300):
+    for _ in range(1200):
         code, out = cli(server, "job", "describe", job_id, "-o", "json")
         state = json.loads(out)["state"]
         if state in ("succeeded", "failed"):

@@ -86,7 +86,7 @@ def test_the_minimal_job_runs_with_a_postgres_store(db: str, tmp_path: Path) -> 
 
 def test_concurrent_submits_through_two_services_on_postgres(db: str, tmp_path: Path) -> None:
     cfg = config(str(tmp_path), db, nodes=2, gpus=4, teams=TEAMS)
-    first, second = make_service(cfg), make_service(cfg)
+    first, second = make_service(cfg, "a"), make_service(cfg, "b")
     try:
         specs = [job(f"w{i}", team="ab"[i % 2], gpus=1) for i in range(16)]
         specs += [
@@ -112,7 +112,7 @@ def test_property_no_over_allocation_on_postgres(
 ) -> None:
     url = create_database(pg, f"p{next(_names)}")
     cfg = config(str(tmp_path / url.rsplit("/", 1)[1]), url, nodes=2, gpus=2, teams=TEAMS)
-    first, second = make_service(cfg), make_service(cfg)
+    first, second = make_service(cfg, "a"), make_service(cfg, "b")
     try:
         specs = [job(f"p{i}", team=team, **res) for i, (team, res) in enumerate(jobs)]
         submit_concurrently([first, second], specs)

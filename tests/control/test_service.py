@@ -190,3 +190,22 @@ def test_a_restarted_service_sees_the_store_and_fails_lost_jobs(tmp_path: Path) 
         assert queries.list_clusters(second)[0].gpus_free == 2
     finally:
         second.close()
+
+
+def test_two_service_processes_observe_only_the_jobs_they_started(tmp_path: Path) -> None:
+    cfg = config(str(tmp_path))
+    a, b = make_service(cfg, "a"), make_service(cfg, "b")
+    try:
+        jid = a.submit(job("mine", gpus=1))["id"]
+        assert state(a, jid).bound_by == "a"
+        b.tick()  # b does not know the process, but it is not b's to judge
+        assert state(b, jid).state == "running"
+        popen = a.adapters["local"]._procs[jid].popen  # type: ignore[attr-defined]
+        b.cancel(jid)  # cancelled through the other process ...
+        a.tick()  # ... the one that started it stops it on its next round
+        assert popen.poll() is not None
+        assert a.adapters["local"].workloads() == []
+        assert state(a, jid).state == "cancelled"
+    finally:
+        a.close()
+        b.close()

@@ -31,7 +31,7 @@ LIMITS = {"a": (3000, 1000), "b": (2000, None)}
 
 
 def run(cfg: ControlConfig, specs: list[dict[str, Any]]) -> None:
-    first, second = make_service(cfg), make_service(cfg)
+    first, second = make_service(cfg, "a"), make_service(cfg, "b")
     try:
         ids = submit_concurrently([first, second], specs)
         assert len(set(ids)) == len(specs)

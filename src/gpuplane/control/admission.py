@@ -81,6 +81,13 @@ class Estate:
     flavors: dict[str, int] = field(default_factory=dict)  # GPU model -> card memory (MiB)
     clusters_of: dict[str, set[str]] = field(default_factory=dict)  # GPU model -> clusters
     capacity: Amount = field(default_factory=Amount)
+    # what did not fit, by request shape: valid until something is released (free capacity only
+    # shrinks between releases, so a shape that did not fit still does not)
+    releases: int = 0
+    shares: dict[str, float] = field(default_factory=dict)  # dominant share per team, cached
+    no_fit: dict[tuple[object, ...], tuple[int, tuple[ClusterReason, ...]]] = field(
+        default_factory=dict
+    )
 
     @classmethod
     def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
@@ -109,14 +116,23 @@ class Estate:
 
     def release(self, job_id: str) -> None:
         """Give back a job's devices and quota. Idempotent."""
+        held = self.book.reservation(job_id)
+        if held is not None:
+            self.shares.pop(held[0], None)
         self.snapshot.release(job_id)
         self.book.release(job_id)
         self.running.pop(job_id, None)
+        self.releases += 1
 
     def share(self, team: str) -> float:
-        return dominant_share(
-            self.book.team_total(team), self.capacity, self.book.team(team).weight
-        )
+        """The team's dominant-resource share (over its weight), cached until it changes."""
+        value = self.shares.get(team)
+        if value is None:
+            value = dominant_share(
+                self.book.team_total(team), self.capacity, self.book.team(team).weight
+            )
+            self.shares[team] = value
+        return value
 
 
 def run_pass(
@@ -163,7 +179,7 @@ def decide(
     """Where `job` goes now (committed to `estate` when `commit`), or why not per cluster."""
     request = job.request
     if not request.is_gpu:
-        decision = schedule(estate.snapshot, request, policy, rng)
+        decision = _schedule(estate, request, policy, rng)
         return _finish(estate, job, decision, None, Amount(), (), now, commit)
     wanted = request.selector.gpu_models
     models = sorted(m for m in estate.flavors if not wanted or m in wanted)
@@ -176,7 +192,7 @@ def decide(
     if not allowed:
         return Outcome(reasons=_quota_reasons(estate, checks, models))
     narrowed = _on_models(request, allowed)
-    decision = schedule(estate.snapshot, narrowed, policy, rng)
+    decision = _schedule(estate, narrowed, policy, rng)
     if decision.ok:
         assert decision.placement is not None
         model = _model_of(estate.snapshot, decision.placement)
@@ -254,8 +270,32 @@ def _finish(
         estate.snapshot.commit(placement)
         if model is not None:
             estate.book.reserve(job.job_id, job.team, model, amount)
+            estate.shares.pop(job.team, None)
             estate.running[job.job_id] = Running(job.job_id, job.team, model, job.priority, now)
     return Outcome(admitted=Admitted(job.job_id, placement, model, amount, preempted))
+
+
+def _schedule(
+    estate: Estate, request: Request, policy: Policy, rng: np.random.Generator
+) -> Decision:
+    """`schedule`, skipped when the same shape already failed since the last release."""
+    sel = request.selector
+    key = (
+        request.gpus,
+        request.gpu_milli,
+        request.gpu_mem_mib,
+        request.cpu_millis,
+        request.memory_mib,
+        tuple(sorted(sel.match_labels.items())),
+        sel.gpu_models,
+    )
+    known = estate.no_fit.get(key)
+    if known is not None and known[0] == estate.releases:
+        return Decision(request.job_id, None, known[1], policy.name)
+    decision = schedule(estate.snapshot, request, policy, rng)
+    if not decision.ok:
+        estate.no_fit[key] = (estate.releases, decision.reasons)
+    return decision
 
 
 def _on_models(request: Request, models: list[str]) -> Request:

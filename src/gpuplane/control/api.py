@@ -124,6 +124,12 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             return JSONResponse(DryRunView(**out).model_dump(mode="json"), status_code=200)
         return queries.get_job(service, out["id"])
 
+    @app.post("/jobs/batch", status_code=201)
+    def submit_batch(
+        specs: list[dict[str, Any]] = Body(..., description="job specs; all queued or none"),
+    ) -> dict[str, list[str]]:
+        return {"ids": service.submit_many(specs)}
+
     @app.get("/jobs", response_model=list[JobView])
     def jobs(
         team: str | None = None, state: str | None = None, limit: int = Query(500, ge=1, le=10000)

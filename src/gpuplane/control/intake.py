@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from gpuplane.control.admission import Estate, PendingJob, decide
 from gpuplane.control.inventory import split_qualified
-from gpuplane.control.models import Job, Team
+from gpuplane.control.models import Event, Job, Team
 from gpuplane.control.scheduler.core import feasible
 from gpuplane.control.scheduler.snapshot import Request
-from gpuplane.control.spec import JobSpec, parse_spec
+from gpuplane.control.spec import JobSpec, SpecError, parse_spec
 
 if TYPE_CHECKING:
     from gpuplane.control.service import ControlService
@@ -19,54 +19,107 @@ if TYPE_CHECKING:
 
 def submit(svc: ControlService, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer."""
-    from gpuplane.control.service import InfeasibleJobError
-
     spec = parse_spec(data)
-    job_id = svc.new_id(spec.name)
-    request = spec.to_request(job_id)
+    request = spec.to_request(svc.new_id(spec.name))
     with svc._mutex:
         estate, _ = svc.estate()
-        decision = feasible(estate.snapshot, request)
-        if not decision.ok:
-            reasons = [
-                {
-                    "cluster": r.cluster,
-                    "code": r.code.value,
-                    "message": r.message,
-                    "numbers": dict(r.numbers),
-                }
-                for r in decision.reasons
-            ]
-            detail = "; ".join(f"{r['cluster']}: {r['message']}" for r in reasons)
-            raise InfeasibleJobError(
-                f"job {spec.name} can never run here: {detail or 'no cluster is registered'}",
-                reasons,
-            )
+        _refuse_impossible(estate, spec, request)
         if dry_run:
             return _dry_run(svc, estate, spec, request)
+    _queue(svc, [(spec, request)])
+    _admit(svc)
+    return {"id": request.job_id}
+
+
+def submit_many(
+    svc: ControlService, items: list[dict[str, Any]], *, admit: bool = True
+) -> list[str]:
+    """Validate every spec first (an error names the item), then queue them all at once."""
+    jobs = []
+    for k, data in enumerate(items):
+        try:
+            spec = parse_spec(data)
+        except SpecError as exc:
+            raise SpecError(f"item {k}: {exc}") from None
+        jobs.append((spec, spec.to_request(svc.new_id(spec.name))))
+    with svc._mutex:
+        estate, _ = svc.estate()
+        for spec, request in jobs:
+            _refuse_impossible(estate, spec, request)
+    _queue(svc, jobs)
+    if admit:
+        _admit(svc)
+    return [r.job_id for _, r in jobs]
+
+
+def _refuse_impossible(estate: Estate, spec: JobSpec, request: Request) -> None:
+    from gpuplane.control.service import InfeasibleJobError
+
+    decision = feasible(estate.snapshot, request)
+    if decision.ok:
+        return
+    reasons = [
+        {
+            "cluster": r.cluster,
+            "code": r.code.value,
+            "message": r.message,
+            "numbers": dict(r.numbers),
+        }
+        for r in decision.reasons
+    ]
+    detail = "; ".join(f"{r['cluster']}: {r['message']}" for r in reasons)
+    raise InfeasibleJobError(
+        f"job {spec.name} can never run here: {detail or 'no cluster is registered'}", reasons
+    )
+
+
+def _queue(svc: ControlService, jobs: list[tuple[JobSpec, Request]]) -> None:
     now = svc.clock()
     with svc._locked() as (session, _):  # serialised: a new team is created exactly once
-        if session.get(Team, spec.team) is None:
-            session.add(Team(name=spec.team))
-            session.flush()
-        session.add(
-            Job(
-                id=job_id,
-                name=spec.name,
-                team_name=spec.team,
-                state="pending",
-                priority=spec.priority,
-                spec=spec.model_dump(mode="json"),
-                reasons={"list": []},
-                created_at=now,
-                cpu_millis=request.cpu_millis,
-                memory_mib=request.memory_mib,
-            )
+        teams = {spec.team for spec, _ in jobs}
+        known = set(session.scalars(select(Team.name).where(Team.name.in_(teams))))
+        for team in sorted(teams - known):
+            session.add(Team(name=team))
+        session.flush()
+        session.execute(
+            insert(Job),
+            [
+                {
+                    "id": r.job_id,
+                    "name": spec.name,
+                    "team_name": spec.team,
+                    "state": "pending",
+                    "priority": spec.priority,
+                    "spec": spec.model_dump(mode="json"),
+                    "reasons": {"list": []},
+                    "created_at": now,
+                    "cpu_millis": r.cpu_millis,
+                    "memory_mib": r.memory_mib,
+                    "milli_gpus": 0,
+                    "gpu_mem_mib": 0,
+                    "attempts": 0,
+                }
+                for spec, r in jobs
+            ],
         )
-        svc._event(session, "submitted", f"team {spec.team}", job_id=job_id)
+        session.execute(
+            insert(Event),
+            [
+                {
+                    "at": now,
+                    "kind": "submitted",
+                    "job_id": r.job_id,
+                    "message": f"team {spec.team}",
+                }
+                for spec, r in jobs
+            ],
+        )
+
+
+def _admit(svc: ControlService) -> None:
     svc.schedule_pass()
-    svc.bind_admitted()
-    return {"id": job_id}
+    if svc.bind_on_submit:
+        svc.bind_admitted()
 
 
 def _dry_run(

@@ -115,6 +115,7 @@ class Job(Base):
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     message: Mapped[str | None] = mapped_column(String(2000), default=None)
+    bound_by: Mapped[str | None] = mapped_column(String(255), default=None)  # service instance
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)

@@ -1,9 +1,10 @@
 """Team quota arithmetic, Kueue-style, with no I/O: nominal quota, borrowing, fair-share order.
 
-Vocabulary (docs/glossary.md): each team submits through its LocalQueue into its own ClusterQueue;
-a ResourceFlavor is a GPU model; a Cohort is a set of ClusterQueues that lend each other their
-unused nominal quota. Quota is counted in two resources per flavor: milli-GPUs (1000 = one card;
-a slice counts max(compute share, memory share) of the card) and GPU memory in MiB.
+Vocabulary (Kueue's; see docs/architecture.md): each team submits through its LocalQueue into
+its own ClusterQueue; a ResourceFlavor is a GPU model; a Cohort is a set of ClusterQueues that
+lend each other their unused nominal quota. Quota is counted in two resources per flavor:
+milli-GPUs (1000 = one card; a slice counts max(compute share, memory share) of the card) and
+GPU memory in MiB.
 
 Admission is two steps, as in Kueue: `QuotaBook.check` answers whether the quota can be reserved
 (and whether that means borrowing), the scheduler then finds a place, and only then does the
@@ -99,11 +100,13 @@ class QuotaBook:
     def __init__(self, teams: Iterable[TeamQuota] = ()) -> None:
         self.teams: dict[str, TeamQuota] = {t.name: t for t in teams}
         self._usage: dict[tuple[str, str], Amount] = {}
+        self._totals: dict[str, Amount] = {}  # per team, over flavors (fair share reads it often)
         self._jobs: dict[str, tuple[str, str, Amount]] = {}
 
     def copy(self) -> QuotaBook:
         other = QuotaBook(self.teams.values())
         other._usage = dict(self._usage)
+        other._totals = dict(self._totals)
         other._jobs = dict(self._jobs)
         return other
 
@@ -114,11 +117,7 @@ class QuotaBook:
         return self._usage.get((team, flavor), Amount())
 
     def team_total(self, team: str) -> Amount:
-        total = Amount()
-        for (t, _), amount in self._usage.items():
-            if t == team:
-                total = total + amount
-        return total
+        return self._totals.get(team, Amount())
 
     def cohort_members(self, cohort: str) -> list[TeamQuota]:
         return [t for t in self.teams.values() if t.cohort == cohort]
@@ -204,6 +203,7 @@ class QuotaBook:
         self.release(job_id)
         self._jobs[job_id] = (team, flavor, amount)
         self._usage[(team, flavor)] = self.usage(team, flavor) + amount
+        self._totals[team] = self.team_total(team) + amount
 
     def release(self, job_id: str) -> None:
         """Give back `job_id`'s reservation. Idempotent, never raises."""
@@ -211,6 +211,7 @@ class QuotaBook:
         if held is not None:
             team, flavor, amount = held
             self._usage[(team, flavor)] = self.usage(team, flavor) - amount
+            self._totals[team] = self.team_total(team) - amount
 
 
 def _no(reason: str, numbers: Mapping[str, int]) -> QuotaDecision:

@@ -59,22 +59,47 @@ def bind_admitted(svc: ControlService) -> None:
     if not (started or failed):
         return
     now = svc.clock()
+    lost_race = []
     with svc._locked() as (session, estate):
         for job_id in started:
-            session.execute(
+            moved = session.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.state == "admitted")
-                .values(state="running", started_at=now)
+                .values(state="running", started_at=now, bound_by=svc.instance)
             )
-            svc._event(session, "started", "bound by the adapter", job_id=job_id)
+            if moved.rowcount == 1:  # type: ignore[attr-defined]
+                svc._event(session, "started", f"bound by {svc.instance}", job_id=job_id)
+            else:  # cancelled meanwhile, or another service process bound it first
+                lost_race.append(job_id)
         for job_id, msg in failed.items():
             svc._finish(session, estate, job_id, "failed", None, msg, now, expect="admitted")
+    for cluster, workload in binds:
+        if workload.job_id in lost_race:
+            svc.adapters[cluster].release(workload.job_id)
 
 
 def reconcile(svc: ControlService) -> None:
-    """Record running jobs that ended (or that the backend lost); free their devices."""
+    """Record the end of jobs this service process bound (exit code, or lost by the backend),
+    freeing their devices; stop workloads whose job was cancelled or preempted elsewhere."""
     with svc.store.session() as session:
-        rows = session.execute(select(Job.id, Job.cluster_name).where(Job.state == "running")).all()
+        rows = session.execute(
+            select(Job.id, Job.cluster_name).where(
+                Job.state == "running", Job.bound_by == svc.instance
+            )
+        ).all()
+        held = {c: a.workloads() for c, a in svc.adapters.items()}
+        wanted = {i for ids in held.values() for i in ids}
+        live = set(
+            session.scalars(
+                select(Job.id).where(
+                    Job.id.in_(wanted), Job.state == "running", Job.bound_by == svc.instance
+                )
+            )
+        )
+    for cluster, ids in held.items():
+        for job_id in ids:
+            if job_id not in live:
+                svc.adapters[cluster].release(job_id)
     by_cluster: dict[str, list[str]] = {}
     for row in rows:
         by_cluster.setdefault(str(row.cluster_name), []).append(row.id)
@@ -93,15 +118,9 @@ def reconcile(svc: ControlService) -> None:
     with svc._locked() as (session, estate):
         for cluster, job_id, status in ended:
             state = "succeeded" if status.state == WorkloadState.SUCCEEDED else "failed"
+            message = status.message or None
             if svc._finish(
-                session,
-                estate,
-                job_id,
-                state,
-                status.exit_code,
-                status.message or None,
-                now,
-                expect="running",
+                session, estate, job_id, state, status.exit_code, message, now, expect="running"
             ):
                 done.append((cluster, job_id))
     for cluster, job_id in done:

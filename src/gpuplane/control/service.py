@@ -10,6 +10,7 @@ the transaction, after the commit (bind) or after the release was recorded (stop
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -70,8 +71,11 @@ class ControlService:
         clock: Callable[[], float] = time.time,
         rng: np.random.Generator | None = None,
         new_id: Callable[[str], str] | None = None,
+        bind_on_submit: bool = True,
     ) -> None:
         self.config = config
+        self.bind_on_submit = bind_on_submit  # False: admitted jobs wait for tick() to bind
+        self.instance = config.instance or f"{socket.gethostname()}:{config.port}"
         self.store = store or Store.open(config.resolved_database_url())
         self.clock = clock
         self.rng = rng or np.random.default_rng(0)
@@ -165,6 +169,10 @@ class ControlService:
     def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Validate, refuse the impossible, then queue and try to admit (or only answer)."""
         return intake.submit(self, data, dry_run=dry_run)
+
+    def submit_many(self, items: list[dict[str, Any]], *, admit: bool = True) -> list[str]:
+        """Queue many specs in one transaction (all or none), then run one admission pass."""
+        return intake.submit_many(self, items, admit=admit)
 
     def bind_admitted(self) -> None:
         """Hand admitted jobs to their cluster's adapter; a refusal fails the job."""

@@ -87,6 +87,11 @@ class ControlConfig(_Section):
     clusters: list[ClusterConfig] = Field(default_factory=_default_clusters)
     teams: list[TeamConfig] = Field(default_factory=list)
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
+    instance: str | None = Field(
+        default=None,
+        description="name of this service process: it observes the jobs it started; "
+        "default host:port (a restart takes its jobs back)",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> ControlConfig:

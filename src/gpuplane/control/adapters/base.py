@@ -3,7 +3,9 @@
 The service calls an adapter in this order: `inventory()` when the cluster is registered or
 refreshed; `bind(workload)` after a placement is committed; `status(job_ids)` on every reconcile
 tick; `release(job_id)` when a job is cancelled, preempted or has ended; `logs(job_id)` on demand.
-`bind` is idempotent per job id and `release` is idempotent and never raises, so a crash between
+`workloads()` lists what it holds, so the reconciler can stop workloads whose job was cancelled
+or preempted by another service process. `bind` is idempotent per job id and `release` is
+idempotent and never raises, so a crash between
 the store's commit and the adapter's call can always be repaired by calling again. A Kubernetes
 adapter maps a workload to a Pod with HAMi resource limits, a Ray adapter to a task with
 fractional `num_gpus`; the `local` adapter runs a process on this machine.
@@ -113,6 +115,10 @@ class ClusterAdapter:
 
     def release(self, job_id: str) -> None:
         """Stop `job_id` if it runs and forget it. Idempotent; never raises."""
+        raise NotImplementedError
+
+    def workloads(self) -> list[str]:
+        """Job ids this adapter has bound and not yet released (the reconciler stops strays)."""
         raise NotImplementedError
 
     def logs(self, job_id: str, tail: int | None = None) -> str:

@@ -233,6 +233,10 @@ class LocalAdapter(ClusterAdapter):
                 popen.wait()
         proc.log.close()
 
+    def workloads(self) -> list[str]:
+        with self._lock:
+            return list(self._procs)
+
     def logs(self, job_id: str, tail: int | None = None) -> str:
         try:
             with open(self.log_path(job_id), "rb") as f:
