@@ -15,7 +15,7 @@ from gpuplane.control.scheduler import (
     policy_class,
     schedule,
 )
-from gpuplane.control.scheduler.fragmentation import TaskClass, Workload
+from gpuplane.control.scheduler.fragmentation import OnlineWorkload, TaskClass, Workload
 from gpuplane.control.scheduler.policies.fgd import FGDPolicy
 from gpuplane.control.scheduler.policies.frag import FragPolicy
 from tests.control.sched_helpers import GIB, node
@@ -160,3 +160,24 @@ def test_decisions_are_reproducible_with_the_same_rng(policy: str) -> None:
         return out
 
     assert run(7) == run(7)
+
+
+def test_online_workload_counts_each_job_once() -> None:
+    online = OnlineWorkload(popularity=1.0)
+    for _ in range(50):  # a pending job retried every pass
+        online.observe(Request("stuck", gpus=8))
+    for i in range(30):
+        online.observe(Request(f"s{i}", gpu_milli=250))
+    weights = {(c.gpus, c.milli): c.weight for c in online.workload.classes}
+    assert weights == {(8, 1000): pytest.approx(1 / 31), (0, 250): pytest.approx(30 / 31)}
+
+
+@pytest.mark.parametrize("policy", ["frag", "fgd"])
+def test_with_no_gpu_task_known_a_share_still_lands_on_a_card_that_fits(policy: str) -> None:
+    snap = Snapshot([node("n1", cards=2)])
+    snap.commit(decide(snap, Request("whole", gpus=1), "best-fit").placement)  # type: ignore[arg-type]
+    taken = snap.allocations["whole"].devices[0].index
+    pol = FGDPolicy(Workload([])) if policy == "fgd" else FragPolicy(Workload([]))
+    placement = decide(snap, Request("share", gpu_milli=10), pol).placement
+    assert placement is not None
+    assert placement.devices[0].index != taken

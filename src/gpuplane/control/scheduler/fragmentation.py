@@ -137,8 +137,10 @@ class Workload:
         does not fit), (n,) otherwise."""
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
         n = len(rows)
-        if len(self.thresholds) == 0:
-            return np.zeros((n, snap.max_devices) if r.is_fractional else n)
+        if len(self.thresholds) == 0:  # no GPU tasks known: nothing can become a fragment
+            if cands.card_fit is None:
+                return np.zeros(n)
+            return np.where(cands.card_fit, 0.0, -np.inf)
         cpu, mem = snap.cpu_free[rows], snap.mem_free[rows]
         # before and after in one pass: rows [0, n) now, [n, 2n) once the request is placed
         w = self.group_weights(
@@ -216,11 +218,17 @@ class OnlineWorkload:
 
     The tables are rebuilt after 16, 32, 64, ... requests and then every `refresh` requests, so a
     new class counts from the next rebuild and policies' caches survive in between; classes
-    covering `popularity` of the requests are kept, as in `Workload.from_requests`.
+    covering `popularity` of the requests are kept, as in `Workload.from_requests`. A job is
+    counted once however often it is scheduled (a pending job is retried every pass): the last
+    `remember` job ids are kept to tell.
     """
 
     def __init__(
-        self, refresh: int = 1024, use_memory: bool = False, popularity: float = 0.95
+        self,
+        refresh: int = 1024,
+        use_memory: bool = False,
+        popularity: float = 0.95,
+        remember: int = 65_536,
     ) -> None:
         self._counts: Counter[tuple[int, int, int, int, tuple[object, ...]]] = Counter()
         self._selectors: dict[tuple[object, ...], Selector] = {}
@@ -230,8 +238,15 @@ class OnlineWorkload:
         self.use_memory = use_memory
         self.popularity = popularity
         self._current: Workload | None = None
+        self._seen: dict[str, None] = {}  # insertion-ordered set of recent job ids
+        self.remember = remember
 
     def observe(self, r: Request) -> None:
+        if r.job_id in self._seen:
+            return
+        self._seen[r.job_id] = None
+        if len(self._seen) > self.remember:
+            del self._seen[next(iter(self._seen))]
         key = TaskClass.key_of(r)
         self._counts[key] += 1
         self._selectors.setdefault(key[4], r.selector)
@@ -254,27 +269,35 @@ class DeltaCache:
 
     A node's dV depends only on its own row and the request's class, so across decisions most of
     it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The cache resets
-    when the snapshot (`token`) or the workload changes, and keeps at most `max_classes` classes.
+    when the workload changes, and keeps `max_classes` classes for each of the `max_snapshots`
+    snapshots (by `token`) used last.
     """
 
-    def __init__(self, max_classes: int = 512) -> None:
+    def __init__(self, max_classes: int = 512, max_snapshots: int = 4) -> None:
         self.max_classes = max_classes
-        self._token: object = None
+        self.max_snapshots = max_snapshots
         self._workload: Workload | None = None
-        self._entries: dict[tuple[object, ...], tuple[IntArray, FloatArray]] = {}
+        # per snapshot token (the live one, plus the copies a caller tries things on)
+        self._by_token: dict[object, dict[tuple[object, ...], tuple[IntArray, FloatArray]]] = {}
 
     def delta(self, workload: Workload, cands: Candidates) -> FloatArray:
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
-        if snap.token is not self._token or workload is not self._workload:
-            self._token, self._workload, self._entries = snap.token, workload, {}
+        if workload is not self._workload:
+            self._workload, self._by_token = workload, {}
+        entries = self._by_token.pop(snap.token, None)
+        if entries is None:
+            entries = {}
+            if len(self._by_token) >= self.max_snapshots:
+                del self._by_token[next(iter(self._by_token))]
+        self._by_token[snap.token] = entries
         key = (r.gpus, r.gpu_milli, r.gpu_mem_mib, r.cpu_millis, r.memory_mib)
-        entry = self._entries.pop(key, None)  # re-inserted below: dicts keep LRU order
+        entry = entries.pop(key, None)  # re-inserted below: dicts keep LRU order
         if entry is None:
             shape = (len(snap), snap.max_devices) if r.is_fractional else (len(snap),)
             entry = (np.full(len(snap), -1, dtype=np.int64), np.zeros(shape))
-            if len(self._entries) >= self.max_classes:
-                self._entries.pop(next(iter(self._entries)))
-        self._entries[key] = entry
+            if len(entries) >= self.max_classes:
+                del entries[next(iter(entries))]
+        entries[key] = entry
         versions, values = entry
         stale = versions[rows] != snap.node_version[rows]
         if stale.any():
