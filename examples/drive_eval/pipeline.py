@@ -31,6 +31,23 @@ def reduce(clip_id: str, out: Mapping[str, Any]) -> dict[str, Any]:
     return {name: out[name] for name in B}
 
 
+def aggregate(acc: dict[str, Any], out: Mapping[str, Any]) -> dict[str, Any]:
+    """Release metrics over all clips, folded one clip record at a time."""
+    n = acc.get("clips", 0) + 1
+
+    def mean(key: str, value: float) -> float:
+        return float(acc.get(key, 0.0) + (value - acc.get(key, 0.0)) / n)
+
+    return {
+        "clips": n,
+        "lane_departures": acc.get("lane_departures", 0) + out["lane_rules"]["departures"],
+        "min_ttc_s": min(acc.get("min_ttc_s", float("inf")), out["obstacle_rules"]["min_ttc_s"]),
+        "plan_ok_rate": mean("plan_ok_rate", float(out["planning_check"]["plan_ok"])),
+        "curvature_err": mean("curvature_err", out["lane_prediction"]["curvature_err"]),
+        "max_drift_m": max(acc.get("max_drift_m", 0.0), out["localization_check"]["drift_m"]),
+    }
+
+
 def build_pipeline() -> Pipeline:
     def sl(mem_gib: int, cores: int) -> Slice:
         return Slice(gpus=1, gpu_mem_mib=mem_gib * 1024, gpu_cores_pct=cores)
@@ -47,4 +64,5 @@ def build_pipeline() -> Pipeline:
         ),
         decode=generate.decode,
         reduce=reduce,
+        aggregate=aggregate,
     )

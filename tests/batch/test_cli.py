@@ -33,6 +33,7 @@ def test_run_rerun_with_bump_and_compare(drive_clips: Path, tmp_path: Path) -> N
     assert a.exit_code == 0, a.output
     assert "perception" in a.output
     assert "report:" in a.output
+    assert "aggregate: clips 3, lane_departures" in a.output
     assert (tmp_path / "a" / "report.html").read_text().count("<svg") >= 3
     b = cli.invoke(
         app,

@@ -47,14 +47,15 @@ def test_run_computes_every_clip_once_then_serves_from_cache(
 
 
 def test_release_bump_reuses_stage_a(run_toy: RunFn, clips: Path, tmp_path: Path) -> None:
-    run_toy("a")
+    first = run_toy("a")
+    assert first["clips"]["done"] == 12
     log = tmp_path / "calls.log"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOY_LOG", str(log))
         bumped = run_toy("b", versions={"sum_check": "2", "parity_check": "2"})
     s = bumped["stages"]
     # the planner saw perception's entries before the run and planned it as nearly free
-    assert bumped["expected_hit_rate"]["perception"] == 1.0
+    assert bumped["expected_hit_rate"]["perception"] == 1.0, (bumped, first)
     assert bumped["expected_hit_rate"]["sum_check"] == 0.0
     assert bumped["plan"]["rates"]["perception"] > 1e300
     assert s["perception"]["cached"] == 12
@@ -98,6 +99,10 @@ def test_failing_clip_is_reported_and_retried_next_run(tmp_path: Path, run_toy: 
     (bad / "clip-0002.bin").write_bytes(b"fixed now")
     res2 = run_toy("a", clip_dir=bad)
     assert res2["clips"]["skipped_already_done"] == 4
+    # the aggregate folds the whole journal: both runs' clips
+    sizes = [len(p.read_bytes()) for p in bad.iterdir()]
+    assert res2["aggregate"] == {"clips": 5, "bytes": sum(sizes)}
+    assert res["aggregate"]["clips"] == 4
     assert res2["clips"]["done"] == 1
 
 

@@ -54,6 +54,10 @@ def reduce(clip_id: str, out: Mapping[str, Any]) -> dict[str, Any]:
     return {k: out[k] for k in ("size_check", "sum_check", "parity_check")}
 
 
+def aggregate(acc: dict[str, Any], out: Mapping[str, Any]) -> dict[str, Any]:
+    return {"clips": acc.get("clips", 0) + 1, "bytes": acc.get("bytes", 0) + out["size_check"]}
+
+
 def build_pipeline() -> Pipeline:
     a = Slice(gpus=1, gpu_mem_mib=20_000, gpu_cores_pct=40)
     return Pipeline(
@@ -67,4 +71,5 @@ def build_pipeline() -> Pipeline:
             Stage("parity_check", "1", ParityCheck, inputs=("perception",), params={"mod": 3}),
         ),
         reduce=reduce,
+        aggregate=aggregate,
     )  # fmt: skip

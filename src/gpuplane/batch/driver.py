@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import fsspec
 
 from gpuplane.batch.cache import StageCache
-from gpuplane.batch.journal import Journal
+from gpuplane.batch.journal import Journal, fold_records
 from gpuplane.batch.metrics import StageMetrics, Timeline
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
 from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, cache_keys
@@ -213,6 +213,8 @@ class Driver:
                     "peak_bytes": prefetcher.peak_bytes,
                 },
             }
+            if self.pipeline.aggregate is not None and status != "failed":
+                summary["aggregate"] = fold_records(journal.path, self.pipeline.aggregate)
             _write_json(out / "run.json", summary)
             measured = {n: m.compute_s / m.computed for n, m in self.metrics.items() if m.computed}
             if self.cache is not None and measured:

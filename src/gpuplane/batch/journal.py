@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from array import array
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -101,6 +102,19 @@ class Journal:
         fh, self._fh = self._fh, None
         if fh is not None:
             fh.close()
+
+
+def fold_records(
+    path: Path, fold: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """Fold every record's output in the journal (all runs that wrote it), streaming."""
+    acc: dict[str, Any] = {}
+    if path.exists():
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                if line.endswith("\n") and line.strip():
+                    acc = fold(acc, json.loads(line).get("out", {}))
+    return acc
 
 
 def read_records(path: Path) -> dict[str, dict[str, Any]]:

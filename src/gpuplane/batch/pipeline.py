@@ -131,12 +131,15 @@ def _no_reduce(clip_id: str, outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Pipeline:
-    """Stages in dependency order, a decoder for raw clip bytes and a per-clip reduction."""
+    """Stages in dependency order, a decoder for raw clip bytes, a per-clip reduction (its
+    record goes to the journal) and an optional fold of the records into the run's aggregate."""
 
     name: str
     stages: tuple[Stage, ...]
     decode: Callable[[bytes], Any] = _identity
     reduce: Callable[[str, Mapping[str, Any]], dict[str, Any]] = _no_reduce
+    # the aggregation over clips, as a fold: aggregate(running total, one clip's record)
+    aggregate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -174,7 +177,7 @@ class Pipeline:
         stages = tuple(
             s.with_version(versions[s.name]) if s.name in versions else s for s in self.stages
         )
-        return Pipeline(self.name, stages, self.decode, self.reduce)
+        return Pipeline(self.name, stages, self.decode, self.reduce, self.aggregate)
 
 
 def cache_keys(pipeline: Pipeline, clip_fingerprint: str) -> dict[str, str]:

@@ -121,6 +121,9 @@ def write_report(summary: Mapping[str, Any], path: Path) -> Path:
         ["plan bottleneck", summary.get("plan", {}).get("bottleneck", "")],
     ]
     parts.append(_table(overview, ["", ""]))
+    if summary.get("aggregate"):
+        rows = [[k, v] for k, v in summary["aggregate"].items()]
+        parts.append("<h2>Aggregate over all clips</h2>" + _table(rows, ["metric", "value"]))
     parts.append("<h2>Stages</h2>" + _table(stage_rows(summary), STAGE_HEAD))
     for title, svg in plots(summary).items():
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")

@@ -208,6 +208,10 @@ def run(
             f"{summary['throughput_clips_per_s']:.2f} clips/s, "
             f"device-seconds {summary['device_seconds']:.1f}"
         )
+        if summary.get("aggregate"):
+            agg = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in summary["aggregate"].items())  # fmt: skip
+            typer.echo(f"aggregate: {agg}")
         typer.echo(f"run directory: {summary['out_dir']}")
         if "report" in summary:
             typer.echo(f"report: {summary['report']}")
