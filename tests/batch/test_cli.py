@@ -101,3 +101,16 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
     for name in ("clips", "perception", "size_check", "sum_check", "parity_check"):
         assert name in text
     assert "4/4" in text
+
+
+def test_failed_clips_exit_non_zero_and_say_how_to_retry(tmp_path: Path) -> None:
+    from tests.batch.conftest import TOY, write_clips
+
+    clips = write_clips(tmp_path / "clips", 3, broken=(1,))
+    args = ["run", TOY, "--clips", str(clips), "--out", str(tmp_path / "run"),
+            "--cache", str(tmp_path / "cache"), "--threads", "--no-report"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1
+    assert "1 clips failed" in res.output
+    assert "errors.jsonl" in res.output
+    assert "2 done" in res.output

@@ -216,6 +216,11 @@ def run(
         if "report" in summary:
             typer.echo(f"report: {summary['report']}")
     if summary["clips"]["errors"]:
+        err.print(
+            f"[red]{summary['clips']['errors']} clips failed[/red]: see "
+            f"{summary['out_dir']}/errors.jsonl; fix the cause and run the same command again "
+            "to retry them (finished clips are skipped)"
+        )
         raise typer.Exit(1)
 
 
