@@ -145,3 +145,18 @@ def test_batch_submit_is_all_or_nothing(client: TestClient) -> None:
     assert bad.status_code == 422
     assert bad.json()["detail"].startswith("item 1: invalid job spec")
     assert sorted(j["name"] for j in client.get("/jobs").json()) == ["a", "b"]
+
+
+def test_metrics_say_how_full_each_cluster_is_and_why_jobs_wait(client: TestClient) -> None:
+    client.post("/jobs", json=job("all", gpus=2))
+    client.post("/jobs", json=job("waits", gpus=1))
+    text = client.get("/metrics").text
+    assert 'gpuplane_control_jobs{state="running"} 1.0' in text
+    assert 'gpuplane_control_jobs{state="pending"} 1.0' in text
+    assert 'gpuplane_control_gpu_allocated_ratio{cluster="local"} 1.0' in text
+    assert (
+        'gpuplane_control_pending_reasons_jobs{cluster="local",reason="InsufficientGpus"} 1.0'
+        in text
+    )
+    assert "gpuplane_control_admitted_jobs_total 1.0" in text
+    assert "gpuplane_control_admission_pass_seconds_count" in text

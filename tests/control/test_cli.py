@@ -161,3 +161,21 @@ def test_a_missing_spec_file_is_an_error(tmp_path: Path) -> None:
     code, out = cli("http://127.0.0.1:9", "job", "submit", str(tmp_path / "none.yaml"))
     assert code == 1
     assert "does not exist" in out
+
+
+def test_serve_refuses_a_bad_config_with_the_nearest_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("control:\n  clusterz: []\n")
+    result = runner.invoke(app, ["control", "serve", "--config", str(bad)])
+    assert result.exit_code == 1
+    assert "did you mean 'clusters'" in result.output
+
+
+def test_the_example_config_and_job_are_valid() -> None:
+    from gpuplane.config import load_settings
+    from gpuplane.control.spec import parse_spec
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "control"
+    control = load_settings(root / "gpuplane.yaml").control
+    assert [c.name for c in control.clusters] == ["lab-eu", "lab-us"]
+    assert parse_spec(yaml.safe_load((root / "hello.yaml").read_text())).name == "hello"

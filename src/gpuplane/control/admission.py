@@ -198,19 +198,10 @@ def decide(
         model = _model_of(estate.snapshot, decision.placement)
         return _finish(estate, job, decision, model, amounts[model], (), now, commit)
     for model in allowed:
-        if checks[model].borrowing:
+        if checks[model].borrowing or not _someone_borrows(estate, job.team, model):
             continue
-        outcome = _reclaim(
-            estate,
-            job,
-            _on_models(request, [model]),
-            model,
-            amounts[model],
-            policy,
-            rng,
-            now,
-            commit,
-        )
+        narrowed = _on_models(request, [model])
+        outcome = _reclaim(estate, job, narrowed, model, amounts[model], policy, rng, now, commit)
         if outcome is not None:
             return outcome
     reasons = [_reason_dict(r) for r in decision.reasons]
@@ -220,6 +211,17 @@ def decide(
         r for r in _quota_reasons(estate, refused, list(refused)) if r["cluster"] not in covered
     ]
     return Outcome(reasons=reasons)
+
+
+def _someone_borrows(estate: Estate, team: str, model: str) -> bool:
+    """Does another member of `team`'s cohort use more than its nominal quota of `model`?"""
+    cohort = estate.book.team(team).cohort
+    if cohort is None:
+        return False
+    return any(
+        m.name != team and estate.book.borrowing(m.name, model)
+        for m in estate.book.cohort_members(cohort)
+    )
 
 
 def _reclaim(

@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpuplane import __version__
 from gpuplane.control import queries
@@ -97,6 +98,12 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         elif isinstance(exc, ConflictError):
             status = 409
         return JSONResponse(body, status_code=status)
+
+    service.metrics.watch(lambda: queries.metrics_state(service))
+
+    @app.get("/metrics", response_class=Response)
+    def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -256,3 +256,22 @@ def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -
 
 def as_dicts(items: list[Any]) -> list[dict[str, Any]]:
     return [i.model_dump(mode="json") for i in items]
+
+
+def metrics_state(service: ControlService) -> dict[str, Any]:
+    """What the scrape-time gauges read: jobs per state, why jobs wait, usage per cluster."""
+    estate, _ = service.estate()
+    snap = estate.snapshot
+    with service.store.session() as session:
+        rows = session.execute(select(Job.state, func.count()).group_by(Job.state)).all()
+    clusters: dict[str, tuple[int, float]] = {}
+    for c, mask in zip(snap.clusters, snap.cluster_masks, strict=True):
+        cap = int(snap.dev_milli_cap[mask].sum())
+        free = int(snap.dev_milli_free[mask].sum())
+        clusters[c] = (int(snap.n_devices[mask].sum()), (cap - free) / cap if cap else 0.0)
+    return {
+        "jobs": {str(state): int(n) for state, n in rows},
+        "reasons": dict(service.waiting),
+        "clusters": clusters,
+        "shares": {t: estate.share(t) for t in estate.book.teams},
+    }

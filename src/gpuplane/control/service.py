@@ -34,6 +34,7 @@ from gpuplane.control.inventory import (
     remove_clusters_except,
     sync_cluster,
 )
+from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.models import Allocation, Event, Job, Quota, Team
 from gpuplane.control.scheduler.registry import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ControlConfig
@@ -89,6 +90,8 @@ class ControlService:
         self._version: int | None = None
         self._pending: dict[str, PendingJob] = {}
         self._stop_later: list[tuple[str, str]] = []
+        self.metrics = ControlMetrics()
+        self.waiting: dict[tuple[str, str], int] = {}  # (cluster, reason) -> pending jobs
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -186,6 +189,15 @@ class ControlService:
 
     def schedule_pass(self) -> int:
         """Admit what fits now, in queue order, in one locked transaction; returns how many."""
+        started = time.perf_counter()
+        admitted, preempted, waiting = self._admission_pass()
+        self.metrics.pass_seconds.observe(time.perf_counter() - started)
+        self.metrics.admitted.inc(admitted)
+        self.metrics.preempted.inc(preempted)
+        self.waiting = waiting
+        return admitted
+
+    def _admission_pass(self) -> tuple[int, int, dict[tuple[str, str], int]]:
         now = self.clock()
         with self._locked() as (session, estate):
             rows = session.execute(
@@ -203,7 +215,7 @@ class ControlService:
                 pending.append(job)
                 old[row.id] = row.reasons
             if not pending:
-                return 0
+                return 0, 0, {}
             result = run_pass(estate, pending, self.policy, self.rng, now)
             preempted = [v for a in result.admitted for v in a.preempted]
             if preempted:
@@ -274,7 +286,12 @@ class ControlService:
             ]
             if changed:
                 session.execute(update(Job), changed)
-            return len(result.admitted)
+            waiting: dict[tuple[str, str], int] = {}
+            for reasons in result.reasons.values():
+                for r in reasons:
+                    key = (r["cluster"], r["code"])
+                    waiting[key] = waiting.get(key, 0) + 1
+            return len(result.admitted), len(preempted), waiting
 
     def cancel(self, ref: str) -> str:
         """Cancel a pending or active job (its process is stopped); returns its id."""
