@@ -185,6 +185,7 @@ def main() -> None:
     ap.add_argument("--stores", default="sqlite,postgresql")
     ap.add_argument("--policy", default="best-fit")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = ap.parse_args()
     requests = backlog(args.jobs, np.random.default_rng(args.seed))
     # the service refuses impossible requests at submit (a whole batch with them): leave them out
@@ -238,9 +239,9 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,13 @@ def test_quota_set_and_show(client: TestClient) -> None:
     assert team["quotas"][0]["borrowing_limit_gpus"] == 0.5
     bad = client.put(f"/teams/research/quotas/{A100}", json={"gpus": -1})
     assert bad.status_code == 422
+    bad = client.put("/teams/research/quotas/H100", json={"gpus": 1})
+    assert bad.status_code == 422
+    assert "no GPU model 'H100'" in bad.json()["detail"]
+    assert A100 in bad.json()["detail"]
+    bad = client.put(f"/teams/Bad Team/quotas/{A100}", json={"gpus": 1})
+    assert bad.status_code == 422
+    assert "team name 'Bad Team' must be" in bad.json()["detail"]
 
 
 def test_logs_of_a_finished_job(client: TestClient, service: ControlService) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, selectinload
 from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
 from gpuplane.control.service import ControlService, NotFoundError, quota_row
+from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
@@ -223,6 +224,9 @@ def get_team(service: ControlService, name: str) -> TeamView:
 
 
 def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
+    check_name("team", name)
+    if body.cohort is not None:
+        check_name("cohort", body.cohort)
     with service._locked() as (session, _):
         team = session.get(Team, name) or Team(name=name)
         team.cohort, team.weight = body.cohort, body.weight
@@ -232,6 +236,11 @@ def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
 
 
 def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -> TeamView:
+    check_name("team", team)
+    estate, _ = service.estate()
+    if flavor not in estate.flavors:
+        known = ", ".join(sorted(estate.flavors)) or "none"
+        raise SpecError(f"no GPU model '{flavor}' in the inventory; known models: {known}")
     with service._locked() as (session, _):
         if session.get(Team, team) is None:
             session.add(Team(name=team))

@@ -22,6 +22,19 @@ from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector,
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 
 
+_NAME_RULE = (
+    "'{value}' must be 1-63 lowercase letters, digits, '-', '_' or '.', "
+    "starting and ending with a letter or digit"
+)
+
+
+def check_name(what: str, value: str) -> str:
+    """A team, cohort or job name; raises SpecError with the rule."""
+    if not _NAME.match(value):
+        raise SpecError(f"{what} name " + _NAME_RULE.format(value=value))
+    return value
+
+
 class SpecError(ResourceError):
     """A job spec is malformed; the message names the field and what is expected."""
 
@@ -59,10 +72,7 @@ class JobSpec(_Spec):
     @classmethod
     def _dns_name(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError(
-                f"'{value}' must be 1-63 lowercase letters, digits, '-', '_' or '.', "
-                "starting and ending with a letter or digit"
-            )
+            raise ValueError(_NAME_RULE.format(value=value))
         return value
 
     def to_resources(self) -> Resources:
