@@ -72,6 +72,8 @@ def test_a_job_that_does_not_fit_now_waits_with_a_reason_per_cluster(
     view = queries.get_job(service, second)
     assert view.state == "pending"
     assert [(r.cluster, r.code) for r in view.reasons] == [("local", "InsufficientGpus")]
+    assert view.queue_position == 1
+    assert queries.get_job(service, first).queue_position is None
     dry = service.submit(job("third", gpus=1), dry_run=True)
     assert dry["fits"] is False
     assert dry["queued_ahead"] == 1

@@ -139,6 +139,7 @@ def describe(
             ("where", _where(j)),
             ("gpu model", j.get("flavor") or "-"),
             ("attempts", j["attempts"]),
+            ("queue position", j.get("queue_position") or "-"),
             ("exit code", j.get("exit_code")),
             ("message", j.get("message") or ""),
         ]
@@ -147,7 +148,7 @@ def describe(
                 f"[bold]{key:>10}[/bold]  {'' if value is None else value}", highlight=False
             )
         if j["reasons"]:
-            console.print("[bold]   waiting[/bold]  per cluster:")
+            console.print("[bold]       waiting[/bold]  per cluster:")
             print_reasons(j["reasons"])
 
     emit(job, output, table)

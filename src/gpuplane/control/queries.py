@@ -29,9 +29,21 @@ def job_view(service: ControlService, job: Job) -> JobView:
     estate, _ = service.estate()
     placement = estate.snapshot.allocations.get(job.id)
     node = placement.node.partition("/")[2] if placement else None
-    if node is None and job.node_id is not None:
-        with service.store.session() as session:
+    position = None
+    with service.store.session() as session:
+        if node is None and job.node_id is not None:
             node = session.scalar(select(Node.name).where(Node.id == job.node_id))
+        if job.state == "pending":
+            ahead = session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.state == "pending",
+                    (Job.priority > job.priority)
+                    | ((Job.priority == job.priority) & (Job.created_at < job.created_at)),
+                )
+            )
+            position = int(ahead or 0) + 1
     spec = job.spec
     reasons = (job.reasons or {}).get("list", [])
     return JobView(
@@ -48,6 +60,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
         flavor=job.flavor,
         devices=list(placement.device_indices) if placement else [],
         reasons=[ReasonView(**r) for r in reasons],
+        queue_position=position,
         message=job.message,
         exit_code=job.exit_code,
         attempts=job.attempts,

@@ -28,6 +28,11 @@ class JobView(BaseModel):
     flavor: str | None = None
     devices: list[int] = Field(default_factory=list)
     reasons: list[ReasonView] = Field(default_factory=list)
+    queue_position: int | None = Field(
+        default=None,
+        description="pending only: 1 + pending jobs of higher priority, or equal and older "
+        "(fair share between teams can reorder equals)",
+    )
     message: str | None = None
     exit_code: int | None = None
     attempts: int = 0
