@@ -110,9 +110,13 @@ def test_clusters_nodes_and_usage(client: TestClient) -> None:
 
 
 def test_quota_set_and_show(client: TestClient) -> None:
-    r = client.put(f"/teams/research/quotas/{A100}", json={"gpus": 1, "borrowing_limit_gpus": 0.5})
+    r = client.put(
+        f"/teams/research/quotas/{A100}",
+        json={"gpus": 1, "borrowing_limit_gpus": 0.5, "lending_limit_gpus": 0.25},
+    )
     assert r.status_code == 200
     assert r.json()["quotas"][0]["gpus"] == 1.0
+    assert r.json()["quotas"][0]["lending_limit_gpus"] == 0.25
     client.put("/teams/research", json={"cohort": "ml", "weight": 2})
     client.post("/jobs", json=job("one", gpus=1))
     pending = client.post("/jobs", json=job("two", gpus=1)).json()

@@ -136,11 +136,14 @@ def test_dry_run_cluster_and_quota_commands(server: str, tmp_path: Path) -> None
         "1.5",
         "--cohort",
         "ml",
+        "--lending-limit-gpus",
+        "1",
     )
     assert code == 0, out
     code, out = cli(server, "quota", "show", "vision", "-o", "json")
     team = json.loads(out)
     assert team["cohort"] == "ml"
+    assert team["quotas"][0]["lending_limit_gpus"] == 1.0
     assert team["quotas"][0]["gpus"] == 1.5
     code, out = cli(server, "quota", "show")
     assert code == 0

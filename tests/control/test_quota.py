@@ -83,6 +83,22 @@ def test_borrowing_from_the_cohort_up_to_the_borrowing_limit() -> None:
     assert "cohort ml has 1500" in short.reason
 
 
+def test_a_lending_limit_keeps_the_rest_of_the_nominal_quota_for_its_team() -> None:
+    b = book(
+        TeamQuota("lender", "ml", flavors={A100: FlavorQuota(4000, lending_limit_milli_gpus=1000)}),
+        TeamQuota("borrower", "ml", flavors={A100: FlavorQuota(0)}),
+    )
+    assert b.check("borrower", A100, gpus(1)).ok
+    refused = b.check("borrower", A100, gpus(1.5))
+    assert not refused.ok
+    assert "cohort ml has 1000" in refused.reason
+    b.reserve("l1", "lender", A100, gpus(3))  # within the guaranteed 3 GPUs: lends nothing away
+    assert b.check("borrower", A100, gpus(1)).ok
+    b.reserve("l2", "lender", A100, gpus(0.5))  # now it eats into its lendable part
+    assert not b.check("borrower", A100, gpus(1)).ok
+    assert b.check("borrower", A100, gpus(0.5)).ok
+
+
 def test_within_nominal_is_admitted_even_when_the_cohort_is_borrowed_out() -> None:
     b = book(
         TeamQuota("a", "ml", flavors={A100: FlavorQuota(2000)}),
@@ -147,18 +163,28 @@ def test_reclaim_takes_borrowers_lowest_priority_newest_first() -> None:
 @given(
     nominal=st.lists(st.integers(0, 4000), min_size=3, max_size=3),
     limits=st.lists(st.one_of(st.none(), st.integers(0, 3000)), min_size=3, max_size=3),
+    lending=st.lists(st.one_of(st.none(), st.integers(0, 3000)), min_size=3, max_size=3),
     asks=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 2000)), max_size=40),
 )
 def test_admitted_usage_never_exceeds_quota(
-    nominal: list[int], limits: list[int | None], asks: list[tuple[int, int]]
+    nominal: list[int],
+    limits: list[int | None],
+    lending: list[int | None],
+    asks: list[tuple[int, int]],
 ) -> None:
     """Reserving only what `check` allows keeps every team under nominal + borrowing limit, and
-    a borrowing admission never takes the cohort past its total nominal quota."""
+    a borrowing admission never takes the cohort past its total nominal or lendable quota."""
     teams = [
         TeamQuota(
             f"t{i}",
             "c",
-            flavors={A100: FlavorQuota(nominal[i], borrowing_limit_milli_gpus=limits[i])},
+            flavors={
+                A100: FlavorQuota(
+                    nominal[i],
+                    borrowing_limit_milli_gpus=limits[i],
+                    lending_limit_milli_gpus=lending[i],
+                )
+            },
         )
         for i in range(3)
     ]
@@ -173,5 +199,13 @@ def test_admitted_usage_never_exceeds_quota(
         assert used[team] <= nominal[team] + (limit if limit is not None else sum(nominal))
         if decision.borrowing:
             assert sum(used) <= sum(nominal)
+            # lending limits: beyond its guaranteed part, the cohort only uses what is lendable
+            lendable = [
+                min(n, x) if x is not None else n for n, x in zip(nominal, lending, strict=True)
+            ]
+            guaranteed = [n - x for n, x in zip(nominal, lendable, strict=True)]
+            assert sum(max(0, u - g) for u, g in zip(used, guaranteed, strict=True)) <= sum(
+                lendable
+            )
         else:
             assert used[team] <= nominal[team]

@@ -29,6 +29,10 @@ def set_(
     gpu_mem_mib: int | None = typer.Option(None, "--gpu-mem-mib", help="nominal GPU memory"),
     borrow_gpus: float | None = typer.Option(None, "--borrowing-limit-gpus"),
     borrow_mem: int | None = typer.Option(None, "--borrowing-limit-mem-mib"),
+    lend_gpus: float | None = typer.Option(
+        None, "--lending-limit-gpus", help="most of this quota the cohort may borrow"
+    ),
+    lend_mem: int | None = typer.Option(None, "--lending-limit-mem-mib"),
     cohort: str | None = typer.Option(None, "--cohort", help="share unused quota with this cohort"),
     weight: float | None = typer.Option(None, "--weight", help="fair-share weight"),
     server: str | None = SERVER_OPTION,
@@ -65,6 +69,8 @@ def set_(
                     "gpu_mem_mib": gpu_mem_mib,
                     "borrowing_limit_gpus": borrow_gpus,
                     "borrowing_limit_mem_mib": borrow_mem,
+                    "lending_limit_gpus": lend_gpus,
+                    "lending_limit_mem_mib": lend_mem,
                 },
             )
     emit(out, output, lambda t: _teams_table([t]))
@@ -98,6 +104,7 @@ def _teams_table(teams: list[dict[str, Any]]) -> None:
                     "unlimited",
                     "-",
                     "-",
+                    "-",
                     f"{t['used_gpus']:g}",
                     mib(t["used_gpu_mem_mib"]),
                 ]
@@ -110,6 +117,7 @@ def _teams_table(teams: list[dict[str, Any]]) -> None:
                     f"{q['gpus']:g}",
                     mib(q["gpu_mem_mib"]),
                     _limit(q["borrowing_limit_gpus"]),
+                    _limit(q.get("lending_limit_gpus")),
                     f"{q['used_gpus']:g}",
                     mib(q["used_gpu_mem_mib"]),
                 ]
@@ -124,6 +132,7 @@ def _teams_table(teams: list[dict[str, Any]]) -> None:
             "GPUS",
             "GPU MEM",
             "BORROW LIMIT",
+            "LEND LIMIT",
             "USED GPUS",
             "USED MEM",
         ],

@@ -218,6 +218,8 @@ def load_teams(session: Session) -> list[TeamQuota]:
                     q.nominal_mem_mib,
                     q.borrowing_limit_milli_gpus,
                     q.borrowing_limit_mem_mib,
+                    q.lending_limit_milli_gpus,
+                    q.lending_limit_mem_mib,
                 )
                 for q in t.quotas
             },

@@ -78,7 +78,7 @@ class Team(Base):
 
 
 class Quota(Base):
-    """Nominal quota and borrowing limit of one team on one flavor; GPUs in milli-GPUs."""
+    """Nominal quota, borrowing and lending limits of one team on one flavor (milli-GPUs)."""
 
     __tablename__ = "quotas"
 
@@ -90,6 +90,8 @@ class Quota(Base):
     nominal_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
     borrowing_limit_milli_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
     borrowing_limit_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
+    lending_limit_milli_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    lending_limit_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
     team: Mapped[Team] = relationship(back_populates="quotas")
 
 

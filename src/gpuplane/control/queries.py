@@ -207,6 +207,10 @@ def team_view(service: ControlService, session: Session, team: Team) -> TeamView
                 if q.borrowing_limit_milli_gpus is None
                 else q.borrowing_limit_milli_gpus / 1000,
                 borrowing_limit_mem_mib=q.borrowing_limit_mem_mib,
+                lending_limit_gpus=None
+                if q.lending_limit_milli_gpus is None
+                else q.lending_limit_milli_gpus / 1000,
+                lending_limit_mem_mib=q.lending_limit_mem_mib,
                 used_gpus=book.usage(team.name, q.flavor).milli_gpus / 1000,
                 used_gpu_mem_mib=book.usage(team.name, q.flavor).mem_mib,
             )
@@ -262,16 +266,7 @@ def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -
         if existing is not None:
             session.delete(existing)
             session.flush()
-        session.add(
-            quota_row(
-                team,
-                flavor,
-                body.gpus,
-                body.gpu_mem_mib,
-                body.borrowing_limit_gpus,
-                body.borrowing_limit_mem_mib,
-            )
-        )
+        session.add(quota_row(team, flavor, body))
     service._invalidate()
     return get_team(service, team)
 

@@ -51,12 +51,17 @@ def charge(request: Request, card_mem_mib: int) -> Amount:
 
 @dataclass(frozen=True, slots=True)
 class FlavorQuota:
-    """Nominal quota and borrowing limit on one flavor; None means unlimited."""
+    """Nominal quota, borrowing and lending limits on one flavor; None means unlimited.
+
+    A lending limit L keeps `nominal - L` of the team's quota for itself: the cohort may only
+    borrow up to L of it (Kueue's lendingLimit)."""
 
     nominal_milli_gpus: int
     nominal_mem_mib: int | None = None
     borrowing_limit_milli_gpus: int | None = None
     borrowing_limit_mem_mib: int | None = None
+    lending_limit_milli_gpus: int | None = None
+    lending_limit_mem_mib: int | None = None
 
     def nominal(self, resource: str) -> int | None:
         return self.nominal_milli_gpus if resource == "milli_gpus" else self.nominal_mem_mib
@@ -65,6 +70,22 @@ class FlavorQuota:
         if resource == "milli_gpus":
             return self.borrowing_limit_milli_gpus
         return self.borrowing_limit_mem_mib
+
+    def lendable(self, resource: str) -> int | None:
+        """How much of the nominal quota the cohort may use (None: unlimited nominal)."""
+        nominal = self.nominal(resource)
+        if nominal is None:
+            return None
+        limit = (
+            self.lending_limit_milli_gpus
+            if resource == "milli_gpus"
+            else self.lending_limit_mem_mib
+        )
+        return nominal if limit is None else min(limit, nominal)
+
+    def guaranteed(self, resource: str) -> int:
+        """The part of the nominal quota that is never lent."""
+        return (self.nominal(resource) or 0) - (self.lendable(resource) or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,24 +189,33 @@ class QuotaBook:
                     {**nums, "borrowing_limit": limit},
                 )
             pool = self._cohort_unused(tq.cohort, flavor, resource)
-            if pool is not None and getattr(amount, resource) > pool:
+            # what this request adds to the cohort's shared usage (beyond the guaranteed part)
+            g = fq.guaranteed(resource)
+            delta = max(0, want - g) - max(0, getattr(used, resource) - g)
+            if pool is not None and delta > pool:
                 return _no(
                     f"cohort {tq.cohort} has {max(pool, 0)} {unit} of unused quota on "
-                    f"{flavor}; team {team} needs {getattr(amount, resource)}",
+                    f"{flavor}; team {team} needs {delta}",
                     {**nums, "cohort_unused": max(pool, 0)},
                 )
             borrowing = True
         return QuotaDecision(ok=True, borrowing=borrowing)
 
     def _cohort_unused(self, cohort: str, flavor: str, resource: str) -> int | None:
-        """Nominal minus usage summed over the cohort (None: some member is unlimited)."""
+        """Lendable quota minus what members use beyond their guaranteed part, over the cohort
+        (None: some member's nominal quota is unlimited)."""
         total = 0
         for member in self.cohort_members(cohort):
             fq = member.flavors.get(flavor)
-            nominal = fq.nominal(resource) if fq is not None else 0
-            if nominal is None:
-                return None
-            total += nominal - getattr(self.usage(member.name, flavor), resource)
+            if fq is None:
+                lendable, guaranteed = 0, 0
+            else:
+                lendable_or_none = fq.lendable(resource)
+                if lendable_or_none is None:
+                    return None
+                lendable, guaranteed = lendable_or_none, fq.guaranteed(resource)
+            used = getattr(self.usage(member.name, flavor), resource)
+            total += lendable - max(0, used - guaranteed)
         return total
 
     def borrowing(self, team: str, flavor: str) -> bool:

@@ -37,9 +37,10 @@ from gpuplane.control.inventory import (
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.models import Allocation, Event, Job, Quota, Team
 from gpuplane.control.scheduler.registry import DEFAULT_POLICY, make_policy
-from gpuplane.control.settings import ControlConfig
+from gpuplane.control.settings import ControlConfig, QuotaConfig
 from gpuplane.control.spec import JobSpec
 from gpuplane.control.store import Store
+from gpuplane.control.views import QuotaSet
 from gpuplane.errors import GpuplaneError
 
 log = logging.getLogger("gpuplane.control")
@@ -373,31 +374,22 @@ class ControlService:
         session.flush()
         session.execute(delete(Quota).where(Quota.team_name == team.name))
         for q in team.quotas:
-            session.add(
-                quota_row(
-                    team.name,
-                    q.flavor,
-                    q.gpus,
-                    q.gpu_mem_mib,
-                    q.borrowing_limit_gpus,
-                    q.borrowing_limit_mem_mib,
-                )
-            )
+            session.add(quota_row(team.name, q.flavor, q))
 
 
-def quota_row(
-    team: str,
-    flavor: str,
-    gpus: float,
-    mem: int | None,
-    borrow_gpus: float | None,
-    borrow_mem: int | None,
-) -> Quota:
+def quota_row(team: str, flavor: str, q: QuotaConfig | QuotaSet) -> Quota:
+    """The store row of a quota given in GPUs (config file or API body)."""
     return Quota(
         team_name=team,
         flavor=flavor,
-        nominal_milli_gpus=round(gpus * 1000),
-        nominal_mem_mib=mem,
-        borrowing_limit_milli_gpus=None if borrow_gpus is None else round(borrow_gpus * 1000),
-        borrowing_limit_mem_mib=borrow_mem,
+        nominal_milli_gpus=round(q.gpus * 1000),
+        nominal_mem_mib=q.gpu_mem_mib,
+        borrowing_limit_milli_gpus=_milli(q.borrowing_limit_gpus),
+        borrowing_limit_mem_mib=q.borrowing_limit_mem_mib,
+        lending_limit_milli_gpus=_milli(q.lending_limit_gpus),
+        lending_limit_mem_mib=q.lending_limit_mem_mib,
     )
+
+
+def _milli(gpus: float | None) -> int | None:
+    return None if gpus is None else round(gpus * 1000)

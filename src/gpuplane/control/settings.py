@@ -57,6 +57,12 @@ class QuotaConfig(_Section):
     )
     borrowing_limit_gpus: float | None = Field(default=None, ge=0, description="unset: no limit")
     borrowing_limit_mem_mib: int | None = Field(default=None, ge=0)
+    lending_limit_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="most of the nominal quota the cohort may borrow; unset: all",
+    )
+    lending_limit_mem_mib: int | None = Field(default=None, ge=0)
 
 
 class TeamConfig(_Section):

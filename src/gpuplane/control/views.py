@@ -97,6 +97,8 @@ class QuotaView(BaseModel):
     gpu_mem_mib: int | None
     borrowing_limit_gpus: float | None
     borrowing_limit_mem_mib: int | None
+    lending_limit_gpus: float | None = None
+    lending_limit_mem_mib: int | None = None
     used_gpus: float
     used_gpu_mem_mib: int
 
@@ -121,6 +123,8 @@ class QuotaSet(BaseModel):
     gpu_mem_mib: int | None = Field(default=None, ge=0)
     borrowing_limit_gpus: float | None = Field(default=None, ge=0)
     borrowing_limit_mem_mib: int | None = Field(default=None, ge=0)
+    lending_limit_gpus: float | None = Field(default=None, ge=0)
+    lending_limit_mem_mib: int | None = Field(default=None, ge=0)
 
 
 class TeamSet(BaseModel):
