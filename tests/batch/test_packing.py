@@ -71,3 +71,16 @@ def test_refuses_with_reasons() -> None:
         plan_packing([ModuleProfile("x", Slice(gpus=2), 1.0)], DEVS)
     with pytest.raises(ResourceError, match="nothing to plan"):
         plan_packing([], DEVS)
+
+
+def test_fast_modules_get_no_replicas_past_the_useful_rate() -> None:
+    mods = [
+        ModuleProfile("cached_a", frac(30_000, 45), 0.0),  # served from cache: free
+        ModuleProfile("tiny", frac(2_000, 10), 0.0002),  # 5,000 clips/s on one replica
+        ModuleProfile("slow", frac(8_000, 10), 0.05),
+    ]
+    plan = plan_packing(mods, DEVS[:2], enough_rate=100.0)
+    assert plan.replicas["tiny"] == 1
+    assert plan.replicas["cached_a"] == 1
+    assert plan.replicas["slow"] == 5  # 100 clips/s reached at 5 x 20
+    assert plan.notes == ("every module runs at >= 100 clips/s",)

@@ -109,8 +109,13 @@ def plan_packing(
     heavy_share: float = 0.5,
     max_replicas: int = 16,
     max_cpu_replicas: int = 4,
+    enough_rate: float = 500.0,
 ) -> Plan:
-    """Place one replica of every module, then add replicas to the bottleneck while one fits."""
+    """Place one replica of every module, then add replicas to the bottleneck while one fits.
+
+    Past `enough_rate` clips per second the driver and the storage are the limit, so a faster
+    bottleneck gets no more replicas (they would only hold device share and, on Ray, actors).
+    """
     if not modules:
         raise ResourceError("nothing to plan: the pipeline has no modules")
     if any(m.seconds_per_clip < 0 for m in modules):
@@ -160,11 +165,11 @@ def plan_packing(
 
     while True:
         slowest = min(modules, key=rate)
-        if math.isinf(rate(slowest)) or not add(slowest):
-            notes.append(
-                f"{slowest.name} sets the pace"
-                + ("" if math.isinf(rate(slowest)) else ": no room for another replica")
-            )
+        if rate(slowest) >= enough_rate:
+            notes.append(f"every module runs at >= {enough_rate:g} clips/s")
+            break
+        if not add(slowest):
+            notes.append(f"{slowest.name} sets the pace: no room for another replica")
             break
     rates = {m.name: rate(m) for m in modules}
     bottleneck = min(modules, key=rate).name
