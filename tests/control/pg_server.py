@@ -73,6 +73,7 @@ def postgres_server() -> Iterator[str]:
             "--no-sync",
             "-E",
             "UTF8",
+            "--no-locale",  # works whatever locales the machine has generated
         )
         opts = (
             f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"

@@ -145,7 +145,7 @@ def describe(
         ]
         for key, value in rows:
             console.print(
-                f"[bold]{key:>10}[/bold]  {'' if value is None else value}", highlight=False
+                f"[bold]{key:>14}[/bold]  {'' if value is None else value}", highlight=False
             )
         if j["reasons"]:
             console.print("[bold]       waiting[/bold]  per cluster:")

@@ -248,7 +248,7 @@ def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
         team = session.get(Team, name) or Team(name=name)
         team.cohort, team.weight = body.cohort, body.weight
         session.add(team)
-    service._invalidate()
+        service._invalidate()  # inside the lock: no pass may run on the old quotas
     return get_team(service, name)
 
 
@@ -267,7 +267,7 @@ def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -
             session.delete(existing)
             session.flush()
         session.add(quota_row(team, flavor, body))
-    service._invalidate()
+        service._invalidate()  # inside the lock: no pass may run on the old quotas
     return get_team(service, team)
 
 

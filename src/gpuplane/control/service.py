@@ -119,12 +119,13 @@ class ControlService:
                 self._event(
                     session, "cluster", f"registered: {inventory.source}", cluster=cluster.name
                 )
+                self._invalidate()  # the inventory changed: rebuild the mirror next time
         with self._locked() as (session, _):
             for gone in remove_clusters_except(session, self.adapters):
                 messages.append(f"cluster {gone} is no longer configured: removed")
             for team in self.config.teams:
                 self._apply_team_config(session, team)
-        self._invalidate()
+            self._invalidate()
         return messages
 
     def close(self) -> None:
