@@ -140,6 +140,8 @@ class Pipeline:
     reduce: Callable[[str, Mapping[str, Any]], dict[str, Any]] = _no_reduce
     # the aggregation over clips, as a fold: aggregate(running total, one clip's record)
     aggregate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
+    # computed once: reading source (inspect + ast) per clip is slow and not thread-safe on 3.11
+    fingerprints: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -155,6 +157,7 @@ class Pipeline:
             seen.add(s.name)
         if not self.stages:
             raise BatchError(f"pipeline {self.name!r} has no stages")
+        object.__setattr__(self, "fingerprints", {s.name: s.fingerprint() for s in self.stages})
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:
@@ -166,7 +169,7 @@ class Pipeline:
         return tuple(s for s in self.stages if name in s.inputs)
 
     def fingerprint(self) -> str:
-        parts = [s.fingerprint() for s in self.stages]
+        parts = [self.fingerprints[s.name] for s in self.stages]
         return hashlib.sha256("|".join([self.name, *parts]).encode()).hexdigest()[:16]
 
     def with_versions(self, versions: Mapping[str, str]) -> Pipeline:
@@ -186,7 +189,7 @@ def cache_keys(pipeline: Pipeline, clip_fingerprint: str) -> dict[str, str]:
     for s in pipeline.stages:
         doc = {
             "stage": s.name,
-            "fp": s.fingerprint(),
+            "fp": pipeline.fingerprints[s.name],
             "upstream": [keys[d] for d in s.inputs],
             "clip": clip_fingerprint,
         }
