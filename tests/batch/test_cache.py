@@ -119,3 +119,12 @@ def test_cache_cli_ls_du_gc(tmp_path: Path) -> None:
     none = cli.invoke(app, ["cache", "gc", "--cache", str(tmp_path)])
     assert none.exit_code == 2
     assert "--max-age" in none.output
+
+
+def test_any_fsspec_url_works_as_cache_root() -> None:
+    c = StageCache("memory://gpuplane-test-cache")
+    c.put("a", "k" * 8, [1, 2])
+    assert c.get("a", "k" * 8) == (True, [1, 2])
+    assert [e.stage for e in c.entries()] == ["a"]
+    c.remove(next(iter(c.entries())))
+    assert c.get("a", "k" * 8) == (False, None)

@@ -101,3 +101,10 @@ def test_load_pipeline_by_path_dir_module_and_versions(tmp_path: Path) -> None:
         load_pipeline("tests.batch.toy_pipeline:nothing")
     with pytest.raises(BatchError, match="unknown stages"):
         load_pipeline(TOY, {"nope": "2"})
+
+
+def test_public_surface_is_importable() -> None:
+    import gpuplane.batch as batch
+
+    for name in batch.__all__:
+        assert getattr(batch, name) is not None
