@@ -16,7 +16,6 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuplane.control.scheduler.snapshot import (
-    MILLI_PER_GPU,
     BoolArray,
     IntArray,
     Request,
@@ -54,10 +53,13 @@ class Candidates:
         """Free GPU milli on each candidate node after placing the request."""
         return self.snapshot.gpu_milli_free[self.nodes] - self.request.gpu_demand_milli
 
-    def card_milli(self) -> IntArray:
-        """Free milli of every card of every candidate, -1 where the card does not exist."""
+    def best_fit_left(self) -> FloatArray:
+        """What each candidate keeps free after placing, as Best-Fit weighs it: half CPU, half
+        GPU, each over the largest node's (0 = full, lower fits better)."""
         snap = self.snapshot
-        return np.where(snap.dev_exists[self.nodes], snap.dev_milli_free[self.nodes], -1)
+        cpu = self.cpu_left() / snap.max_node_cpu * 0.5
+        left: FloatArray = cpu + self.gpu_left() / snap.max_node_gpu_milli * 0.5
+        return left
 
     def best_fit_cards(self) -> IntArray:
         """Per candidate, the fitting card with the least free milli (then memory, then index)."""
@@ -98,8 +100,3 @@ class Policy(ABC):
     def for_workload(cls, requests: Sequence[Request]) -> Policy:
         """A policy tuned to a known workload (simulators); the default ignores it."""
         return cls()
-
-
-def gpu_share(request: Request) -> float:
-    """The request's GPU demand in cards (0.25 for 250 milli)."""
-    return request.gpu_demand_milli / MILLI_PER_GPU

@@ -29,7 +29,8 @@ def schedule(
 
     Filter: schedulable nodes whose labels match the selector, with the free CPU, memory and GPU
     the request needs (whole cards: enough wholly free cards on one node; a fraction: one card
-    with enough free compute and memory). Score: `policy`, highest wins, ties broken with `rng`.
+    with enough free compute and memory). Score: `policy`, highest wins; ties go to a random
+    candidate drawn with `rng`, or the earliest for policies with `ties = "first"`.
     Cards: the policy's choice, else the best-fitting card (fractions) or the lowest-numbered
     free cards (whole). Pure: the caller commits `decision.placement`.
     """

@@ -20,7 +20,4 @@ class BestFitPolicy(Policy):
     description = "least CPU + GPU left on the node after placing; integer scores (baseline)"
 
     def score(self, cands: Candidates) -> Scores:
-        snap = cands.snapshot
-        max_cpu, max_gpu = snap.max_node_cpu, snap.max_node_gpu_milli
-        left = cands.cpu_left() / max_cpu * 0.5 + cands.gpu_left() / max_gpu * 0.5
-        return Scores(np.trunc((1.0 - left) * 100.0))
+        return Scores(np.trunc((1.0 - cands.best_fit_left()) * 100.0))

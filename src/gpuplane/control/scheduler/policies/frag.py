@@ -34,7 +34,5 @@ class FragPolicy(FGDPolicy):
 
     def score(self, cands: Candidates) -> Scores:
         scores = super().score(cands)
-        snap = cands.snapshot
-        max_cpu, max_gpu = snap.max_node_cpu, snap.max_node_gpu_milli
-        left = 0.5 * cands.cpu_left() / max_cpu + 0.5 * cands.gpu_left() / max_gpu
+        left = cands.best_fit_left()
         return Scores(scores.nodes + _TIE * (1.0 - np.clip(left, 0.0, 1.0)), scores.cards)
