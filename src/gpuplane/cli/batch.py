@@ -22,11 +22,12 @@ from rich.table import Table
 from gpuplane.batch.cache import StageCache, parse_age, parse_size, plan_gc
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.metrics import StageMetrics
-from gpuplane.batch.packing import Plan, declared_devices
+from gpuplane.batch.packing import Device, Plan, declared_devices
 from gpuplane.batch.pipeline import BatchError, Pipeline, load_pipeline
 from gpuplane.batch.prefetch import ClipRef, list_clips
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
+from gpuplane.batch.runners.local import detect_gpus
 from gpuplane.errors import GpuplaneError
 
 app = typer.Typer(help="Offline batch evaluation: prefetch, stage cache, packing.")
@@ -118,6 +119,16 @@ class RichObserver:
         self.progress.stop()
 
 
+def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[Device, ...], bool]:
+    """(devices, whether they are real cards): --gpus declares; else detect; else 2 declared."""
+    if gpus is None:
+        real = detect_gpus()
+        if real:
+            return real, True
+        gpus = 2
+    return declared_devices(gpus, mem_mib), False
+
+
 def _default_out(pipe: Pipeline, clips: str) -> Path:
     tag = hashlib.sha256(f"{pipe.fingerprint()}|{clips}".encode()).hexdigest()[:10]
     return Path(".gpuplane/runs") / f"{pipe.name}-{tag}"
@@ -130,7 +141,9 @@ def run(
     pattern: str = typer.Option("*", help="glob on clip file names"),
     cache: str = typer.Option(DEFAULT_CACHE, help="stage cache URL (fsspec)"),
     out: Path | None = typer.Option(None, help="run directory; default derives from the inputs"),
-    gpus: int = typer.Option(2, help="declared GPU inventory (cards)"),
+    gpus: int | None = typer.Option(
+        None, help="declare N cards (default: the GPUs nvidia-smi lists, else 2 declared)"
+    ),
     gpu_mem_mib: int = typer.Option(81920, help="memory of each declared card"),
     runner: str = typer.Option("local", help="local | ray"),
     ray_address: str | None = typer.Option(None, help="Ray cluster to join (ray runner)"),
@@ -159,6 +172,7 @@ def run(
         if not refs:
             raise BatchError(f"no clips matching {pattern!r} under {clips}")
         out_dir = out or _default_out(pipe, clips)
+        devices, real = _devices(gpus, gpu_mem_mib)
         spec = WorkerSpec(
             str(Path(pipeline).resolve()) if Path(pipeline.split(":")[0]).exists() else pipeline,
             versions,
@@ -166,12 +180,12 @@ def run(
         )
         options: dict[str, Any] = {}
         if runner == "local":
-            options = {"cpu_slots": cpu_slots, "threads": threads}
+            options = {"cpu_slots": cpu_slots, "threads": threads, "pin_devices": real}
         elif runner == "ray":
             options = {"address": ray_address}
         run_opts = RunOptions(
             out_dir=out_dir,
-            devices=declared_devices(gpus, gpu_mem_mib),
+            devices=devices,
             storage_options=opts_fs,
             prefetch_items=prefetch_items,
             prefetch_bytes=parse_size(prefetch_bytes),
@@ -228,7 +242,9 @@ def run(
 def plan(
     pipeline: str = typer.Argument(..., help="directory with pipeline.py, a .py, or module:attr"),
     clips: str = typer.Option(..., "--clips", help="clips to calibrate on (the first one is run)"),
-    gpus: int = typer.Option(2, help="declared GPU inventory (cards)"),
+    gpus: int | None = typer.Option(
+        None, help="declare N cards (default: the GPUs nvidia-smi lists, else 2 declared)"
+    ),
     gpu_mem_mib: int = typer.Option(81920, help="memory of each declared card"),
     cache: str = typer.Option(DEFAULT_CACHE, help="stage cache: expected hits lighten a stage"),
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable"),
@@ -243,7 +259,7 @@ def plan(
         head = list(itertools.islice(list_clips(clips, storage_options=opts_fs), 8))
         if not head:
             raise BatchError(f"no clips under {clips} to calibrate on")
-        devices = declared_devices(gpus, gpu_mem_mib)
+        devices, _ = _devices(gpus, gpu_mem_mib)
         run_opts = RunOptions(Path("."), devices, storage_options=opts_fs, calibrate=True)
         drv = Driver(
             pipe, WorkerSpec(None, cache_url=cache or None), make_runner("local"), run_opts
