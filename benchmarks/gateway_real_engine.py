@@ -27,12 +27,14 @@ from typing import Any
 
 import httpx
 
-from gpuplane.config import parse_settings
-from gpuplane.serve.engines.llamacpp import LlamaCpp, default_model_path
+from gpuplane.config import EngineConfig, parse_settings
+from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, default_model_path
 from gpuplane.serve.server import serving
 from gpuplane.serve.supervisor import Supervisor
 
+Request = tuple[int, dict[str, Any]]  # (tenant, chat body)
 RESULTS = Path(__file__).parent / "results" / "gateway_real_engine.json"
+ENGINE = EngineConfig()  # the embedded defaults: n_ctx 2048, 1 thread, 64 MiB prompt cache
 TOPICS = ["billing", "storage", "networking", "scheduling"]
 
 
@@ -46,15 +48,21 @@ def system_prompt(tenant: int, sentences: int) -> str:
     return f"You are the {topic} assistant of tenant {tenant}. {rules}"
 
 
+def api_key(tenant: int) -> str:
+    return f"key-of-tenant-{tenant}"
+
+
 async def one_request(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+    client: httpx.AsyncClient, url: str, request: Request
 ) -> tuple[bool, float | None]:
     """(completed, time to first token) of one streamed chat request."""
+    tenant, body = request
+    headers = {"Authorization": f"Bearer {api_key(tenant)}"}
     start = time.perf_counter()
     ttft = None
     finish = done = False
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 return False, None
@@ -74,7 +82,7 @@ async def one_request(
 
 
 async def run_contender(
-    name: str, urls: list[str], requests: list[dict[str, Any]], concurrency: int
+    name: str, urls: list[str], requests: list[Request], concurrency: int, tenants: int
 ) -> dict[str, Any]:
     """Send the requests with `concurrency` clients; return errors, TTFT and total time."""
     if name == "round_robin":
@@ -84,16 +92,22 @@ async def run_contender(
     settings = parse_settings(
         {
             "gateway": {"port": 0, "placement": {"policy": name}, "queue": {"timeout_s": 600}},
-            "models": [{"name": "smollm2", "engine": "llamacpp", "instances": instances}],
+            "tenants": [{"name": f"tenant-{t}", "api_keys": [api_key(t)]} for t in range(tenants)],
+            "models": [
+                {
+                    "name": "smollm2",
+                    "engine": "llamacpp",
+                    "instances": instances,
+                    "cached_prefix_chars": cached_prefix_chars(ENGINE),
+                }
+            ],
         }
     )
     async with serving(settings) as base:
         return await drive([base + "/v1/chat/completions"] * len(requests), requests, concurrency)
 
 
-async def drive(
-    targets: list[str], requests: list[dict[str, Any]], concurrency: int
-) -> dict[str, Any]:
+async def drive(targets: list[str], requests: list[Request], concurrency: int) -> dict[str, Any]:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(requests)):
         queue.put_nowait(i)
@@ -125,7 +139,14 @@ async def fresh_engines(ports: list[int], log_dir: Path) -> Supervisor:
         (
             f"llama-{p}",
             f"http://127.0.0.1:{p}",
-            LlamaCpp.command(model, "127.0.0.1", p, n_ctx=2048, threads=1, cache_bytes=64 << 20),
+            LlamaCpp.command(
+                model,
+                "127.0.0.1",
+                p,
+                n_ctx=ENGINE.n_ctx,
+                threads=ENGINE.threads,
+                cache_bytes=ENGINE.cache_bytes,
+            ),
         )
         for p in ports
     ]
@@ -145,8 +166,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             {"role": "user", "content": f"Question {i}: what is case {rng.randrange(1000)}?"},
         ]
         requests.append(
-            {"model": "smollm2", "messages": messages, "max_tokens": args.max_tokens,
-             "temperature": 0, "stream": True}
+            (tenant, {"model": "smollm2", "messages": messages, "max_tokens": args.max_tokens,
+                      "temperature": 0, "stream": True})
         )  # fmt: skip
     ports = [args.base_port, args.base_port + 1]
     log_dir = Path(".gpuplane/bench-logs")
@@ -169,7 +190,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 }
             print(f"running {name} ...", file=sys.stderr)
             results[name] = await run_contender(
-                name, [ports_url(p) for p in ports], requests, args.concurrency
+                name, [ports_url(p) for p in ports], requests, args.concurrency, args.tenants
             )
             print(f"  {name}: {results[name]}", file=sys.stderr)
         finally:

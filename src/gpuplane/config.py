@@ -47,6 +47,12 @@ class ModelConfig(_Section):
         description="llamacpp, vllm, sglang, lmdeploy, trtllm, sim or openai (any other server)",
     )
     instances: list[InstanceConfig] = Field(min_length=1, description="engine instances")
+    cached_prefix_chars: int | None = Field(
+        default=None,
+        ge=1,
+        description="prompt characters one instance's prefix cache holds; the prefix index "
+        "forgets the oldest beyond it (unset: bounded only by what misses reveal)",
+    )
     upstream_model: str | None = Field(
         default=None, description="model name sent to the instances; defaults to `name`"
     )
@@ -82,6 +88,13 @@ class PlacementConfig(_Section):
         default=64, ge=8, description="prompt characters per block of the prefix index"
     )
     prefix_index_blocks: int = Field(default=200_000, ge=1, description="bound of the index")
+    locality_wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="cap on how long a request waits for the busy instance holding its "
+        "prompt's prefix (the wait itself is learned: uncached minus cached time to first "
+        "token); 0 turns waiting off; unset: half of queue.timeout_s",
+    )
     max_imbalance: float = Field(
         default=0.5,
         ge=0,

@@ -193,7 +193,9 @@ async def test_dead_instance_is_retried_elsewhere_and_marked_unhealthy() -> None
     async with gateway(instances=2, health={"probe_interval_s": 60}) as (base, client, fleet):
         fleet.kill(0)
         url = f"{base}/v1/chat/completions"
-        results = [await client.post(url, json=CHAT) for _ in range(4)]
+        # two at once: with both slots taken, one of them must try the dead instance
+        results = await asyncio.gather(*(client.post(url, json=CHAT) for _ in range(2)))
+        results += [await client.post(url, json=CHAT) for _ in range(2)]
         state = (await client.get(f"{base}/admin/state")).json()
         metrics = (await client.get(f"{base}/metrics")).text
     assert all(r.status_code == 200 for r in results)

@@ -142,7 +142,10 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
 async def test_shared_system_prompt_sticks_to_its_instance_unless_it_is_busy(
     engines: Supervisor, tmp_path: Path
 ) -> None:
-    async with serving(settings_for(engines)) as base, httpx.AsyncClient(timeout=300) as client:
+    # a request waits at most 0.5 s for the busy instance holding its prefix, far less than
+    # the 300-token generation that keeps it busy below
+    settings = settings_for(engines, placement={"locality_wait_s": 0.5})
+    async with serving(settings) as base, httpx.AsyncClient(timeout=300) as client:
         url = f"{base}/v1/chat/completions"
         first = await stream_chat(client, url, chat_body("Hello?", SYSTEM, max_tokens=4))
         again = [

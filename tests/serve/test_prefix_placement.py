@@ -83,3 +83,23 @@ def test_least_utilised_with_random_ties() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="slots_prefix"):
         make_policy("slot_prefix", 0.5)
+
+
+def test_per_instance_bound_forgets_that_instances_oldest_prefix() -> None:
+    first, second = chat("A" * 640, "q"), chat("B" * 640, "q")
+    idx = PrefixIndex(max_blocks=10_000, blocks_per_instance=len(first) + 2)
+    idx.record(first, "i1")
+    idx.record(first, "i2")
+    idx.record(second, "i1")  # i1's cache holds about one prompt: the first one is gone there
+    assert "i1" not in idx.match(first)
+    assert idx.match(first)["i2"] == len(first)
+    assert idx.match(second)["i1"] == len(second)
+
+
+def test_forget_prefix_drops_one_instance_only() -> None:
+    blocks = chat(SYSTEM, "q")
+    idx = PrefixIndex(max_blocks=10_000)
+    idx.record(blocks, "i1")
+    idx.record(blocks, "i2")
+    idx.forget_prefix(blocks, "i1")
+    assert idx.match(blocks) == {"i2": len(blocks)}

@@ -136,3 +136,44 @@ async def test_passive_health_marks_down_and_probe_brings_back() -> None:
     assert down.value.reason is Rejection.NO_HEALTHY_INSTANCE
     router.report_success("http://i1")
     assert (await router.acquire([])).lease.instance_id == "http://i1"
+
+
+async def test_waits_for_the_busy_holder_of_its_prefix_then_gives_up() -> None:
+    clock = Clock()
+    router, _ = make_router([1, 1], clock, placement={"locality_wait_s": 5})
+    router.locality_wait_s = 5.0  # the engine's default before anything was measured
+    system = block_hashes("the shared system prompt " * 30, 64)
+    holder = await router.acquire(system)
+    # same prefix, its holder busy, the other instance free: wait for the holder
+    waiter = asyncio.create_task(router.acquire(system))
+    await asyncio.sleep(0)
+    assert len(router.queue) == 1
+    router.release(holder)
+    got = await waiter
+    assert got.lease.instance_id == holder.lease.instance_id
+    assert got.choice.reason == "prefix"
+    # once patience runs out it takes the free instance instead
+    router.locality_wait_s = 0.01
+    impatient = await asyncio.wait_for(router.acquire(system), 1)
+    assert impatient.lease.instance_id != holder.lease.instance_id
+    router.release(got)
+    router.release(impatient)
+    assert router.slots.in_flight == 0
+
+
+async def test_learned_patience_is_the_time_a_cached_prefix_saves() -> None:
+    router, _ = make_router([1, 1], placement={"locality_wait_s": 30})
+    system = block_hashes("the shared system prompt " * 30, 64)
+    cold = await router.acquire(system)
+    router.observe_first_byte(cold, 8.0)
+    router.release(cold)
+    warm = await router.acquire(system)
+    assert warm.cached
+    router.observe_first_byte(warm, 0.5)
+    router.release(warm)
+    assert router.patience_s() == pytest.approx(7.5)
+    # a "cached" placement that comes back at cold speed means the engine evicted it
+    again = await router.acquire(system)
+    router.observe_first_byte(again, 8.0)
+    router.release(again)
+    assert router.index.match(system).get(again.lease.instance_id, 0) == 0

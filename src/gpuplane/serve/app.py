@@ -73,6 +73,7 @@ class Gateway:
                 self.cfg,
                 capacities,
                 events=self.metrics.router_events(),
+                locality_wait_s=adapter.locality_wait_s,
                 rng=random.Random(rng.random()),
             )
             self.health_paths[model.name] = adapter.health_path

@@ -59,7 +59,8 @@ class _StateCollector(Collector):
 
 class GatewayMetrics:
     def __init__(self, routers: Callable[[], Iterable[ModelRouter]]) -> None:
-        disable_created_metrics()  # `_created` series double the page and nobody reads them
+        # `_created` series double the page and nobody reads them
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StateCollector(routers))
         r = self.registry

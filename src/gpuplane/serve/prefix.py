@@ -46,10 +46,20 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
 
 
 class PrefixIndex:
-    def __init__(self, max_blocks: int, instances_per_block: int = 4) -> None:
+    """Block hash → most recent holder instances, LRU-bounded overall and, optionally, per
+    instance (an engine's prefix cache holds only so much: the index forgets what it evicts)."""
+
+    def __init__(
+        self,
+        max_blocks: int,
+        instances_per_block: int = 4,
+        blocks_per_instance: int | None = None,
+    ) -> None:
         self.max_blocks = max_blocks
         self.instances_per_block = instances_per_block
+        self.blocks_per_instance = blocks_per_instance
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()
+        self._held: dict[str, OrderedDict[int, None]] = {}  # per instance, LRU order
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -72,6 +82,7 @@ class PrefixIndex:
     def record(self, hashes: Sequence[int], instance_id: str) -> None:
         """`instance_id` now holds this prefix: it becomes the most recent holder of each block."""
         blocks = self._blocks
+        held = self._held.setdefault(instance_id, OrderedDict())
         for h in hashes:
             holders = blocks.get(h)
             if holders is None:
@@ -82,17 +93,35 @@ class PrefixIndex:
                     if instance_id in holders:
                         holders.remove(instance_id)
                     holders.insert(0, instance_id)
+                    for dropped in holders[self.instances_per_block :]:
+                        self._held[dropped].pop(h, None)
                     del holders[self.instances_per_block :]
+            held[h] = None
+            held.move_to_end(h)
+        if self.blocks_per_instance is not None:
+            while len(held) > self.blocks_per_instance:
+                self._drop(held.popitem(last=False)[0], instance_id)
         while len(blocks) > self.max_blocks:
-            blocks.popitem(last=False)
+            h, holders = blocks.popitem(last=False)
+            for iid in holders:
+                self._held[iid].pop(h, None)
+
+    def forget_prefix(self, hashes: Sequence[int], instance_id: str) -> None:
+        """`instance_id` no longer holds these blocks (its engine evicted them)."""
+        held = self._held.get(instance_id)
+        for h in hashes:
+            if held is not None:
+                held.pop(h, None)
+            self._drop(h, instance_id)
 
     def forget(self, instance_id: str) -> None:
         """Drop an instance everywhere (it restarted: its cache is empty)."""
-        empty = []
-        for h, holders in self._blocks.items():
-            if instance_id in holders:
-                holders.remove(instance_id)
-                if not holders:
-                    empty.append(h)
-        for h in empty:
-            del self._blocks[h]
+        for h in self._held.pop(instance_id, {}):
+            self._drop(h, instance_id)
+
+    def _drop(self, h: int, instance_id: str) -> None:
+        holders = self._blocks.get(h)
+        if holders and instance_id in holders:
+            holders.remove(instance_id)
+            if not holders:
+                del self._blocks[h]

@@ -150,6 +150,7 @@ class ProxyCall(Response):
     async def _attempt(self, admission: Admission, send: Send) -> UpstreamFailure | None:
         """Proxy once. None on success; the failure otherwise (the caller decides on a retry)."""
         response: httpx.Response | None = None
+        sent_at = time.monotonic()
         try:
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
@@ -162,7 +163,7 @@ class ProxyCall(Response):
                 await self._start(send, response.status_code, headers)
                 await self._finish(send, body)
             else:
-                await self._stream(response, headers, send)
+                await self._stream(admission, sent_at, response, headers, send)
         except UpstreamFailure as failure:
             if self.status:
                 event = sse_error_event(
@@ -178,12 +179,19 @@ class ProxyCall(Response):
         return None
 
     async def _stream(
-        self, response: httpx.Response, headers: list[tuple[bytes, bytes]], send: Send
+        self,
+        admission: Admission,
+        sent_at: float,
+        response: httpx.Response,
+        headers: list[tuple[bytes, bytes]],
+        send: Send,
     ) -> None:
         tail = b""
         async for chunk in self.upstream.chunks(response):
             if not self.status:
-                self.metrics.ttft.labels(self.router.name).observe(time.monotonic() - self.started)
+                now = time.monotonic()
+                self.metrics.ttft.labels(self.router.name).observe(now - self.started)
+                self.router.observe_first_byte(admission, now - sent_at)
                 await self._start(send, 200, headers)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             tail = (tail + chunk)[-64:]

@@ -93,13 +93,20 @@ class FairQueue(Generic[T]):
         self._size -= 1
         return True
 
-    def pop(self, prefer: Callable[[T], float] | None = None) -> T | None:
-        """The next item by priority and fair share, or None when empty.
+    def pop(
+        self,
+        prefer: Callable[[T], float] | None = None,
+        eligible: Callable[[T], bool] | None = None,
+    ) -> T | None:
+        """The next item by priority and fair share; None when nothing (eligible) waits.
 
-        With `prefer`, among tenants within `slack` of the fairest turn, the one whose head item
-        scores highest goes first (ties keep the fair order).
+        `eligible` filters tenant heads (a head that is not eligible holds its tenant back, FIFO
+        within a tenant). With `prefer`, among eligible tenants within `slack` of the fairest
+        eligible turn, the one whose head item scores highest goes first (ties keep fair order).
         """
         heads = self._heads()
+        if eligible is not None:
+            heads = [h for h in heads if eligible(h[1].item)]
         if not heads:
             return None
         fairest = min(heads, key=lambda h: (h[0].pass_, h[1].seq))

@@ -22,7 +22,7 @@ from gpuplane.config import GatewayConfig, ModelConfig
 from gpuplane.serve.placement import Choice, make_policy
 from gpuplane.serve.prefix import PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
-from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
+from gpuplane.serve.slots import InstanceSlots, Lease, SlotRefusal, SlotTable
 
 
 class Rejection(StrEnum):
@@ -54,6 +54,18 @@ class Admission:
     lease: Lease
     url: str
     choice: Choice
+    blocks: Sequence[int] = ()
+
+    @property
+    def cached(self) -> bool:
+        """Placed where most of its prompt's prefix is (as far as the index knows)."""
+        return bool(self.blocks) and (
+            self.choice.matched_blocks >= LOCALITY_MIN_SHARE * len(self.blocks)
+        )
+
+
+# A prefix worth waiting for covers at least this share of the prompt's blocks.
+LOCALITY_MIN_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -62,6 +74,8 @@ class _Waiter:
     future: asyncio.Future[Admission]
     ticket: Ticket[_Waiter] | None = None
     timer: asyncio.TimerHandle | None = None
+    preferred: str | None = None  # a busy instance it waits for (delay scheduling)
+    patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
 
 
 @dataclass(slots=True)
@@ -87,6 +101,7 @@ class ModelRouter:
         capacities: Sequence[int],
         *,
         events: RouterEvents | None = None,
+        locality_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -97,13 +112,22 @@ class ModelRouter:
             for inst, cap in zip(model.instances, capacities, strict=True)
         )
         self.queue: FairQueue[_Waiter] = FairQueue(cfg.queue.max_size, cfg.queue.fairness_slack)
-        self.index = PrefixIndex(cfg.placement.prefix_index_blocks)
+        per_instance = (
+            model.cached_prefix_chars // cfg.placement.prefix_block_chars
+            if model.cached_prefix_chars
+            else None
+        )
+        self.index = PrefixIndex(
+            cfg.placement.prefix_index_blocks, blocks_per_instance=per_instance
+        )
         self.policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
         self.events = events or RouterEvents()
+        self.locality_wait_s = locality_wait_s
         self._clock = clock
         self._rng = rng or random.Random()
         self._health = {i.id: _Health() for i in self.slots.instances}
         self._hold_ewma_s = 0.0
+        self._first_byte_ewma_s: dict[bool, float] = {}  # by `Admission.cached`
 
     @property
     def instances(self) -> list[InstanceSlots]:
@@ -136,7 +160,8 @@ class ModelRouter:
                 f"all {len(self.slots.instances)} instances of model '{self.name}' are "
                 "unhealthy; retry later or check the engines",
             )
-        if not len(self.queue):
+        preferred = None if avoid else self._busy_holder(blocks)
+        if not len(self.queue) and preferred is None:
             admission = self._place(blocks, avoid) or (self._place(blocks) if avoid else None)
             if admission is not None:
                 return admission
@@ -147,10 +172,13 @@ class ModelRouter:
                 f"({self.queue.max_size} waiting); retry later",
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future())
+        waiter = _Waiter(blocks, loop.create_future(), preferred=preferred)
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
+        if preferred is not None:
+            waiter.patience = loop.call_later(self.patience_s(), self._lose_patience, waiter)
+        self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -158,6 +186,8 @@ class ModelRouter:
             raise
         finally:
             waiter.timer.cancel()
+            if waiter.patience is not None:
+                waiter.patience.cancel()
 
     def release(self, admission: Admission) -> None:
         """Free the slot (idempotent) and hand it to the next waiter."""
@@ -168,6 +198,33 @@ class ModelRouter:
                 held if not self._hold_ewma_s else 0.9 * self._hold_ewma_s + 0.1 * held
             )
             self._dispatch(lease.instance_id)
+
+    def observe_first_byte(self, admission: Admission, seconds: float) -> None:
+        """Learn how long a cached vs an uncached prompt takes to its first token, and correct
+        the index when a prefix it placed as cached came back at uncached speed (the engine had
+        evicted it)."""
+        learned = self._first_byte_ewma_s
+        if admission.cached and False in learned:
+            warm = learned.get(True, 0.0)
+            if seconds > (learned[False] + warm) / 2:
+                matched = admission.blocks[: admission.choice.matched_blocks]
+                self.index.forget_prefix(matched, admission.lease.instance_id)
+                return
+        key = admission.cached
+        old = learned.get(key)
+        learned[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def patience_s(self) -> float:
+        """How long a request waits for the busy instance holding its prefix: what a cache hit
+        saves (learned: uncached minus cached time to first token), else the engine's default;
+        never more than `placement.locality_wait_s` when that is set."""
+        learned = self._first_byte_ewma_s
+        if True in learned and False in learned:
+            wait = max(0.0, learned[False] - learned[True])
+        else:
+            wait = self.locality_wait_s
+        cap = self.cfg.placement.locality_wait_s
+        return min(wait, cap if cap is not None else self.cfg.queue.timeout_s / 2)
 
     def reap(self) -> int:
         """Release leases past the TTL; each one is a leak and is reported."""
@@ -200,7 +257,7 @@ class ModelRouter:
         self.events.health_changed(self.name, instance_id, healthy)
         if healthy:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
-            self._dispatch(instance_id)
+        self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now
 
     # -- internals ------------------------------------------------------------------------
 
@@ -216,16 +273,41 @@ class ModelRouter:
         if blocks:
             self.index.record(blocks, choice.instance_id)
         self.events.placed(self.name, choice)
-        return Admission(lease, self.slots.get(choice.instance_id).url, choice)
+        return Admission(lease, self.slots.get(choice.instance_id).url, choice, blocks)
+
+    def _busy_holder(self, blocks: Sequence[int]) -> str | None:
+        """A healthy instance with no free slot that holds most of this prompt's prefix: worth
+        waiting up to `locality_wait_s` for, since a cold prefill costs more (delay scheduling).
+        """
+        if not blocks or not self.policy.uses_prefix or self.patience_s() <= 0:
+            return None
+        match = self.index.match(blocks)
+        if not match:
+            return None
+        best = max(match, key=match.__getitem__)
+        inst = self.slots.get(best)
+        if match[best] < LOCALITY_MIN_SHARE * len(blocks) or not inst.healthy or inst.free:
+            return None
+        return best
+
+    def _eligible(self, waiter: _Waiter) -> bool:
+        """May this waiter take any free slot now? Not while it still waits for its holder."""
+        if waiter.preferred is None:
+            return True
+        return self.slots.can_acquire(waiter.preferred) is not SlotRefusal.FULL
+
+    def _lose_patience(self, waiter: _Waiter) -> None:
+        waiter.preferred = None
+        self._dispatch(None)
 
     def _dispatch(self, freed: str | None) -> None:
         """Hand free slots to waiters: fair order, bent within the slack toward a waiter whose
-        prefix the freed instance holds."""
+        prefix the freed instance holds; a waiter still waiting for its busy holder is skipped."""
         while len(self.queue) and self.slots.available():
             prefer = None
             if freed is not None and self.policy.uses_prefix:
                 prefer = functools.partial(self._affinity_to, freed)
-            waiter = self.queue.pop(prefer)
+            waiter = self.queue.pop(prefer, self._eligible)
             freed = None
             if waiter is None:
                 return

@@ -17,7 +17,7 @@ import uvicorn
 from gpuplane.config import InstanceConfig, ModelConfig, Settings
 from gpuplane.errors import ConfigError
 from gpuplane.serve.app import create_app
-from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
+from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.supervisor import Supervisor
 
 
@@ -92,6 +92,7 @@ def with_embedded_model(settings: Settings, urls: list[str]) -> Settings:
         name=name,
         engine=LlamaCpp.name,
         instances=[InstanceConfig(url=u, max_concurrency=LlamaCpp.default_capacity) for u in urls],
+        cached_prefix_chars=cached_prefix_chars(settings.engine),
     )
     return settings.model_copy(update={"models": [*settings.models, model]})
 

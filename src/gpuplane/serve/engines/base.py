@@ -42,6 +42,9 @@ class EngineAdapter:
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     default_capacity: ClassVar[int] = 1
+    # How long a request may wait for the busy instance that holds its prompt prefix before it
+    # takes another one: worth more where a cold prefill is slow (CPU engines).
+    locality_wait_s: ClassVar[float] = 0.0
     info_path: ClassVar[str | None] = None  # JSON read by `parse_capacity`, if the engine has one
 
     def launch(

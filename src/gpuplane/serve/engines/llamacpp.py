@@ -17,6 +17,10 @@ from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec, register
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2-135M keeps 30 layers x (K + V) x 3 KV heads x 64 dims x 2 bytes per token in its KV
+# cache, and its tokenizer averages about 4 characters of English per token (measured).
+SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
+CHARS_PER_TOKEN = 4
 
 
 @register
@@ -26,6 +30,7 @@ class LlamaCpp(EngineAdapter):
     # generation; the docs page answers whenever the process serves HTTP.
     health_path = "/docs"
     default_capacity = 1
+    locality_wait_s = 2.0  # a ~1,000-token prefill takes seconds on a CPU; a cached one ~0.1 s
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
@@ -78,6 +83,14 @@ def check_installed() -> None:
         raise EngineError(
             "llama-cpp-python is not installed: `pip install 'gpuplane[engine]'` (make setup does)"
         )
+
+
+def cached_prefix_chars(cfg: EngineConfig) -> int | None:
+    """Prompt characters one embedded instance holds warm in its RAM prompt cache (which also
+    holds the context it evaluated last). Known only for the default model."""
+    if cfg.model_path is not None or cfg.cache_bytes == 0:
+        return None
+    return cfg.cache_bytes // SMOLLM2_KV_BYTES_PER_TOKEN * CHARS_PER_TOKEN
 
 
 def embedded_launches(cfg: EngineConfig) -> list[tuple[str, str, LaunchSpec]]:
