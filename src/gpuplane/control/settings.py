@@ -20,56 +20,66 @@ class _Section(BaseModel):
 class DeclaredGpus(_Section):
     """Cards of one model on a declared node (used when the machine has no GPU to discover)."""
 
-    model: str = DEFAULT_GPU_MODEL
-    mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1)
-    count: int = Field(default=1, ge=1)
+    model: str = Field(default=DEFAULT_GPU_MODEL, description="GPU model (the quota flavor)")
+    mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1, description="memory of one card")
+    count: int = Field(default=1, ge=1, description="cards of this model on the node")
 
 
 class DeclaredNode(_Section):
-    name: str
-    cpu_millis: int = Field(default=16_000, ge=0)
-    memory_mib: int = Field(default=64 * 1024, ge=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-    gpus: list[DeclaredGpus] = Field(default_factory=list)
+    name: str = Field(description="node name, unique in its cluster")
+    cpu_millis: int = Field(default=16_000, ge=0, description="allocatable CPU (1000 = 1 core)")
+    memory_mib: int = Field(default=64 * 1024, ge=0, description="allocatable memory")
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form node labels")
+    gpus: list[DeclaredGpus] = Field(default_factory=list, description="the node's cards")
 
 
 class ClusterConfig(_Section):
     """A cluster registered at start: its adapter, labels and (for `local`) declared inventory."""
 
-    name: str
-    adapter: str = "local"
-    region: str = "local"
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(description="cluster name (lowercase letters, digits, '-')")
+    adapter: str = Field(default="local", description="cluster kind: local (kubernetes, ray next)")
+    region: str = Field(default="local", description="the gpuplane.io/region label of its nodes")
+    labels: dict[str, str] = Field(default_factory=dict, description="labels of every node")
     discover_gpus: bool = Field(
         default=True,
         description="local: read nvidia-smi; declared nodes are used when it finds none",
     )
-    nodes: list[DeclaredNode] = Field(default_factory=list)
+    nodes: list[DeclaredNode] = Field(
+        default_factory=list, description="declared inventory (local: when no GPU is found)"
+    )
 
 
 class QuotaConfig(_Section):
     """Nominal quota of one team on one ResourceFlavor (a GPU model), Kueue-style."""
 
-    flavor: str
+    flavor: str = Field(description="GPU model (ResourceFlavor) the quota is for")
     gpus: float = Field(ge=0, description="nominal GPUs (fractions count as shares of a card)")
     gpu_mem_mib: int | None = Field(
         default=None, ge=0, description="nominal GPU memory; unset: no limit"
     )
-    borrowing_limit_gpus: float | None = Field(default=None, ge=0, description="unset: no limit")
-    borrowing_limit_mem_mib: int | None = Field(default=None, ge=0)
+    borrowing_limit_gpus: float | None = Field(
+        default=None, ge=0, description="most GPUs borrowed from the cohort; unset: no limit"
+    )
+    borrowing_limit_mem_mib: int | None = Field(
+        default=None, ge=0, description="most GPU memory borrowed; unset: no limit"
+    )
     lending_limit_gpus: float | None = Field(
         default=None,
         ge=0,
         description="most of the nominal quota the cohort may borrow; unset: all",
     )
-    lending_limit_mem_mib: int | None = Field(default=None, ge=0)
+    lending_limit_mem_mib: int | None = Field(
+        default=None, ge=0, description="most GPU memory the cohort may borrow; unset: all"
+    )
 
 
 class TeamConfig(_Section):
-    name: str
-    cohort: str | None = None
+    name: str = Field(description="team (its LocalQueue and ClusterQueue take this name)")
+    cohort: str | None = Field(default=None, description="teams of a cohort lend unused quota")
     weight: float = Field(default=1.0, gt=0, description="fair-share weight")
-    quotas: list[QuotaConfig] = Field(default_factory=list)
+    quotas: list[QuotaConfig] = Field(
+        default_factory=list, description="per GPU model; none: the team is not limited"
+    )
 
 
 def _default_clusters() -> list[ClusterConfig]:
@@ -77,8 +87,8 @@ def _default_clusters() -> list[ClusterConfig]:
 
 
 class ControlConfig(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="the API listens here")
+    port: int = Field(default=8080, ge=0, le=65535, description="the API's port")
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default: sqlite:///<state_dir>/control.db"
     )
@@ -86,12 +96,20 @@ class ControlConfig(_Section):
     policy: str | None = Field(
         default=None, description="scheduling policy; default: the core's best"
     )
-    schedule_interval_s: float = Field(default=0.5, gt=0)
-    default_gpu_model: str = DEFAULT_GPU_MODEL
-    default_gpu_mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1)
-    default_gpu_count: int = Field(default=2, ge=0)
-    clusters: list[ClusterConfig] = Field(default_factory=_default_clusters)
-    teams: list[TeamConfig] = Field(default_factory=list)
+    schedule_interval_s: float = Field(
+        default=0.5, gt=0, description="period of the loop that observes jobs, admits and binds"
+    )
+    default_gpu_model: str = Field(
+        default=DEFAULT_GPU_MODEL, description="declared cards of a local cluster with no GPU"
+    )
+    default_gpu_mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1, description="their memory")
+    default_gpu_count: int = Field(default=2, ge=0, description="how many are declared")
+    clusters: list[ClusterConfig] = Field(
+        default_factory=_default_clusters, description="default: one cluster `local`"
+    )
+    teams: list[TeamConfig] = Field(
+        default_factory=list, description="teams and quotas applied at start (others: via API)"
+    )
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
     instance: str | None = Field(
         default=None,
