@@ -1,33 +1,46 @@
-"""The local adapter with real processes: inventory, env for the slice, logs, exit codes, stop."""
+"""Cluster adapters with real workloads: one contract suite for every adapter that can run on
+this machine (bind, status, logs, exit codes, release), plus the local adapter's inventory."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, create_adapter
-from gpuplane.control.adapters.local import LocalAdapter, parse_nvidia_smi
+from gpuplane.control.adapters import (
+    AdapterError,
+    ClusterAdapter,
+    Workload,
+    WorkloadState,
+    create_adapter,
+)
+from gpuplane.control.adapters.local import parse_nvidia_smi
 from gpuplane.control.scheduler.snapshot import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
 from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION
 
+# Kubernetes and Ray adapters join this list when they land (each with its own test backend).
+KINDS = ["local"]
 
-@pytest.fixture
-def adapter(tmp_path: Path) -> LocalAdapter:
+
+@pytest.fixture(params=KINDS)
+def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterAdapter]:
     control = ControlConfig(state_dir=str(tmp_path), kill_grace_s=2.0)
-    a = create_adapter(ClusterConfig(name="local", discover_gpus=False), control)
-    assert isinstance(a, LocalAdapter)
+    a = create_adapter(
+        ClusterConfig(name="test", adapter=request.param, discover_gpus=False), control
+    )
     yield a
     a.close()
-    assert a._procs == {}, "a process outlived the adapter"
+    assert a.workloads() == [], "a workload outlived the adapter"
 
 
-def wait_done(adapter: LocalAdapter, job_id: str) -> WorkloadState:
+def wait_done(adapter: ClusterAdapter, job_id: str) -> WorkloadState:
     for _ in range(2400):  # up to 2 min on a loaded machine
         state = adapter.status([job_id])[job_id].state
         if state != WorkloadState.RUNNING:
@@ -36,10 +49,9 @@ def wait_done(adapter: LocalAdapter, job_id: str) -> WorkloadState:
     raise AssertionError(f"{job_id} still running")
 
 
-def test_without_a_gpu_the_default_inventory_is_two_declared_80gib_cards(
-    adapter: LocalAdapter,
-) -> None:
-    inv = adapter.inventory()
+def test_without_a_gpu_the_default_inventory_is_two_declared_80gib_cards(tmp_path: Path) -> None:
+    cluster = ClusterConfig(name="local", discover_gpus=False)
+    inv = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path))).inventory()
     assert len(inv.nodes) == 1
     node = inv.nodes[0]
     assert [(d.index, d.mem_mib) for d in node.devices] == [(0, 81920), (1, 81920)]
@@ -81,7 +93,7 @@ def test_parse_nvidia_smi() -> None:
     assert parse_nvidia_smi("No devices were found\n") == []
 
 
-def test_a_slice_gets_cuda_visible_devices_and_hami_limits(adapter: LocalAdapter) -> None:
+def test_a_slice_gets_cuda_visible_devices_and_hami_limits(adapter: ClusterAdapter) -> None:
     code = (
         "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
         "if k.startswith(('CUDA_', 'GPUPLANE_', 'MY_'))}))"
@@ -107,7 +119,7 @@ def test_a_slice_gets_cuda_visible_devices_and_hami_limits(adapter: LocalAdapter
     adapter.release("j1")
 
 
-def test_whole_cards_get_no_slice_limits(adapter: LocalAdapter) -> None:
+def test_whole_cards_get_no_slice_limits(adapter: ClusterAdapter) -> None:
     code = (
         "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], 'CUDA_DEVICE_SM_LIMIT' in os.environ)"
     )
@@ -125,7 +137,7 @@ def test_whole_cards_get_no_slice_limits(adapter: LocalAdapter) -> None:
     adapter.release("j2")
 
 
-def test_exit_code_and_log_tail(adapter: LocalAdapter) -> None:
+def test_exit_code_and_log_tail(adapter: ClusterAdapter) -> None:
     code = "import sys; print('a'); print('b'); print('c'); sys.exit(3)"
     adapter.bind(Workload("j3", "fails", (sys.executable, "-c", code), "n"))
     assert wait_done(adapter, "j3") == WorkloadState.FAILED
@@ -138,21 +150,31 @@ def test_exit_code_and_log_tail(adapter: LocalAdapter) -> None:
     assert adapter.logs("j3", tail=1) == "c\n"  # logs outlive the process
 
 
-def test_release_stops_a_running_process_and_is_idempotent(adapter: LocalAdapter) -> None:
-    adapter.bind(
-        Workload("j4", "sleeper", (sys.executable, "-c", "import time; time.sleep(60)"), "n")
-    )
+def test_release_stops_a_running_workload_and_is_idempotent(
+    adapter: ClusterAdapter, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    command = ("sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
+    adapter.bind(Workload("j4", "sleeper", command, "n"))
     adapter.bind(Workload("j4", "sleeper", ("ignored",), "n"))  # idempotent per job id
     assert adapter.status(["j4"])["j4"].state == WorkloadState.RUNNING
     assert adapter.workloads() == ["j4"]
-    popen = adapter._procs["j4"].popen
+    for _ in range(2400):  # the workload has started once it wrote its pid
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
     adapter.release("j4")
-    assert popen.poll() is not None
+    assert adapter.workloads() == []
+    assert adapter.status(["j4"])["j4"].state == WorkloadState.LOST
+    if adapter.kind == "local":
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     adapter.release("j4")
     adapter.release("never-bound")
 
 
-def test_a_missing_command_is_refused_with_the_reason(adapter: LocalAdapter) -> None:
+def test_a_missing_command_is_refused_with_the_reason(adapter: ClusterAdapter) -> None:
     with pytest.raises(AdapterError, match="cannot start 'no-such-binary-xyz'"):
         adapter.bind(Workload("j5", "bad", ("no-such-binary-xyz",), "n"))
 

@@ -87,3 +87,43 @@ def test_an_unwritable_sqlite_file_is_refused_with_the_path(tmp_path: Path) -> N
     target.mkdir()
     with pytest.raises(StoreError, match="cannot open the store"):
         Store.open(f"sqlite:///{target}")
+
+
+def test_upgrading_an_old_store_keeps_its_rows(tmp_path: Path) -> None:
+    """A store created at the first migration is brought to head on open, data intact."""
+    from alembic import command
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine, text
+
+    from gpuplane.control.store import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    engine = create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(text("INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)"))
+        conn.execute(
+            text(
+                "INSERT INTO quotas (team_name, flavor, nominal_milli_gpus) "
+                "VALUES ('old', 'A100-80GB', 2000)"
+            )
+        )
+    engine.dispose()
+    store = Store.open(url)
+    try:
+        with store.engine.connect() as conn:
+            head = ScriptDirectory.from_config(cfg).get_current_head()
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head
+            row = conn.execute(
+                text(
+                    "SELECT nominal_milli_gpus, lending_limit_milli_gpus "
+                    "FROM quotas WHERE team_name = 'old'"
+                )
+            ).one()
+            assert tuple(row) == (2000, None)
+    finally:
+        store.close()
