@@ -182,3 +182,27 @@ def test_the_example_config_and_job_are_valid() -> None:
     control = load_settings(root / "gpuplane.yaml").control
     assert [c.name for c in control.clusters] == ["lab-eu", "lab-us"]
     assert parse_spec(yaml.safe_load((root / "hello.yaml").read_text())).name == "hello"
+
+
+@pytest.mark.slow
+def test_cancel_a_running_job_and_follow_logs(server: str, tmp_path: Path) -> None:
+    sleeper = tmp_path / "sleeper.yaml"
+    sleeper.write_text(
+        "name: sleeper\nteam: research\ncommand: [sleep, '60']\nresources: {gpus: 1}\n"
+    )
+    code, out = cli(server, "job", "submit", str(sleeper), "-o", "json")
+    assert code == 0, out
+    job_id = json.loads(out)["id"]
+    code, out = cli(server, "job", "cancel", job_id)
+    assert (code, out.strip()) == (0, f"job {job_id} cancelled")
+    chatty = tmp_path / "chatty.yaml"
+    chatty.write_text(
+        "name: chatty\nteam: research\nresources: {gpu_mem_mib: 1024}\n"
+        "command: [python, -c, 'import time; print(1, flush=True); time.sleep(1); print(2)']\n"
+    )
+    code, out = cli(server, "job", "submit", str(chatty), "-o", "json")
+    job_id = json.loads(out)["id"]
+    code, out = cli(server, "job", "logs", job_id, "--follow")
+    assert (code, out) == (0, "1\n2\n")
+    code, out = cli(server, "job", "describe", job_id, "-o", "json")
+    assert json.loads(out)["state"] == "succeeded"
