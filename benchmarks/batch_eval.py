@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--ray-clips", type=int, default=2_000, help="0 skips the Ray runner")
     ap.add_argument("--repeat", type=int, default=3, help="alternating repetitions (median)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
     args = ap.parse_args()
     log = (lambda *_: None) if args.json else print
     sys.path.insert(0, str(ROOT))  # so Ray workers and this module agree on benchmarks.*
@@ -275,15 +276,15 @@ def main() -> None:
 
     # the host is shared: other processes' load decides how much CPU overlap can win
     result["loadavg_1m_end"] = os.getloadavg()[0]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result))
     else:
         for k in ("cold_speedup", "rerun_speedup", "rerun_device_seconds_ratio",
                   "cold_device_seconds_ratio"):  # fmt: skip
             print(f"{k}: {result[k]:.2f}")
-        print(f"written to {RESULTS}")
+        print(f"written to {args.results}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +190,21 @@ def test_id_set_answers_membership_across_merges() -> None:
     assert all(f"clip-{i}" in ids for i in range(0, 10_000, 7))
     assert not any(f"clip-{i}" in ids for i in range(10_000, 11_000))
     assert 3 not in ids
+
+
+def test_a_failing_reduction_fails_that_clip_only(run_toy: RunFn, tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.batch import toy_pipeline
+
+    def reduce(clip_id: str, out: Mapping[str, Any]) -> dict[str, Any]:
+        if clip_id == "clip-0003":
+            raise KeyError("metric missing")
+        return toy_pipeline.reduce(clip_id, out)
+
+    pipe = dataclasses.replace(load_pipeline(TOY), reduce=reduce)
+    res = run_toy("a", pipeline=pipe)
+    assert res["clips"]["done"] == 11
+    assert res["clips"]["errors"] == 1
+    err = json.loads((tmp_path / "a" / "errors.jsonl").read_text())
+    assert (err["clip"], err["stage"]) == ("clip-0003", "reduce")

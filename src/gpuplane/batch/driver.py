@@ -321,7 +321,12 @@ class Driver:
 
         def finish(job: _Job) -> None:
             nonlocal done
-            record = {"hits": job.hits, "out": self.pipeline.reduce(job.ref.id, job.values)}
+            try:
+                record = {"hits": job.hits, "out": self.pipeline.reduce(job.ref.id, job.values)}
+            except Exception as exc:  # a bug in the reduction fails this clip, not the run
+                fail(job.ref, "reduce", exc)
+                release(job.ref)
+                return
             journal.append(job.ref.id, record)
             release(job.ref)
             done += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import json
 import os
 from array import array
@@ -40,7 +41,8 @@ class IdSet:
     def add(self, clip: str) -> None:
         self._recent.add(self.digest(clip))
         if len(self._recent) >= self.MERGE_AT:
-            self._old = array("Q", sorted([*self._old, *self._recent]))
+            # streamed merge: no transient list of Python ints as large as the whole set
+            self._old = array("Q", heapq.merge(self._old, sorted(self._recent)))
             self._recent.clear()
 
     def __contains__(self, clip: object) -> bool:
