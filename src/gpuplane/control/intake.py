@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate, PendingJob, decide
 from gpuplane.control.inventory import split_qualified
@@ -26,8 +27,7 @@ def submit(svc: ControlService, data: dict[str, Any], *, dry_run: bool = False) 
         _refuse_impossible(estate, spec, request)
         if dry_run:
             return _dry_run(svc, estate, spec, request)
-    _queue(svc, [(spec, request)])
-    _admit(svc)
+    _queue_and_admit(svc, [(spec, request)])
     return {"id": request.job_id}
 
 
@@ -46,9 +46,11 @@ def submit_many(
         estate, _ = svc.estate()
         for spec, request in jobs:
             _refuse_impossible(estate, spec, request)
-    _queue(svc, jobs)
     if admit:
-        _admit(svc)
+        _queue_and_admit(svc, jobs)
+    else:
+        with svc._locked() as (session, _):
+            _insert(session, jobs, svc.clock())
     return [r.job_id for _, r in jobs]
 
 
@@ -73,53 +75,54 @@ def _refuse_impossible(estate: Estate, spec: JobSpec, request: Request) -> None:
     )
 
 
-def _queue(svc: ControlService, jobs: list[tuple[JobSpec, Request]]) -> None:
+def _queue_and_admit(svc: ControlService, jobs: list[tuple[JobSpec, Request]]) -> None:
+    """Insert the jobs and run the admission pass in the same locked transaction."""
     now = svc.clock()
-    with svc._locked() as (session, _):  # serialised: a new team is created exactly once
-        teams = {spec.team for spec, _ in jobs}
-        known = set(session.scalars(select(Team.name).where(Team.name.in_(teams))))
-        for team in sorted(teams - known):
-            session.add(Team(name=team))
-        session.flush()
-        session.execute(
-            insert(Job),
-            [
-                {
-                    "id": r.job_id,
-                    "name": spec.name,
-                    "team_name": spec.team,
-                    "state": "pending",
-                    "priority": spec.priority,
-                    "spec": spec.model_dump(mode="json"),
-                    "reasons": {"list": []},
-                    "created_at": now,
-                    "cpu_millis": r.cpu_millis,
-                    "memory_mib": r.memory_mib,
-                    "milli_gpus": 0,
-                    "gpu_mem_mib": 0,
-                    "attempts": 0,
-                }
-                for spec, r in jobs
-            ],
-        )
-        session.execute(
-            insert(Event),
-            [
-                {
-                    "at": now,
-                    "kind": "submitted",
-                    "job_id": r.job_id,
-                    "message": f"team {spec.team}",
-                }
-                for spec, r in jobs
-            ],
-        )
-
-
-def _admit(svc: ControlService) -> None:
-    svc.schedule_pass()
+    svc.schedule_pass(before=lambda session: _insert(session, jobs, now))
     if svc.bind_on_submit:
         svc.bind_admitted()
+
+
+def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -> None:
+    """Queue `jobs` (and create their teams); runs under the store lock, so once per team."""
+    teams = {spec.team for spec, _ in jobs}
+    known = set(session.scalars(select(Team.name).where(Team.name.in_(teams))))
+    for team in sorted(teams - known):
+        session.add(Team(name=team))
+    session.flush()
+    session.execute(
+        insert(Job),
+        [
+            {
+                "id": r.job_id,
+                "name": spec.name,
+                "team_name": spec.team,
+                "state": "pending",
+                "priority": spec.priority,
+                "spec": spec.model_dump(mode="json"),
+                "reasons": {"list": []},
+                "created_at": now,
+                "cpu_millis": r.cpu_millis,
+                "memory_mib": r.memory_mib,
+                "milli_gpus": 0,
+                "gpu_mem_mib": 0,
+                "attempts": 0,
+            }
+            for spec, r in jobs
+        ],
+    )
+    session.execute(
+        insert(Event),
+        [
+            {
+                "at": now,
+                "kind": "submitted",
+                "job_id": r.job_id,
+                "message": f"team {spec.team}",
+            }
+            for spec, r in jobs
+        ],
+    )
 
 
 def _dry_run(

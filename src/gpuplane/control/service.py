@@ -189,19 +189,24 @@ class ControlService:
 
     # -- admission -------------------------------------------------------------------------------
 
-    def schedule_pass(self) -> int:
-        """Admit what fits now, in queue order, in one locked transaction; returns how many."""
+    def schedule_pass(self, before: Callable[[Session], None] | None = None) -> int:
+        """Admit what fits now, in queue order, in one locked transaction; returns how many.
+        `before(session)` runs first in the same transaction (submit queues its jobs there)."""
         started = time.perf_counter()
-        admitted, preempted, waiting = self._admission_pass()
+        admitted, preempted, waiting = self._admission_pass(before)
         self.metrics.pass_seconds.observe(time.perf_counter() - started)
         self.metrics.admitted.inc(admitted)
         self.metrics.preempted.inc(preempted)
         self.waiting = waiting
         return admitted
 
-    def _admission_pass(self) -> tuple[int, int, dict[tuple[str, str], int]]:
+    def _admission_pass(
+        self, before: Callable[[Session], None] | None
+    ) -> tuple[int, int, dict[tuple[str, str], int]]:
         now = self.clock()
         with self._locked() as (session, estate):
+            if before is not None:
+                before(session)
             rows = session.execute(
                 select(
                     Job.id, Job.team_name, Job.priority, Job.created_at, Job.spec, Job.reasons
