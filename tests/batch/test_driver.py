@@ -208,3 +208,22 @@ def test_a_failing_reduction_fails_that_clip_only(run_toy: RunFn, tmp_path: Path
     assert res["clips"]["errors"] == 1
     err = json.loads((tmp_path / "a" / "errors.jsonl").read_text())
     assert (err["clip"], err["stage"]) == ("clip-0003", "reduce")
+
+
+def test_a_second_writer_of_one_run_directory_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    first = Journal(tmp_path / "results.jsonl")
+    code = (
+        "import sys; from gpuplane.batch.journal import Journal; from pathlib import Path\n"
+        "try:\n    Journal(Path(sys.argv[1]))\nexcept Exception as e:\n    print(e); sys.exit(3)\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "results.jsonl")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert other.returncode == 3
+    assert "another run is writing" in other.stdout
+    first.close()
+    Journal(tmp_path / "results.jsonl").close()  # free again once the first is done

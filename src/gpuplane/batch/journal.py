@@ -8,6 +8,7 @@ clips are read back so the re-run skips them: no result is lost or written twice
 from __future__ import annotations
 
 import bisect
+import fcntl
 import hashlib
 import heapq
 import json
@@ -67,8 +68,24 @@ class Journal:
         self.done = IdSet()
         self.torn_bytes = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            self._recover()
+        # one writer per run directory, also across processes: a second run of the same command
+        # while the first still runs would otherwise write some clips twice
+        self._lock: IO[bytes] | None = path.with_name(path.name + ".lock").open("ab")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise BatchError(
+                f"another run is writing {path.parent}; wait for it to finish (or stop it), "
+                "or pass a different --out"
+            ) from None
+        try:
+            if path.exists():
+                self._recover()
+        except BaseException:
+            self.close()
+            raise
         self._fh: IO[str] | None = path.open("a", encoding="utf-8")
 
     def _recover(self) -> None:
@@ -101,9 +118,12 @@ class Journal:
         self.done.add(clip)
 
     def close(self) -> None:
-        fh, self._fh = self._fh, None
+        fh, self._fh = getattr(self, "_fh", None), None
         if fh is not None:
             fh.close()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()  # releases the flock
 
 
 def fold_records(
