@@ -22,7 +22,7 @@ def submit(svc: ControlService, data: dict[str, Any], *, dry_run: bool = False) 
     """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer."""
     spec = parse_spec(data)
     request = spec.to_request(svc.new_id(spec.name))
-    with svc._mutex:
+    with svc.mutex:
         estate, _ = svc.estate()
         _refuse_impossible(estate, spec, request)
         if dry_run:
@@ -42,14 +42,14 @@ def submit_many(
         except SpecError as exc:
             raise SpecError(f"item {k}: {exc}") from None
         jobs.append((spec, spec.to_request(svc.new_id(spec.name))))
-    with svc._mutex:
+    with svc.mutex:
         estate, _ = svc.estate()
         for spec, request in jobs:
             _refuse_impossible(estate, spec, request)
     if admit:
         _queue_and_admit(svc, jobs)
     else:
-        with svc._locked() as (session, _):
+        with svc.locked() as (session, _):
             _insert(session, jobs, svc.clock())
     return [r.job_id for _, r in jobs]
 

@@ -72,7 +72,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
 
 def get_job(service: ControlService, ref: str) -> JobView:
     with service.store.session() as session:
-        return job_view(service, service._job(session, ref))
+        return job_view(service, service.job_row(session, ref))
 
 
 def list_jobs(
@@ -89,7 +89,7 @@ def list_jobs(
 
 def job_logs(service: ControlService, ref: str, tail: int | None = None) -> str:
     with service.store.session() as session:
-        job = service._job(session, ref)
+        job = service.job_row(session, ref)
         cluster = job.cluster_name
         job_id = job.id
     adapter = service.adapters.get(cluster or "")
@@ -244,11 +244,11 @@ def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
     check_name("team", name)
     if body.cohort is not None:
         check_name("cohort", body.cohort)
-    with service._locked() as (session, _):
+    with service.locked() as (session, _):
         team = session.get(Team, name) or Team(name=name)
         team.cohort, team.weight = body.cohort, body.weight
         session.add(team)
-        service._invalidate()  # inside the lock: no pass may run on the old quotas
+        service.invalidate()  # inside the lock: no pass may run on the old quotas
     return get_team(service, name)
 
 
@@ -258,7 +258,7 @@ def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -
     if flavor not in estate.flavors:
         known = ", ".join(sorted(estate.flavors)) or "none"
         raise SpecError(f"no GPU model '{flavor}' in the inventory; known models: {known}")
-    with service._locked() as (session, _):
+    with service.locked() as (session, _):
         if session.get(Team, team) is None:
             session.add(Team(name=team))
             session.flush()
@@ -267,7 +267,7 @@ def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -
             session.delete(existing)
             session.flush()
         session.add(quota_row(team, flavor, body))
-        service._invalidate()  # inside the lock: no pass may run on the old quotas
+        service.invalidate()  # inside the lock: no pass may run on the old quotas
     return get_team(service, team)
 
 

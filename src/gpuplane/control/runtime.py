@@ -60,7 +60,7 @@ def bind_admitted(svc: ControlService) -> None:
         return
     now = svc.clock()
     lost_race = []
-    with svc._locked() as (session, estate):
+    with svc.locked() as (session, estate):
         for job_id in started:
             moved = session.execute(
                 update(Job)
@@ -68,11 +68,11 @@ def bind_admitted(svc: ControlService) -> None:
                 .values(state="running", started_at=now, bound_by=svc.instance)
             )
             if moved.rowcount == 1:  # type: ignore[attr-defined]
-                svc._event(session, "started", f"bound by {svc.instance}", job_id=job_id)
+                svc.record_event(session, "started", f"bound by {svc.instance}", job_id=job_id)
             else:  # cancelled meanwhile, or another service process bound it first
                 lost_race.append(job_id)
         for job_id, msg in failed.items():
-            svc._finish(session, estate, job_id, "failed", None, msg, now, expect="admitted")
+            svc.finish(session, estate, job_id, "failed", None, msg, now, expect="admitted")
     for cluster, workload in binds:
         if workload.job_id in lost_race:
             svc.adapters[cluster].release(workload.job_id)
@@ -115,11 +115,11 @@ def reconcile(svc: ControlService) -> None:
         return
     now = svc.clock()
     done = []
-    with svc._locked() as (session, estate):
+    with svc.locked() as (session, estate):
         for cluster, job_id, status in ended:
             state = "succeeded" if status.state == WorkloadState.SUCCEEDED else "failed"
             message = status.message or None
-            if svc._finish(
+            if svc.finish(
                 session, estate, job_id, state, status.exit_code, message, now, expect="running"
             ):
                 done.append((cluster, job_id))

@@ -85,7 +85,7 @@ class ControlService:
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
         self.adapters: dict[str, ClusterAdapter] = {}
         self.inventory_sources: dict[str, str] = {}
-        self._mutex = threading.RLock()
+        self.mutex = threading.RLock()
         self._estate: Estate | None = None
         self._ids = RowIds()
         self._version: int | None = None
@@ -106,7 +106,7 @@ class ControlService:
             self.adapters[cluster.name] = adapter
             self.inventory_sources[cluster.name] = inventory.source
             messages.append(f"cluster {cluster.name} ({cluster.adapter}): {inventory.source}")
-            with self._locked() as (session, _):
+            with self.locked() as (session, _):
                 sync_cluster(
                     session,
                     cluster.name,
@@ -116,16 +116,16 @@ class ControlService:
                     inventory,
                     now,
                 )
-                self._event(
+                self.record_event(
                     session, "cluster", f"registered: {inventory.source}", cluster=cluster.name
                 )
-                self._invalidate()  # the inventory changed: rebuild the mirror next time
-        with self._locked() as (session, _):
+                self.invalidate()  # the inventory changed: rebuild the mirror next time
+        with self.locked() as (session, _):
             for gone in remove_clusters_except(session, self.adapters):
                 messages.append(f"cluster {gone} is no longer configured: removed")
             for team in self.config.teams:
                 self._apply_team_config(session, team)
-            self._invalidate()
+            self.invalidate()
         return messages
 
     def close(self) -> None:
@@ -142,9 +142,9 @@ class ControlService:
     # -- the mirror ----------------------------------------------------------------------------
 
     @contextmanager
-    def _locked(self) -> Iterator[tuple[Session, Estate]]:
+    def locked(self) -> Iterator[tuple[Session, Estate]]:
         """A locked store transaction and the estate, current as of this transaction."""
-        with self._mutex:
+        with self.mutex:
             try:
                 with self.store.locked() as (session, version):
                     if self._estate is None or self._version != version - 1:
@@ -152,16 +152,17 @@ class ControlService:
                     self._version = version
                     yield session, self._estate
             except BaseException:
-                self._invalidate()
+                self.invalidate()
                 raise
 
-    def _invalidate(self) -> None:
-        with self._mutex:
+    def invalidate(self) -> None:
+        """Forget the in-memory estate; the next transaction rebuilds it from the store."""
+        with self.mutex:
             self._estate, self._version = None, None
 
     def estate(self) -> tuple[Estate, RowIds]:
         """The current estate for reads (rebuilt if the store moved); do not mutate it."""
-        with self._mutex:
+        with self.mutex:
             version = self.store.version()
             if self._estate is None or self._version != version:
                 with self.store.session() as session:
@@ -204,7 +205,7 @@ class ControlService:
         self, before: Callable[[Session], None] | None
     ) -> tuple[int, int, dict[tuple[str, str], int]]:
         now = self.clock()
-        with self._locked() as (session, estate):
+        with self.locked() as (session, estate):
             if before is not None:
                 before(session)
             rows = session.execute(
@@ -250,7 +251,7 @@ class ControlService:
                 )
                 self._stop_later += [(v.cluster_name, v.id) for v in victims if v.cluster_name]
                 for v in victims:
-                    self._event(
+                    self.record_event(
                         session, "preempted", "borrowed quota reclaimed; requeued", job_id=v.id
                     )
             if result.admitted:
@@ -303,19 +304,19 @@ class ControlService:
     def cancel(self, ref: str) -> str:
         """Cancel a pending or active job (its process is stopped); returns its id."""
         now = self.clock()
-        with self._locked() as (session, estate):
-            job = self._job(session, ref)
+        with self.locked() as (session, estate):
+            job = self.job_row(session, ref)
             if job.state in ("succeeded", "failed", "cancelled"):
                 raise ConflictError(f"job {job.id} already ended ({job.state}); nothing to cancel")
             cluster = job.cluster_name
-            self._finish(session, estate, job.id, "cancelled", None, "cancelled by a user", now)
+            self.finish(session, estate, job.id, "cancelled", None, "cancelled by a user", now)
             job_id = job.id
         self._pending.pop(job_id, None)
         if cluster in self.adapters:
             self.adapters[str(cluster)].release(job_id)
         return job_id
 
-    def _finish(
+    def finish(
         self,
         session: Session,
         estate: Estate,
@@ -339,12 +340,13 @@ class ControlService:
             .values(state=state, exit_code=exit_code, message=message, finished_at=now)
         )
         estate.release(job_id)
-        self._event(session, state, message or state, job_id=job_id)
+        self.record_event(session, state, message or state, job_id=job_id)
         return True
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _job(self, session: Session, ref: str) -> Job:
+    def job_row(self, session: Session, ref: str) -> Job:
+        """A job by id, or by name (the newest of that name); NotFoundError says how to list."""
         job = session.get(Job, ref)
         if job is None:
             job = session.scalars(
@@ -354,7 +356,7 @@ class ControlService:
             raise NotFoundError(f"no job '{ref}'; list jobs with `gpuplane job list`")
         return job
 
-    def _event(
+    def record_event(
         self,
         session: Session,
         kind: str,
@@ -363,6 +365,7 @@ class ControlService:
         job_id: str | None = None,
         cluster: str | None = None,
     ) -> None:
+        """Append to the audit trail, in the caller's transaction."""
         session.add(
             Event(
                 at=self.clock(),
