@@ -49,9 +49,10 @@ def plots(summary: Mapping[str, Any]) -> dict[str, str]:
     util: Mapping[str, list[float]] = tl.get("utilisation", {})
     fig, ax = plt.subplots(figsize=(7, 3))
     for dev, row in util.items():
-        ax.plot([i * tl["bin_s"] for i in range(len(row))], row, label=dev)
+        label = dev if dev != "cpu" else "cpu-only stages (tasks running)"
+        ax.plot([i * tl["bin_s"] for i in range(len(row))], row, label=label)
     ax.set_xlabel("seconds since start")
-    ax.set_ylabel("busy share of card")
+    ax.set_ylabel("busy share of the card")
     if util:
         ax.legend(loc="upper right")
     out["Device utilisation over time"] = _svg(fig)
