@@ -211,3 +211,19 @@ def test_two_service_processes_observe_only_the_jobs_they_started(tmp_path: Path
     finally:
         a.close()
         b.close()
+
+
+def test_queued_jobs_share_the_cards_by_team_weight(tmp_path: Path) -> None:
+    """Dominant-resource fair share: with weight 3 against 1, team b gets 3 of the 4 cards."""
+    teams = [TeamConfig(name="a"), TeamConfig(name="b", weight=3.0)]
+    svc = make_service(config(str(tmp_path), nodes=2, gpus=2, teams=teams))
+    try:
+        svc.submit_many([job(f"a{i}", team="a", gpus=1) for i in range(4)], admit=False)
+        svc.submit_many([job(f"b{i}", team="b", gpus=1) for i in range(4)], admit=False)
+        assert svc.schedule_pass() == 4
+        running = [j for j in queries.list_jobs(svc) if j.state in ("admitted", "running")]
+        assert sorted(j.team for j in running) == ["a", "b", "b", "b"]
+        shares = {t.name: t.dominant_share for t in queries.list_teams(svc)}
+        assert shares == {"a": 0.25, "b": 0.25}  # equal once divided by the weights
+    finally:
+        svc.close()
