@@ -17,6 +17,8 @@ LABEL_CLUSTER = "gpuplane.io/cluster"
 LABEL_REGION = "gpuplane.io/region"
 LABEL_GPU_MODEL = "gpuplane.io/gpu-model"
 LABEL_VGPU = "gpuplane.io/vgpu-splittable"
+# relative throughput of the node's GPU model (e.g. "1.0" for an A100, "0.5" for an A10)
+LABEL_GPU_SPEED = "gpuplane.io/gpu-speed"
 
 Labels = Mapping[str, str]
 

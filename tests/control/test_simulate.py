@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from gpuplane.control.scheduler import Request
+from gpuplane.control.scheduler import Request, Snapshot, policy_class, schedule
 from gpuplane.control.simulate import (
     load_nodes,
     load_pods,
@@ -94,6 +95,36 @@ def test_a_replay_measures_allocation_and_failures(trace: tuple[Path, Path]) -> 
     assert run_seed(nodes, pods, "frag", seed=42, tune=1.3).alloc_ratio_final == (
         result.alloc_ratio_final
     )
+
+
+@pytest.mark.parametrize("policy", ["frag", "best-fit", "random"])
+def test_failed_shapes_are_not_rescheduled_yet_nothing_changes(
+    trace: tuple[Path, Path], policy: str
+) -> None:
+    """The replay skips shapes that already failed (no departures: free resources only
+    shrink); the placements, ratios and failure reasons equal a replay that tries every pod."""
+    nodes, pods = load_nodes(trace[0]), load_pods(trace[1])
+    got = run_seed(nodes, pods, policy, seed=7, tune=3.0)
+    snap = Snapshot(nodes)
+    capacity = int(snap.dev_milli_cap.sum())
+    workload = tuned_workload(pods, capacity, 3.0, np.random.default_rng(7))
+    pol = policy_class(policy).for_workload(pods)
+    ties = np.random.default_rng([7, 1])
+    failures: Counter[str] = Counter()
+    allocated = 0
+    for pod in workload:
+        decision = schedule(snap, pod, pol, ties)
+        if decision.placement is not None:
+            snap.commit(decision.placement)
+            allocated += pod.gpu_demand_milli
+        else:
+            reason = decision.primary_reason
+            assert reason is not None
+            failures[reason.code.value] += 1
+    assert sum(failures.values()) > len({p.shape for p in workload})  # shapes did fail twice
+    assert got.failures == dict(failures)
+    assert got.placed == len(workload) - sum(failures.values())
+    assert got.alloc_ratio_final == pytest.approx(100.0 * allocated / capacity)
 
 
 def test_simulate_averages_over_seeds(trace: tuple[Path, Path]) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from gpuplane.control.scheduler import (
     MILLI_PER_GPU,
+    Decision,
     DeviceInfo,
     NodeInfo,
     Policy,
@@ -35,6 +36,7 @@ from gpuplane.control.scheduler import (
     policy_class,
     schedule,
 )
+from gpuplane.control.scheduler.explain import explain
 from gpuplane.errors import ConfigError, ResourceError
 from gpuplane.resources import LABEL_GPU_MODEL, Selector
 
@@ -198,12 +200,18 @@ def run_seed(
     arrived = allocated = 0
     at_100: float | None = None
     failures: Counter[str] = Counter()
+    # No departures: free resources only shrink, so a shape that failed once fails again and
+    # is not scheduled again; its reason is worked out on the current state (`explain`).
+    failed: set[tuple[object, ...]] = set()
     for pod in workload:
-        decision = schedule(snap, pod, policy, ties)
-        if decision.placement is not None:
+        if pod.shape in failed:
+            reason = Decision(pod.job_id, None, explain(snap, pod)).primary_reason
+            failures[reason.code.value if reason else "Unknown"] += 1
+        elif (decision := schedule(snap, pod, policy, ties)).placement is not None:
             snap.commit(decision.placement)
             allocated += pod.gpu_demand_milli
         else:
+            failed.add(pod.shape)
             reason = decision.primary_reason
             failures[reason.code.value if reason else "Unknown"] += 1
         arrived += pod.gpu_demand_milli

@@ -5,9 +5,12 @@ decision = schedule(snapshot, Request.from_resources(job_id, resources, selector
 if decision.placement: snapshot.commit(decision.placement)   # checks again, never double-books
 ...
 snapshot.release(job_id)                                       # idempotent
+
+GPU speed: `Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})` or a node label
+`gpuplane.io/gpu-speed`; the core then prefers faster cards (`speed.py`, `speed_weight`).
 """
 
-from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.base import DEFAULT_SPEED_WEIGHT, Candidates, Policy, Scores
 from gpuplane.control.scheduler.core import feasible, filter_nodes, schedule
 from gpuplane.control.scheduler.fragmentation import Workload
 from gpuplane.control.scheduler.registry import (
@@ -34,6 +37,7 @@ from gpuplane.control.scheduler.snapshot import (
 
 __all__ = [
     "DEFAULT_POLICY",
+    "DEFAULT_SPEED_WEIGHT",
     "MILLI_PER_GPU",
     "Candidates",
     "ClusterReason",

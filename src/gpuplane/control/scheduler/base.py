@@ -21,8 +21,14 @@ from gpuplane.control.scheduler.snapshot import (
     Request,
     Snapshot,
 )
+from gpuplane.errors import ConfigError
 
 FloatArray = npt.NDArray[np.float64]
+
+# Weight of the GPU-speed term relative to the policy's own score (both on 0..100), as
+# Kubernetes weighs score plugins (all default to 1): a card half as fast as the fastest
+# candidate costs 50 points, so the policy's preference has to be that strong to pick it.
+DEFAULT_SPEED_WEIGHT = 1.0
 
 
 @dataclass(slots=True)
@@ -81,13 +87,26 @@ class Scores:
 
 
 class Policy(ABC):
-    """Scores candidate nodes. Subclasses set `name` and implement `score`."""
+    """Scores candidate nodes. Subclasses set `name` and implement `score`.
+
+    Besides the policy's own score, the core adds the GPU-speed term (`speed.py`): candidates'
+    relative speed on 0..100, times `speed_weight` (per instance: `make_policy(name,
+    speed_weight=w)`; 0 turns it off), rescaled to the policy's range 0..`max_score`.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    max_score: ClassVar[float] = 100.0  # the policy's score range is 0..max_score
+    default_speed_weight: ClassVar[float] = DEFAULT_SPEED_WEIGHT
     # how the core breaks ties between equal best scores: "random" (Kubernetes' default), or
     # "first" (the earliest node in snapshot order, as the published simulator does by name)
     ties: ClassVar[str] = "random"
+
+    def __init__(self, *, speed_weight: float | None = None) -> None:
+        weight = self.default_speed_weight if speed_weight is None else speed_weight
+        if not weight >= 0:
+            raise ConfigError(f"speed_weight must be >= 0 (0 turns the term off), got {weight}")
+        self.speed_weight = float(weight)
 
     @abstractmethod
     def score(self, cands: Candidates) -> Scores:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuplane.control.scheduler.base import Candidates, Policy
+from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy
 from gpuplane.control.scheduler.explain import State, capacity_state, explain, free_state
 from gpuplane.control.scheduler.snapshot import (
     MILLI_PER_GPU,
@@ -20,6 +20,7 @@ from gpuplane.control.scheduler.snapshot import (
     Request,
     Snapshot,
 )
+from gpuplane.control.scheduler.speed import MAX_NODE_SCORE, speed_score
 
 
 def schedule(
@@ -30,7 +31,9 @@ def schedule(
     Filter: schedulable nodes whose labels match the selector, with the free CPU, memory and GPU
     the request needs (whole cards: enough wholly free cards on one node; a fraction: one card
     with enough free compute and memory). Score: `policy`, highest wins; ties go to a random
-    candidate drawn with `rng`, or the earliest for policies with `ties = "first"`.
+    candidate drawn with `rng`, or the earliest for policies with `ties = "first"`. Added to the
+    policy's score: the weighted GPU-speed term, which prefers faster cards when candidates of
+    several speeds fit (`speed.py`; neutral when all are equally fast).
     Cards: the policy's choice, else the best-fitting card (fractions) or the lowest-numbered
     free cards (whole). Pure: the caller commits `decision.placement`.
     """
@@ -40,7 +43,8 @@ def schedule(
         return Decision(request.job_id, None, explain(snapshot, request), policy.name)
     cands.rng = rng
     scores = policy.score(cands)
-    best = np.flatnonzero(scores.nodes == scores.nodes.max())
+    total = _with_speed(scores.nodes, cands, policy)
+    best = np.flatnonzero(total == total.max())
     if len(best) > 1 and policy.ties == "random":
         pick = int(best[rng.integers(len(best))])
     else:
@@ -60,7 +64,19 @@ def schedule(
     placement = Placement(
         request.job_id, node.cluster, node.name, grants, request.cpu_millis, request.memory_mib
     )
-    return Decision(request.job_id, placement, (), policy.name, float(scores.nodes[pick]))
+    return Decision(request.job_id, placement, (), policy.name, float(total[pick]))
+
+
+def _with_speed(nodes: FloatArray, cands: Candidates, policy: Policy) -> FloatArray:
+    """The policy's scores plus its weighted GPU-speed term (`speed.py`); unchanged when the
+    term is off, the request takes no GPU, or every candidate is equally fast."""
+    if not policy.speed_weight or not cands.request.is_gpu:
+        return nodes
+    term = speed_score(cands.snapshot.gpu_speed[cands.nodes])
+    if term is None:
+        return nodes
+    out: FloatArray = nodes + term * (policy.speed_weight * policy.max_score / MAX_NODE_SCORE)
+    return out
 
 
 def feasible(snapshot: Snapshot, request: Request) -> Decision:

@@ -40,6 +40,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
+from gpuplane.control.scheduler.speed import FloatArray, check_table, node_speeds
 from gpuplane.errors import GpuplaneError, ResourceError
 from gpuplane.resources import (
     LABEL_CLUSTER,
@@ -77,7 +78,8 @@ class NodeInfo:
     """One node as the adapter reports it. `labels` carry cluster, region, GPU model, vGPU flag.
 
     The GPU model of every card is the node's `gpuplane.io/gpu-model` label; a node is
-    vGPU-splittable unless its `gpuplane.io/vgpu-splittable` label is "false".
+    vGPU-splittable unless its `gpuplane.io/vgpu-splittable` label is "false"; its cards' relative
+    speed is its `gpuplane.io/gpu-speed` label, else the snapshot's table (`speed.py`).
     """
 
     name: str
@@ -157,6 +159,21 @@ class Request:
     @property
     def is_gpu(self) -> bool:
         return self.gpus > 0 or self.is_fractional
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """Everything but the job id, hashable: requests of one shape fit or fail together."""
+        sel = self.selector
+        labels = tuple(sorted(sel.match_labels.items()))
+        return (
+            self.gpus,
+            self.gpu_milli,
+            self.gpu_mem_mib,
+            self.cpu_millis,
+            self.memory_mib,
+            labels,
+            sel.gpu_models,
+        )
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -276,7 +293,9 @@ class Snapshot:
     `cpu_cap`, `mem_cap`; cards padded to `max_devices` per node: `dev_mem_cap`, `dev_mem_free`,
     `dev_milli_free` (0 where a card does not exist), `dev_exists`; per-node aggregates kept in
     step with every mutation so filtering is O(nodes), not O(devices): `full_free` (wholly free
-    cards), `max_milli_free`, `max_mem_free`, `gpu_milli_free` (sum). `node_version[i]` changes
+    cards), `max_milli_free`, `max_mem_free`, `gpu_milli_free` (sum); `gpu_speed` (read-only:
+    each node's relative GPU speed, from its label or the `gpu_speeds` table of GPU model ->
+    speed, 1.0 when neither says). `node_version[i]` changes
     whenever row i does, and `token` is unique per snapshot (and per copy), so policies may
     cache per-node results between decisions.
 
@@ -284,9 +303,15 @@ class Snapshot:
     `generation` increases on every mutation.
     """
 
-    def __init__(self, nodes: Iterable[NodeInfo], allocations: Iterable[Placement] = ()) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[NodeInfo],
+        allocations: Iterable[Placement] = (),
+        gpu_speeds: Mapping[str, float] | None = None,
+    ) -> None:
         self._allocations: dict[str, Placement] = {}
         self.generation = 0
+        self.gpu_speeds: Mapping[str, float] = MappingProxyType(dict(check_table(gpu_speeds)))
         self._build(list(nodes))
         for placement in allocations:
             self.commit(placement)
@@ -310,6 +335,7 @@ class Snapshot:
         self.cpu_cap: IntArray = np.array([x.cpu_millis for x in nodes], dtype=np.int64)
         self.mem_cap: IntArray = np.array([x.memory_mib for x in nodes], dtype=np.int64)
         self.n_devices: IntArray = np.array([len(x.devices) for x in nodes], dtype=np.int64)
+        self.gpu_speed: FloatArray = node_speeds(nodes, self.gpu_speeds)
         self.dev_exists: BoolArray = np.zeros((n, d), dtype=bool)
         self.dev_mem_cap: IntArray = np.zeros((n, d), dtype=np.int64)
         for i, x in enumerate(nodes):
@@ -469,9 +495,14 @@ class Snapshot:
         self.schedulable[i] = schedulable
         self.generation += 1
 
-    def replace_nodes(self, nodes: Iterable[NodeInfo]) -> list[Placement]:
-        """Swap in a new inventory, keeping the allocations that still fit; returns the dropped."""
+    def replace_nodes(
+        self, nodes: Iterable[NodeInfo], gpu_speeds: Mapping[str, float] | None = None
+    ) -> list[Placement]:
+        """Swap in a new inventory (and speed table, when given), keeping the allocations that
+        still fit; returns the dropped."""
         kept = list(self._allocations.values())
+        if gpu_speeds is not None:
+            self.gpu_speeds = MappingProxyType(dict(check_table(gpu_speeds)))
         self._allocations = {}
         self._build(list(nodes))
         dropped: list[Placement] = []

@@ -30,6 +30,7 @@ def utilisation_after(cands: Candidates) -> FloatArray:
 class BinpackPolicy(Policy):
     name = "binpack"
     description = "most allocated node after placing (GPU-weighted); best-fitting card"
+    max_score = 1.0  # utilisation in [0, 1]
 
     def score(self, cands: Candidates) -> Scores:
         return Scores(utilisation_after(cands))

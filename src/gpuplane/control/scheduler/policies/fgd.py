@@ -21,7 +21,10 @@ from gpuplane.control.scheduler.snapshot import Request
 class FragmentationPolicy(Policy):
     """Shared base: a fixed workload (simulations), or one learned from the requests seen."""
 
-    def __init__(self, workload: Workload | None = None) -> None:
+    def __init__(
+        self, workload: Workload | None = None, *, speed_weight: float | None = None
+    ) -> None:
+        super().__init__(speed_weight=speed_weight)
         self._fixed = workload
         self._online = None if workload is not None else OnlineWorkload(use_memory=self.use_memory)
         self._cache = DeltaCache()

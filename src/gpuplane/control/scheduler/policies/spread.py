@@ -17,6 +17,7 @@ from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
 class SpreadPolicy(Policy):
     name = "spread"
     description = "least allocated node after placing; the card with the most free"
+    max_score = 1.0  # utilisation in [0, 1]
 
     def score(self, cands: Candidates) -> Scores:
         nodes = 1.0 - utilisation_after(cands)
