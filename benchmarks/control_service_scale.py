@@ -199,6 +199,7 @@ def main() -> None:
         f"{args.online}; policy {args.policy}"
     )
     rows = []
+    load_before = os.getloadavg()[0]
     with ExitStack() as stack:
         for store in [s.strip() for s in args.stores.split(",") if s.strip()]:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuplane-bench-"))
@@ -235,6 +236,10 @@ def main() -> None:
         "policy": args.policy,
         "seed": args.seed,
         "binding": "excluded (admitted jobs are committed to the store, not started)",
+        "host_load_average_1m": {
+            "before": round(load_before, 2),
+            "after": round(os.getloadavg()[0], 2),
+        },
         "results": rows,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
