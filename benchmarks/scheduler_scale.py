@@ -8,6 +8,9 @@ Each job holds its resources for an exponential number of later arrivals, sized 
 runs ~90 % full, so the core works in the hard regime (full nodes, fragments, refusals with
 reasons) rather than on an empty estate.
 
+GPU models have relative speeds (H100 2.0, A100 1.0, L40S 0.8, A10 0.5; `--no-speeds` leaves
+them out), so decisions for jobs that allow several models include the core's speed term.
+
 Measured in the core only (no store, no HTTP): every decision is `schedule` + `commit` on the
 one snapshot, timed with perf_counter; placements per second = placed jobs / total time of all
 decisions (refusals included); p50 / p99 of one decision.
@@ -51,6 +54,8 @@ CLUSTERS = [
     ("eu", "eu-west-1", "L40S", 48 * GIB, 313, True),
     ("ap", "ap-south-1", "A10", 24 * GIB, 312, True),
 ]
+# relative GPU speed per model (illustrative), for the core's speed term; --no-speeds drops it
+SPEEDS = {"H100": 2.0, "A100": 1.0, "L40S": 0.8, "A10": 0.5}
 
 
 def inventory() -> list[NodeInfo]:
@@ -111,9 +116,14 @@ def backlog(n: int, rng: np.random.Generator) -> list[Request]:
 
 
 def run(
-    policy_name: str, jobs: list[Request], nodes: list[NodeInfo], seed: int, load: float
+    policy_name: str,
+    jobs: list[Request],
+    nodes: list[NodeInfo],
+    seed: int,
+    load: float,
+    speeds: dict[str, float] | None,
 ) -> dict[str, Any]:
-    snap = Snapshot(nodes)
+    snap = Snapshot(nodes, gpu_speeds=speeds)
     capacity = snap.dev_milli_cap.sum() / 1000
     mean_demand = float(np.mean([j.gpu_demand_milli for j in jobs])) / 1000
     lifetime = load * capacity / mean_demand  # arrivals a job stays, for ~`load` utilisation
@@ -172,6 +182,9 @@ def main() -> None:
     ap.add_argument("--policies", default="frag,best-fit,binpack")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--load", type=float, default=0.9, help="target share of GPUs in use")
+    ap.add_argument(
+        "--no-speeds", action="store_true", help="no GPU speed data (the speed term stays out)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     nodes = inventory()
@@ -184,7 +197,8 @@ def main() -> None:
     )
     rows = []
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        row = run(policy, jobs, nodes, args.seed, args.load)
+        speeds = None if args.no_speeds else SPEEDS
+        row = run(policy, jobs, nodes, args.seed, args.load, speeds)
         rows.append(row)
         print(
             f"{policy:<9} {row['placed']:>7} {row['refused']:>7} {row['placements_per_s']:>8.0f}"
@@ -198,6 +212,7 @@ def main() -> None:
         "clusters": [c[0] for c in CLUSTERS],
         "jobs": len(jobs),
         "target_load": args.load,
+        "gpu_speeds": None if args.no_speeds else SPEEDS,
         "goal_placements_per_s": 1000,
         "results": rows,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "

@@ -44,6 +44,7 @@ from gpuplane.control.scheduler import (
     make_policy,
     schedule,
 )
+from gpuplane.control.simulate import parse_seeds
 from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, Selector
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,12 +192,59 @@ def simulate(
     }
 
 
+def scenario(
+    args: argparse.Namespace, nodes: list[NodeInfo], shares: list[float], seed: int
+) -> dict[str, Any]:
+    """One job stream: isolated, unified speed-blind, unified with the speed term."""
+    jobs = job_stream(args.jobs, nodes, args.load, shares, np.random.default_rng(seed))
+    share = {t: sum(j.team == t for j in jobs) / len(jobs) for t in TEAMS}
+    print(
+        f"{sum(len(n.devices) for n in nodes)} GPUs in {len(CLUSTERS)} clusters, "
+        f"{len(jobs)} jobs (seed {seed}); "
+        + ", ".join(f"{t} {s:.0%} (home {TEAMS[t]})" for t, s in share.items())
+    )
+    rows = [
+        simulate(jobs, nodes, unified=False, speed_weight=args.speed_weight),
+        simulate(jobs, nodes, unified=True, speed_weight=0.0),  # speed-blind, as before
+        simulate(jobs, nodes, unified=True, speed_weight=args.speed_weight),
+    ]
+    print(
+        f"{'mode':<9} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7} {'mean wait h':>11}"
+        f" {'GPU util':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['mode']:<9} {r['speed_weight']:>7.2f} {r['makespan_h']:>10.1f}"
+            f" {r['throughput_jobs_per_h']:>7.2f} {r['mean_wait_h']:>11.2f}"
+            f" {r['gpu_utilisation']:>8.1%}"
+        )
+    base = rows[0]["throughput_jobs_per_h"]
+    blind = rows[1]["throughput_jobs_per_h"] / base
+    ratio = rows[2]["throughput_jobs_per_h"] / base
+    print(
+        f"unified / isolated throughput: {ratio:.3f}x with the speed term, {blind:.3f}x "
+        "speed-blind (goal >= 1.5x)\n"
+    )
+    return {
+        "shares": ",".join(f"{x:g}" for x in shares),
+        "seed": seed,
+        "teams": {t: {"home": h, "share": round(share[t], 3)} for t, h in TEAMS.items()},
+        "results": rows,
+        "throughput_ratio": round(ratio, 3),
+        "throughput_ratio_speed_blind": round(blind, 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=6000)
     ap.add_argument("--nodes-per-cluster", type=int, default=16)
     ap.add_argument("--load", type=float, default=1.5, help="offered share of total capacity")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument(
+        "--seeds", default=None, help="several job streams, e.g. '11-15' (default: --seed only)"
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     ap.add_argument(
         "--shares",
         default="70,20,10",
@@ -213,45 +261,26 @@ def main() -> None:
     args = ap.parse_args()
     nodes = inventory(args.nodes_per_cluster)
     scenarios = []
+    seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
     for text in args.shares.split(";"):
-        shares = [float(x) for x in text.split(",")]
-        jobs = job_stream(args.jobs, nodes, args.load, shares, np.random.default_rng(args.seed))
-        share = {t: sum(j.team == t for j in jobs) / len(jobs) for t in TEAMS}
-        print(
-            f"{sum(len(n.devices) for n in nodes)} GPUs in {len(CLUSTERS)} clusters, "
-            f"{len(jobs)} jobs; "
-            + ", ".join(f"{t} {s:.0%} (home {TEAMS[t]})" for t, s in share.items())
-        )
-        rows = [
-            simulate(jobs, nodes, unified=False, speed_weight=args.speed_weight),
-            simulate(jobs, nodes, unified=True, speed_weight=0.0),  # speed-blind, as before
-            simulate(jobs, nodes, unified=True, speed_weight=args.speed_weight),
-        ]
-        print(
-            f"{'mode':<9} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7} {'mean wait h':>11}"
-            f" {'GPU util':>8}"
-        )
-        for r in rows:
-            print(
-                f"{r['mode']:<9} {r['speed_weight']:>7.2f} {r['makespan_h']:>10.1f}"
-                f" {r['throughput_jobs_per_h']:>7.2f} {r['mean_wait_h']:>11.2f}"
-                f" {r['gpu_utilisation']:>8.1%}"
+        for seed in seeds:
+            scenarios.append(scenario(args, nodes, [float(x) for x in text.split(",")], seed))
+    summary = []
+    if len(seeds) > 1:
+        print("mean over seeds " + ",".join(map(str, seeds)))
+        for text in args.shares.split(";"):
+            key = ",".join(f"{float(x):g}" for x in text.split(","))
+            rows = [sc for sc in scenarios if sc["shares"] == key]
+            speed = float(np.mean([sc["throughput_ratio"] for sc in rows]))
+            blind = float(np.mean([sc["throughput_ratio_speed_blind"] for sc in rows]))
+            print(f"  shares {text}: {speed:.3f}x with the speed term, {blind:.3f}x speed-blind")
+            summary.append(
+                {
+                    "shares": text,
+                    "mean_throughput_ratio": round(speed, 3),
+                    "mean_throughput_ratio_speed_blind": round(blind, 3),
+                }
             )
-        base = rows[0]["throughput_jobs_per_h"]
-        blind = rows[1]["throughput_jobs_per_h"] / base
-        ratio = rows[2]["throughput_jobs_per_h"] / base
-        print(
-            f"unified / isolated throughput: {ratio:.3f}x with the speed term, {blind:.3f}x "
-            "speed-blind (goal >= 1.5x)\n"
-        )
-        scenarios.append(
-            {
-                "teams": {t: {"home": h, "share": round(share[t], 3)} for t, h in TEAMS.items()},
-                "results": rows,
-                "throughput_ratio": round(ratio, 3),
-                "throughput_ratio_speed_blind": round(blind, 3),
-            }
-        )
     out = {
         "benchmark": "unified_vs_isolated",
         "clusters": [
@@ -261,16 +290,17 @@ def main() -> None:
         "jobs": args.jobs,
         "nodes_per_cluster": args.nodes_per_cluster,
         "offered_load": args.load,
-        "seed": args.seed,
+        "seeds": seeds,
         "speed_weight": args.speed_weight,
         "scenarios": scenarios,
+        "mean_over_seeds": summary,
         "goal_ratio": 1.5,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
     if args.json:
         print(json.dumps(out))
 
