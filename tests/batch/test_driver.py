@@ -30,6 +30,21 @@ def outputs(run_dir: Path) -> dict[str, dict[str, int]]:
     return {k: v["out"] for k, v in read_records(run_dir / "results.jsonl").items()}
 
 
+def _stage_workers() -> list[int]:
+    """Live child processes of this test process, multiprocessing's resource tracker aside."""
+    out = []
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                continue
+            if b"resource_tracker" not in cmd and state != "Z":
+                out.append(int(pid))
+    return out
+
+
 @pytest.mark.parametrize("threads", [True, False], ids=["threads", "processes"])
 def test_run_computes_every_clip_once_then_serves_from_cache(
     run_toy: RunFn, clips: Path, tmp_path: Path, threads: bool
@@ -42,6 +57,7 @@ def test_run_computes_every_clip_once_then_serves_from_cache(
     assert {n: s["computed"] for n, s in stages.items()} == dict.fromkeys(stages, 12)
     assert stages["perception"]["cache"]["writes"] == 12
     assert first["device_seconds"] > 0
+    assert _stage_workers() == []  # the runner stopped its pool: no worker left behind
     second = run_toy("b")
     assert {n: s["cached"] for n, s in second["stages"].items()} == dict.fromkeys(stages, 12)
     assert all(s["computed"] == 0 for s in second["stages"].values())
