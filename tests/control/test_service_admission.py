@@ -56,6 +56,7 @@ def test_a_borrower_admitted_and_reclaimed_in_the_same_pass_is_simply_left_pendi
     assert [a.job_id for a in result.admitted] == ["o1"]
     assert result.admitted[0].preempted == ()  # g1 was never written as admitted
     assert "preempted" in result.reasons["g1"][0]["message"]
+    assert result.requeued == ["g1"]
     assert set(e.snapshot.allocations) == {"o1"}  # the mirror agrees with what is written
     assert e.book.reservation("g1") is None
 

@@ -69,6 +69,8 @@ class Outcome:
 class PassResult:
     admitted: list[Admitted] = field(default_factory=list)
     reasons: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # admitted earlier in this pass, then preempted by a later job: pending, not re-evaluated
+    requeued: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -147,6 +149,7 @@ def run_pass(
     queue = FairQueue(
         (Queued(j.job_id, j.team, j.priority, j.created_at) for j in jobs.values()), estate.share
     )
+    requeued: list[str] = []
     admitted: dict[str, Admitted] = {}
     reasons: dict[str, list[dict[str, Any]]] = {}
     for queued in queue:
@@ -158,13 +161,14 @@ def run_pass(
         a = outcome.admitted
         # a victim admitted earlier in this same pass was never written: it just stays pending
         fresh = [v for v in a.preempted if v in admitted]
+        requeued += fresh
         for v in fresh:
             del admitted[v]
             reasons[v] = [_preempted_reason(a.placement.cluster)]
         if fresh:
             a = replace(a, preempted=tuple(v for v in a.preempted if v not in fresh))
         admitted[job.job_id] = a
-    return PassResult(list(admitted.values()), reasons)
+    return PassResult(list(admitted.values()), reasons, requeued)
 
 
 def decide(

@@ -60,7 +60,7 @@ def bind_admitted(svc: ControlService) -> None:
         return
     now = svc.clock()
     lost_race = []
-    with svc.locked() as (session, estate):
+    with svc.locked(neutral=not failed) as (session, estate):
         for job_id in started:
             moved = session.execute(
                 update(Job)

@@ -91,6 +91,7 @@ class ControlService:
         self._version: int | None = None
         self._pending: dict[str, PendingJob] = {}
         self._stop_later: list[tuple[str, str]] = []
+        self._settled: int | None = None  # store version at which the queue was last evaluated
         self.metrics = ControlMetrics()
         self.waiting: dict[tuple[str, str], int] = {}  # (cluster, reason) -> pending jobs
 
@@ -142,8 +143,15 @@ class ControlService:
     # -- the mirror ----------------------------------------------------------------------------
 
     @contextmanager
-    def locked(self) -> Iterator[tuple[Session, Estate]]:
-        """A locked store transaction and the estate, current as of this transaction."""
+    def locked(
+        self, *, settles_queue: bool = False, neutral: bool = False
+    ) -> Iterator[tuple[Session, Estate]]:
+        """A locked store transaction and the estate, current as of this transaction.
+
+        After the commit, `settles_queue` (the admission pass) records that the queue has been
+        evaluated at this version, and `neutral` (a change that cannot make a pending job fit,
+        e.g. admitted -> running) keeps that record; any other commit, here or in another
+        process, means the next pass has to run."""
         with self.mutex:
             try:
                 with self.store.locked() as (session, version):
@@ -154,6 +162,8 @@ class ControlService:
             except BaseException:
                 self.invalidate()
                 raise
+            if settles_queue or (neutral and self._settled == version - 1):
+                self._settled = version
 
     def invalidate(self) -> None:
         """Forget the in-memory estate; the next transaction rebuilds it from the store."""
@@ -193,6 +203,9 @@ class ControlService:
     def schedule_pass(self, before: Callable[[Session], None] | None = None) -> int:
         """Admit what fits now, in queue order, in one locked transaction; returns how many.
         `before(session)` runs first in the same transaction (submit queues its jobs there)."""
+        settled = self._settled
+        if before is None and settled is not None and self.store.version() == settled:
+            return 0  # nothing was committed since the last pass: it would decide the same
         started = time.perf_counter()
         admitted, preempted, waiting = self._admission_pass(before)
         self.metrics.pass_seconds.observe(time.perf_counter() - started)
@@ -205,7 +218,7 @@ class ControlService:
         self, before: Callable[[Session], None] | None
     ) -> tuple[int, int, dict[tuple[str, str], int]]:
         now = self.clock()
-        with self.locked() as (session, estate):
+        with self.locked(settles_queue=True) as (session, estate):
             if before is not None:
                 before(session)
             rows = session.execute(
@@ -299,7 +312,11 @@ class ControlService:
                 for r in reasons:
                     key = (r["cluster"], r["code"])
                     waiting[key] = waiting.get(key, 0) + 1
-            return len(result.admitted), len(preempted), waiting
+            out = len(result.admitted), len(preempted), waiting
+            requeued = bool(preempted or result.requeued)
+        if requeued:  # requeued jobs were not evaluated in this pass: the next one must run
+            self._settled = None
+        return out
 
     def cancel(self, ref: str) -> str:
         """Cancel a pending or active job (its process is stopped); returns its id."""
