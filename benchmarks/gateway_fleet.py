@@ -56,6 +56,7 @@ SIM = {
     "prefix_cache_tokens": 6144,  # about five system prompts per instance
     "tokens_per_chunk": 32,  # 8 SSE chunks per answer: keeps 2 shared cores out of the way
 }
+PIDS: dict[str, int] = {}  # contender base URL -> its process, for CPU time per request
 CONTENDERS = {
     "round_robin": ("gateway", "round_robin"),
     "least_connections": ("gateway", "least_connections"),
@@ -184,16 +185,17 @@ async def running(name: str, urls: list[str], caps: list[int]) -> AsyncIterator[
     argv = contender_argv(kind, policy, urls, caps, port)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     base = f"http://127.0.0.1:{port}"
+    PIDS[base] = proc.pid
     try:
         async with httpx.AsyncClient(timeout=5.0) as c:
-            for _ in range(300):
+            for _ in range(600):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}: {' '.join(argv)}")
                 with contextlib.suppress(httpx.HTTPError):
                     body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
                     if (await c.post(base + "/v1/chat/completions", json=body)).status_code == 200:
                         break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
             else:
                 raise RuntimeError(f"{name} never answered on {base}")
         yield base
@@ -286,6 +288,8 @@ async def fleet_runs(args: argparse.Namespace) -> dict[str, Any]:
         capacity = nominal_capacity(slowdown)
         out[variant] = {"nominal_capacity_rps": round(capacity, 2), "rates": {}}
         async with sim_process(16, CAPS, seed=1, slowdown=slowdown, **SIM) as sim:
+            if args.quick:  # the overhead on this fleet with one-token requests: no second run
+                args.overhead = {"direct": {"sustained_rps": await sustained(sim.urls, 1.0)}}
             for name in args.contenders:
                 async with running(name, sim.urls, CAPS) as base:
                     for load in rates:
@@ -295,7 +299,12 @@ async def fleet_runs(args: argparse.Namespace) -> dict[str, Any]:
                         result.update(engine_delta(before, await sim.stats()))
                         out[variant]["rates"].setdefault(f"{round(load * 100)}%", {})[name] = result
                         log(f"{variant} {round(load * 100)}% {name}: {short(result)}")
+                    if args.quick:
+                        args.overhead[name] = await overhead_of(sim.urls, base, TINY, 20, 0.7)
     return out
+
+
+TINY = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
 async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
@@ -316,19 +325,35 @@ async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
         log(f"overhead direct: {out['direct']}")
         for name in args.contenders:
             async with running(name, sim.urls, caps) as base:
-                direct, routed = await paired(sim.urls, base, body, n)
-                rate = await sustained([base], seconds)
-            out[name] = {
-                "direct_p50_ms": pct(direct, 0.5),
-                "direct_p99_ms": pct(direct, 0.99),
-                "latency_p50_ms": pct(routed, 0.5),
-                "latency_p99_ms": pct(routed, 0.99),
-                "added_p50_ms": round((pct(routed, 0.5) or 0) - (pct(direct, 0.5) or 0), 3),
-                "added_p99_ms": round((pct(routed, 0.99) or 0) - (pct(direct, 0.99) or 0), 3),
-                "sustained_rps": rate,
-            }
+                out[name] = await overhead_of(sim.urls, base, body, n, seconds)
             log(f"overhead {name}: {out[name]}")
     return out
+
+
+async def overhead_of(
+    direct_urls: list[str], base: str, body: dict[str, Any], n: int, seconds: float
+) -> dict[str, Any]:
+    """Paired added latency, sustained rate, and the router's CPU time per request meanwhile."""
+    direct, routed = await paired(direct_urls, base, {**body, "stream": True}, n)
+    cpu_before = cpu_seconds(PIDS[base])
+    rate, count = await sustained_count([base], seconds)
+    cpu = cpu_seconds(PIDS[base]) - cpu_before
+    return {
+        "direct_p50_ms": pct(direct, 0.5),
+        "direct_p99_ms": pct(direct, 0.99),
+        "latency_p50_ms": pct(routed, 0.5),
+        "latency_p99_ms": pct(routed, 0.99),
+        "added_p50_ms": round((pct(routed, 0.5) or 0) - (pct(direct, 0.5) or 0), 3),
+        "added_p99_ms": round((pct(routed, 0.99) or 0) - (pct(direct, 0.99) or 0), 3),
+        "sustained_rps": rate,
+        "cpu_ms_per_request": round(cpu * 1000 / count, 3) if count else None,
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def paired(
@@ -379,9 +404,14 @@ class _RawConnection(asyncio.Protocol):
 
 
 async def sustained(bases: list[str], seconds: float, clients: int = 32) -> float:
-    """Requests/s with `clients` connections each sending the next request as soon as one ends."""
+    return (await sustained_count(bases, seconds, clients))[0]
+
+
+async def sustained_count(bases: list[str], seconds: float, clients: int = 32) -> tuple[float, int]:
+    """Requests/s (and how many) with `clients` connections each sending the next request as
+    soon as one ends."""
     body = json.dumps(
-        {"model": "sim", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 4}
+        {"model": "sim", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     ).encode()
     done = 0
     loop = asyncio.get_running_loop()
@@ -406,7 +436,7 @@ async def sustained(bases: list[str], seconds: float, clients: int = 32) -> floa
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(clients)))
-    return round(done / (time.perf_counter() - start), 1)
+    return round(done / (time.perf_counter() - start), 1), done
 
 
 def short(r: dict[str, Any]) -> str:
@@ -453,7 +483,7 @@ def table(results: dict[str, Any]) -> str:
         lines.append(
             f"{name:<20} {r['latency_p50_ms']:>7.2f} / {r['latency_p99_ms']:>7.2f}  "
             f"added {r['added_p50_ms']:>+7.2f} / {r['added_p99_ms']:>+7.2f}  "
-            f"sustained {r['sustained_rps']:>8.1f} req/s"
+            f"sustained {r['sustained_rps']:>8.1f} req/s  cpu/req {r.get('cpu_ms_per_request')} ms"
         )
     return "\n".join(lines)
 
@@ -475,9 +505,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "output_tokens": OUTPUT_TOKENS,
             },
         },
-        "fleet": await fleet_runs(args),
-        "overhead": await overhead_runs(args),
+        "fleet": await fleet_runs(args) if args.only != "overhead" else {},
+        "overhead": {},
     }
+    if args.quick:
+        results["overhead"] = args.overhead
+    elif args.only != "fleet":
+        results["overhead"] = await overhead_runs(args)
     results["config"]["wall_s"] = round(time.perf_counter() - started, 1)
     results["config"]["load_average_at_start_and_end"] = [load_at_start, os.getloadavg()[0]]
     return results
@@ -491,9 +525,19 @@ if __name__ == "__main__":
         "--contenders", nargs="*", default=list(CONTENDERS), choices=list(CONTENDERS)
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gateway_fleet.json")
+    parser.add_argument(
+        "--only",
+        choices=["fleet", "overhead"],
+        help="run one part and replace just that part of the results file",
+    )
     ns = parser.parse_args()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         res = runner.run(main(ns))
+    if ns.only and ns.out.exists():  # keep the other part of an earlier full run
+        earlier = json.loads(ns.out.read_text())
+        earlier[ns.only] = res[ns.only]
+        earlier["config"][f"{ns.only}_rerun"] = res["config"]
+        res = earlier
     if not ns.quick:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text(json.dumps(res, indent=2) + "\n")
