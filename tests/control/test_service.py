@@ -241,3 +241,33 @@ def test_a_pass_is_skipped_while_nothing_changed(service: ControlService) -> Non
     service.cancel(blocker)  # room: the next tick runs a pass and admits the waiting job
     service.tick()
     assert state(service, waiting).state == "running"
+
+
+def test_concurrent_binders_and_reconcilers_never_kill_a_fresh_job(tmp_path: Path) -> None:
+    """The API thread (submit) and the loop thread (tick) bind and reconcile at the same time."""
+    import threading
+
+    from gpuplane.control.service import ControlService as Service
+
+    cfg = config(str(tmp_path), nodes=1, gpus=8)
+    svc = Service(cfg, bind_on_submit=False)
+    svc.start()
+    try:
+        ids = [svc.submit(job(f"j{i}", gpus=1))["id"] for i in range(8)]
+        barrier = threading.Barrier(4)
+
+        def work(k: int) -> None:
+            barrier.wait()
+            for _ in range(3):
+                (svc.bind_admitted if k % 2 else svc.reconcile)()
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        svc.tick()
+        assert [state(svc, i).state for i in ids] == ["running"] * 8
+        assert sorted(svc.adapters["local"].workloads()) == sorted(ids)
+    finally:
+        svc.close()

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 def bind_admitted(svc: ControlService) -> None:
     """Stop preempted workloads, then start admitted ones; a refusal fails the job."""
+    with svc.adapter_lock:  # one binder or reconciler at a time in this process
+        _bind_admitted(svc)
+
+
+def _bind_admitted(svc: ControlService) -> None:
     drain_stops(svc)
     with svc.store.session() as session:
         jobs = list(session.scalars(select(Job).where(Job.state == "admitted")))
@@ -81,6 +86,11 @@ def bind_admitted(svc: ControlService) -> None:
 def reconcile(svc: ControlService) -> None:
     """Record the end of jobs this service process bound (exit code, or lost by the backend),
     freeing their devices; stop workloads whose job was cancelled or preempted elsewhere."""
+    with svc.adapter_lock:
+        _reconcile(svc)
+
+
+def _reconcile(svc: ControlService) -> None:
     with svc.store.session() as session:
         rows = session.execute(
             select(Job.id, Job.cluster_name).where(

@@ -86,6 +86,7 @@ class ControlService:
         self.adapters: dict[str, ClusterAdapter] = {}
         self.inventory_sources: dict[str, str] = {}
         self.mutex = threading.RLock()
+        self.adapter_lock = threading.Lock()  # bind and reconcile: one at a time per process
         self._estate: Estate | None = None
         self._ids = RowIds()
         self._version: int | None = None
