@@ -139,7 +139,8 @@ def _reconcile(svc: ControlService) -> None:
 
 def drain_stops(svc: ControlService) -> None:
     """Stop the workloads of jobs preempted since the last call. Idempotent."""
-    stops, svc._stop_later = svc._stop_later, []
+    with svc.mutex:  # the admission pass appends under the same lock
+        stops, svc._stop_later = svc._stop_later, []
     for cluster, job_id in stops:
         if cluster in svc.adapters:
             svc.adapters[cluster].release(job_id)
