@@ -103,3 +103,15 @@ def test_forget_prefix_drops_one_instance_only() -> None:
     idx.record(blocks, "i2")
     idx.forget_prefix(blocks, "i1")
     assert idx.match(blocks) == {"i2": len(blocks)}
+
+
+def test_per_request_cache_model_evicts_like_llama_cpp() -> None:
+    # room for two saved requests; alternating two prompts touches, re-saves and evicts
+    t1, t2 = chat("A" * 640, "q"), chat("B" * 640, "q")
+    idx = PrefixIndex(max_blocks=10_000, blocks_per_instance=2 * len(t1), per_request_cache=True)
+    idx.record(t1, "i")
+    idx.record(t2, "i")
+    assert idx.match(t1) and idx.match(t2)
+    idx.record(t1, "i")  # hit: touches t1's entry, saves another t1 entry, evicts t2
+    assert idx.match(t1) == {"i": len(t1)}
+    assert idx.match(t2) == {}

@@ -74,6 +74,7 @@ class Gateway:
                 capacities,
                 events=self.metrics.router_events(),
                 locality_wait_s=adapter.locality_wait_s,
+                per_request_cache=adapter.prefix_cache_per_request,
                 rng=random.Random(rng.random()),
             )
             self.health_paths[model.name] = adapter.health_path

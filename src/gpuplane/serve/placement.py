@@ -63,7 +63,11 @@ class SlotsPolicy:
             best_blocks = max((affinity.get(c.id, 0) for c in candidates), default=0)
             if best_blocks > 0:
                 holders = [c for c in candidates if affinity.get(c.id, 0) == best_blocks]
-                best = least_utilised(holders, rng)
+                order = list(affinity)  # most recent holder first among equals
+                low = min(c.utilisation for c in holders)
+                best = min(
+                    (c for c in holders if c.utilisation == low), key=lambda c: order.index(c.id)
+                )
                 if best.utilisation - least.utilisation <= self.max_imbalance:
                     return Choice(best.id, "prefix", best_blocks)
         return Choice(least.id, "least_loaded", affinity.get(least.id, 0))

@@ -8,6 +8,7 @@ its bound. `match` answers, per instance, how many leading blocks of a prompt it
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,44 +46,130 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     return out
 
 
+class _BlockLRU:
+    """An engine cache that keeps blocks (vLLM, SGLang): least recently used blocks go first."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self._held: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, hashes: Sequence[int]) -> list[int]:
+        """Hold these blocks; return the blocks evicted to make room."""
+        held = self._held
+        for h in hashes:
+            held[h] = None
+            held.move_to_end(h)
+        evicted = []
+        while self.capacity is not None and len(held) > self.capacity:
+            evicted.append(held.popitem(last=False)[0])
+        return evicted
+
+    def discard(self, h: int) -> None:
+        self._held.pop(h, None)
+
+    def blocks(self) -> list[int]:
+        return list(self._held)
+
+
+class _RequestLRU:
+    """An engine cache that keeps one saved state per request (llama.cpp's RAM prompt cache):
+    a lookup touches the entry sharing the longest prefix, every request adds an entry, and the
+    oldest entries go when their total size passes the capacity."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._refs: dict[int, int] = {}
+        self._size = 0
+        self._ids = itertools.count()
+
+    def add(self, hashes: Sequence[int]) -> list[int]:
+        best, best_len = None, 0
+        for eid, entry in self._entries.items():
+            n = _common_prefix(entry, hashes)
+            if n > best_len:
+                best, best_len = eid, n
+        if best is not None:
+            self._entries.move_to_end(best)
+        self._entries[next(self._ids)] = tuple(hashes)
+        self._size += len(hashes)
+        for h in hashes:
+            self._refs[h] = self._refs.get(h, 0) + 1
+        evicted = []
+        while self.capacity is not None and self._entries and self._size > self.capacity:
+            _, old = self._entries.popitem(last=False)
+            self._size -= len(old)
+            for h in old:
+                left = self._refs.get(h, 0) - 1
+                if left > 0:
+                    self._refs[h] = left
+                elif self._refs.pop(h, None) is not None:
+                    evicted.append(h)
+        return evicted
+
+    def discard(self, h: int) -> None:
+        self._refs.pop(h, None)
+
+    def blocks(self) -> list[int]:
+        return list(self._refs)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PrefixIndex:
     """Block hash → most recent holder instances, LRU-bounded overall and, optionally, per
-    instance (an engine's prefix cache holds only so much: the index forgets what it evicts)."""
+    instance by a model of its engine's cache (what the engine evicts, the index forgets)."""
 
     def __init__(
         self,
         max_blocks: int,
         instances_per_block: int = 4,
         blocks_per_instance: int | None = None,
+        per_request_cache: bool = False,
     ) -> None:
         self.max_blocks = max_blocks
         self.instances_per_block = instances_per_block
-        self.blocks_per_instance = blocks_per_instance
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()
-        self._held: dict[str, OrderedDict[int, None]] = {}  # per instance, LRU order
+        self._cache_kind: type[_BlockLRU | _RequestLRU] = (
+            _RequestLRU if per_request_cache else _BlockLRU
+        )
+        self._blocks_per_instance = blocks_per_instance
+        self._held: dict[str, _BlockLRU | _RequestLRU] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        """Per instance, the number of leading blocks of `hashes` it recently served."""
+        """Per instance, the number of leading blocks of `hashes` it recently served; ordered by
+        depth, then by how recently the instance served its deepest block (first = best)."""
         depth: dict[str, int] = {}
-        alive: set[str] | None = None
+        recency: dict[str, int] = {}
+        alive: list[str] | None = None
         for n, h in enumerate(hashes, start=1):
             holders = self._blocks.get(h)
             if not holders:
                 break
-            alive = set(holders) if alive is None else alive.intersection(holders)
+            alive = list(holders) if alive is None else [i for i in holders if i in alive]
             if not alive:
                 break
-            for iid in alive:
+            for rank, iid in enumerate(alive):
                 depth[iid] = n
-        return depth
+                recency[iid] = rank
+        return dict(sorted(depth.items(), key=lambda kv: (-kv[1], recency[kv[0]])))
 
     def record(self, hashes: Sequence[int], instance_id: str) -> None:
         """`instance_id` now holds this prefix: it becomes the most recent holder of each block."""
         blocks = self._blocks
-        held = self._held.setdefault(instance_id, OrderedDict())
+        held = self._held.get(instance_id)
+        if held is None:
+            held = self._held[instance_id] = self._cache_kind(self._blocks_per_instance)
         for h in hashes:
             holders = blocks.get(h)
             if holders is None:
@@ -94,29 +181,27 @@ class PrefixIndex:
                         holders.remove(instance_id)
                     holders.insert(0, instance_id)
                     for dropped in holders[self.instances_per_block :]:
-                        self._held[dropped].pop(h, None)
+                        self._held[dropped].discard(h)
                     del holders[self.instances_per_block :]
-            held[h] = None
-            held.move_to_end(h)
-        if self.blocks_per_instance is not None:
-            while len(held) > self.blocks_per_instance:
-                self._drop(held.popitem(last=False)[0], instance_id)
+        for h in held.add(hashes):
+            self._drop(h, instance_id)
         while len(blocks) > self.max_blocks:
             h, holders = blocks.popitem(last=False)
             for iid in holders:
-                self._held[iid].pop(h, None)
+                self._held[iid].discard(h)
 
     def forget_prefix(self, hashes: Sequence[int], instance_id: str) -> None:
         """`instance_id` no longer holds these blocks (its engine evicted them)."""
         held = self._held.get(instance_id)
         for h in hashes:
             if held is not None:
-                held.pop(h, None)
+                held.discard(h)
             self._drop(h, instance_id)
 
     def forget(self, instance_id: str) -> None:
         """Drop an instance everywhere (it restarted: its cache is empty)."""
-        for h in self._held.pop(instance_id, {}):
+        held = self._held.pop(instance_id, None)
+        for h in held.blocks() if held else []:
             self._drop(h, instance_id)
 
     def _drop(self, h: int, instance_id: str) -> None:

@@ -102,6 +102,7 @@ class ModelRouter:
         *,
         events: RouterEvents | None = None,
         locality_wait_s: float = 0.0,
+        per_request_cache: bool = False,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -118,7 +119,9 @@ class ModelRouter:
             else None
         )
         self.index = PrefixIndex(
-            cfg.placement.prefix_index_blocks, blocks_per_instance=per_instance
+            cfg.placement.prefix_index_blocks,
+            blocks_per_instance=per_instance,
+            per_request_cache=per_request_cache,
         )
         self.policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
         self.events = events or RouterEvents()

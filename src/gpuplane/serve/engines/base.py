@@ -45,6 +45,9 @@ class EngineAdapter:
     # How long a request may wait for the busy instance that holds its prompt prefix before it
     # takes another one: worth more where a cold prefill is slow (CPU engines).
     locality_wait_s: ClassVar[float] = 0.0
+    # True when the engine's prefix cache saves one state per request (llama.cpp) instead of
+    # sharing blocks between requests (vLLM, SGLang): the prefix index models its evictions.
+    prefix_cache_per_request: ClassVar[bool] = False
     info_path: ClassVar[str | None] = None  # JSON read by `parse_capacity`, if the engine has one
 
     def launch(

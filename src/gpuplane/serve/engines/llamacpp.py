@@ -30,6 +30,7 @@ class LlamaCpp(EngineAdapter):
     # generation; the docs page answers whenever the process serves HTTP.
     health_path = "/docs"
     default_capacity = 1
+    prefix_cache_per_request = True
     locality_wait_s = 2.0  # a ~1,000-token prefill takes seconds on a CPU; a cached one ~0.1 s
 
     def launch(
