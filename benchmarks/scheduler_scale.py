@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gpuplane.control.scheduler import (
+    DEFAULT_SPEED_WEIGHT,
     DeviceInfo,
     NodeInfo,
     Request,
@@ -122,13 +123,14 @@ def run(
     seed: int,
     load: float,
     speeds: dict[str, float] | None,
+    speed_weight: float = DEFAULT_SPEED_WEIGHT,
 ) -> dict[str, Any]:
     snap = Snapshot(nodes, gpu_speeds=speeds)
     capacity = snap.dev_milli_cap.sum() / 1000
     mean_demand = float(np.mean([j.gpu_demand_milli for j in jobs])) / 1000
     lifetime = load * capacity / mean_demand  # arrivals a job stays, for ~`load` utilisation
     rng = np.random.default_rng(seed)
-    policy = make_policy(policy_name)
+    policy = make_policy(policy_name, speed_weight=speed_weight)
     ends: list[tuple[float, str]] = []
     times = np.zeros(len(jobs))
     release_s = 0.0
@@ -160,6 +162,7 @@ def run(
     cpu_s = time.process_time() - cpu_started - release_s  # approx.: releases timed on the wall
     return {
         "policy": policy_name,
+        "speed_weight": speed_weight if speeds else None,
         "decisions": len(jobs),
         "placed": placed,
         "refused": len(jobs) - placed,
@@ -185,6 +188,10 @@ def main() -> None:
     ap.add_argument(
         "--no-speeds", action="store_true", help="no GPU speed data (the speed term stays out)"
     )
+    ap.add_argument(
+        "--speed-weight", type=float, default=DEFAULT_SPEED_WEIGHT, help="of the speed term"
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     nodes = inventory()
@@ -198,7 +205,7 @@ def main() -> None:
     rows = []
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
         speeds = None if args.no_speeds else SPEEDS
-        row = run(policy, jobs, nodes, args.seed, args.load, speeds)
+        row = run(policy, jobs, nodes, args.seed, args.load, speeds, args.speed_weight)
         rows.append(row)
         print(
             f"{policy:<9} {row['placed']:>7} {row['refused']:>7} {row['placements_per_s']:>8.0f}"
@@ -218,9 +225,9 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
     if args.json:
         print(json.dumps(out))
 
