@@ -254,8 +254,9 @@ def main() -> None:
     ap.add_argument(
         "--speed-weight",
         type=float,
-        default=DEFAULT_SPEED_WEIGHT,
-        help="weight of the core's GPU-speed score term in the speed-aware unified run",
+        default=1.0,
+        help="weight of the core's GPU-speed score term in the speed-aware unified run "
+        f"(the core's default is {DEFAULT_SPEED_WEIGHT:g}: off)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

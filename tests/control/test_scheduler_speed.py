@@ -28,7 +28,8 @@ SPEEDS = {"A100": 1.0, "L40S": 0.8, "A10": 0.5}
 
 
 def decide(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> Decision:
-    pol = make_policy(policy) if isinstance(policy, str) else policy
+    """A policy given by name gets the speed term at weight 1 (it is off by default)."""
+    pol = make_policy(policy, speed_weight=1.0) if isinstance(policy, str) else policy
     return schedule(snap, req, pol, np.random.default_rng(seed))
 
 
@@ -226,7 +227,7 @@ def test_equal_speeds_change_no_decision_of_any_policy() -> None:
         runs = []
         for speeds in (None, {"A100": 1.5, "A10": 1.5, "L40S": 1.5}):
             snap = Snapshot(inventory, gpu_speeds=speeds)
-            policy = make_policy(name)
+            policy = make_policy(name, speed_weight=1.0)
             rng = np.random.default_rng(3)
             out = []
             for i, r in enumerate(reqs):
@@ -238,6 +239,15 @@ def test_equal_speeds_change_no_decision_of_any_policy() -> None:
                     snap.release(reqs[i - 3].job_id)
             runs.append(out)
         assert runs[0] == runs[1], name
+
+
+def test_the_term_is_off_unless_a_weight_is_given() -> None:
+    assert DEFAULT_SPEED_WEIGHT == 0.0
+    req = Request("j", gpus=1)
+    for name in policy_names():
+        with_speeds = node_of(mixed(), req, make_policy(name))
+        assert with_speeds == node_of(mixed(A10=1, L40S=1, A100=1), req, make_policy(name))
+    assert node_of(mixed(), req, make_policy("frag", speed_weight=0.5)) == "fast"
 
 
 def test_speed_weight_must_not_be_negative() -> None:

@@ -25,10 +25,12 @@ from gpuplane.errors import ConfigError
 
 FloatArray = npt.NDArray[np.float64]
 
-# Weight of the GPU-speed term relative to the policy's own score (both on 0..100), as
-# Kubernetes weighs score plugins (all default to 1): a card half as fast as the fastest
-# candidate costs 50 points, so the policy's preference has to be that strong to pick it.
-DEFAULT_SPEED_WEIGHT = 1.0
+# Weight of the GPU-speed term relative to the policy's own score (both on 0..100, as Kubernetes
+# weighs score plugins). Off by default, because measured (benchmarks/README.md) every weight
+# tried placed fewer jobs with `frag` at 10,000-GPU scale (0.001, 0.1, 1: flexible jobs take the
+# fast cards that jobs pinned to those models then lack) and lowered the unified pool's mean
+# throughput over 5 job streams (0.001 to 4). Turn it on with `make_policy(name, speed_weight=w)`.
+DEFAULT_SPEED_WEIGHT = 0.0
 
 
 @dataclass(slots=True)
@@ -91,7 +93,8 @@ class Policy(ABC):
 
     Besides the policy's own score, the core adds the GPU-speed term (`speed.py`): candidates'
     relative speed on 0..100, times `speed_weight` (per instance: `make_policy(name,
-    speed_weight=w)`; 0 turns it off), rescaled to the policy's range 0..`max_score`.
+    speed_weight=w)`; 0, the default, leaves it out), rescaled to the policy's range
+    0..`max_score`.
     """
 
     name: ClassVar[str]
