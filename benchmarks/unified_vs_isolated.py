@@ -14,10 +14,13 @@ the estate's capacity while it lasts, so both setups end up with a backlog to wo
     (later jobs backfill around ones that do not fit); a job starts when `schedule` places it and
     `commit` succeeds. Within one scan a shape that did not fit is not tried again (free
     resources only shrink during a scan), which keeps full scans cheap.
+The snapshot knows each model's speed (`gpu_speeds`); (b) runs twice: speed-blind (the core's
+default, speed weight 0) and with the core's GPU-speed score term (`--speed-weight`, default 1).
 Reported: makespan (last completion), throughput (jobs / makespan), mean wait (start - submit),
 GPU utilisation (busy GPU-hours / (GPUs x makespan)). Goal: (b) >= 1.5x the throughput of (a).
 
     .venv/bin/python benchmarks/unified_vs_isolated.py
+    .venv/bin/python benchmarks/unified_vs_isolated.py --seeds 11-15 --out /tmp/seeds.json
 """
 
 from __future__ import annotations
