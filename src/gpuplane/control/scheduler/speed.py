@@ -8,7 +8,9 @@ The score term follows the Kubernetes scheduler framework: each candidate scores
 `MAX_NODE_SCORE * speed / fastest candidate's speed` (DefaultNormalizeScore), and the core adds
 it, times the policy's `speed_weight` and rescaled to the policy's own 0..`max_score` range, to
 the policy's score. When every candidate has the same speed (one GPU model allowed, or no speed
-data) the term is left out entirely, so policies decide exactly as without it.
+data), or the weight is 0 (the default: measured, a greedy preference for fast cards cost
+placements and throughput, see `base.DEFAULT_SPEED_WEIGHT`), the term is left out entirely, so
+policies decide exactly as without it.
 """
 
 from __future__ import annotations
