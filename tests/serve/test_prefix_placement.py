@@ -111,7 +111,8 @@ def test_per_request_cache_model_evicts_like_llama_cpp() -> None:
     idx = PrefixIndex(max_blocks=10_000, blocks_per_instance=2 * len(t1), per_request_cache=True)
     idx.record(t1, "i")
     idx.record(t2, "i")
-    assert idx.match(t1) and idx.match(t2)
+    assert idx.match(t1)
+    assert idx.match(t2)
     idx.record(t1, "i")  # hit: touches t1's entry, saves another t1 entry, evicts t2
     assert idx.match(t1) == {"i": len(t1)}
     assert idx.match(t2) == {}
