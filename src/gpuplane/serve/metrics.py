@@ -1,12 +1,14 @@
 """Prometheus metrics of the gateway, named `gpuplane_<thing>_<unit>`.
 
-Counters and histograms are updated on the request path; gauges of slot and queue state are read
-from the routers at scrape time, so the hot path pays nothing for them.
+Counters and histograms are updated on the request path, through per-model children looked up
+once (`ModelSeries`); gauges of slot and queue state are read from the routers at scrape time, so
+the hot path pays nothing for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import (
     CollectorRegistry,
@@ -55,6 +57,35 @@ class _StateCollector(Collector):
             for tenant, depth in router.queue.depth_by_tenant().items():
                 queued.add_metric([router.name, tenant], depth)
         yield from (capacity, in_flight, healthy, queued)
+
+
+@dataclass(slots=True)
+class ModelSeries:
+    """One model's children of the request-path metrics: `.labels(...)` costs a lock and a
+    label tuple per call, so each child is looked up once per model (and status)."""
+
+    model: str
+    metrics: GatewayMetrics
+    ttft: Histogram
+    latency: Histogram
+    queue_wait: Histogram
+    retries: Counter
+    prefix_hits: Counter
+    by_status: dict[int, Counter] = field(default_factory=dict)
+    by_reason: dict[str, Counter] = field(default_factory=dict)
+
+    def answered(self, status: int) -> Counter:
+        child = self.by_status.get(status)
+        if child is None:
+            child = self.metrics.requests.labels(self.model, str(status))
+            self.by_status[status] = child
+        return child
+
+    def placed(self, reason: str) -> Counter:
+        child = self.by_reason.get(reason)
+        if child is None:
+            child = self.by_reason[reason] = self.metrics.placements.labels(self.model, reason)
+        return child
 
 
 class GatewayMetrics:
@@ -125,6 +156,23 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self._series: dict[str, ModelSeries] = {}
+
+    def model(self, name: str) -> ModelSeries:
+        """The request-path series of one model (made on first use, then reused)."""
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = ModelSeries(
+                model=name,
+                metrics=self,
+                ttft=self.ttft.labels(name),
+                latency=self.latency.labels(name),
+                queue_wait=self.queue_wait.labels(name),
+                retries=self.retries.labels(name),
+                prefix_hits=self.prefix_hits.labels(name),
+            )
+        return series
+
     def router_events(self) -> RouterEvents:
         return RouterEvents(
             placed=self._placed,
@@ -139,12 +187,13 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
     def _placed(self, model: str, choice: Choice) -> None:
-        self.placements.labels(model, choice.reason).inc()
+        series = self.model(model)
+        series.placed(choice.reason).inc()
         if choice.reason == "prefix":
-            self.prefix_hits.labels(model).inc()
+            series.prefix_hits.inc()
 
     def _reaped(self, model: str, lease: Lease) -> None:
         self.reaped.labels(model).inc()
 
 
-__all__ = ["GatewayMetrics", "Rejection"]
+__all__ = ["GatewayMetrics", "ModelSeries", "Rejection"]

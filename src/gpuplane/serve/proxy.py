@@ -14,14 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
-import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gpuplane.serve.errors import error_body, sse_error_event
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.router import Admission, FailureKind, ModelRouter, Rejected, Rejection
-from gpuplane.serve.upstream import PASSED_RESPONSE_HEADERS, Upstream, UpstreamFailure
+from gpuplane.serve.upstream import (
+    PASSED_RESPONSE_HEADERS,
+    EngineResponse,
+    Upstream,
+    UpstreamFailure,
+)
 
 _DONE = b"data: [DONE]"
 _PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
@@ -56,6 +60,7 @@ class ProxyCall(Response):
         self.router = router
         self.upstream = upstream
         self.metrics = metrics
+        self.series = metrics.model(router.name)
         self.path = path
         self.payload = body
         self.request_headers = headers
@@ -87,10 +92,9 @@ class ProxyCall(Response):
                         await self._finish(send, event)
             finally:
                 tg.cancel_scope.cancel()
-                model = self.router.name
                 status = 499 if self.client_left or not self.status else self.status
-                self.metrics.requests.labels(model, str(status)).inc()
-                self.metrics.latency.labels(model).observe(time.monotonic() - self.started)
+                self.series.answered(status).inc()
+                self.series.latency.observe(time.monotonic() - self.started)
 
     async def _watch_client(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
@@ -122,9 +126,7 @@ class ProxyCall(Response):
                 )
                 return
             if attempt == 0:
-                self.metrics.queue_wait.labels(self.router.name).observe(
-                    time.monotonic() - self.started
-                )
+                self.series.queue_wait.observe(time.monotonic() - self.started)
             try:
                 failure = await self._attempt(admission, send)
             finally:
@@ -139,7 +141,7 @@ class ProxyCall(Response):
                 return
             avoid = avoid | {admission.lease.instance_id}
             if attempt < self.retries:
-                self.metrics.retries.labels(self.router.name).inc()
+                self.series.retries.inc()
         await self._send_error(
             send,
             502,
@@ -149,18 +151,18 @@ class ProxyCall(Response):
 
     async def _attempt(self, admission: Admission, send: Send) -> UpstreamFailure | None:
         """Proxy once. None on success; the failure otherwise (the caller decides on a retry)."""
-        response: httpx.Response | None = None
+        response: EngineResponse | None = None
         sent_at = time.monotonic()
         try:
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
             )
-            headers = [(k, v) for k, v in response.headers.raw if k.lower() in _PASSED]
+            headers = [(k, v) for k, v in response.raw_headers if k.lower() in _PASSED]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
-            if not self.stream or response.status_code != 200:
+            if not self.stream or response.status != 200:
                 body = b"".join([chunk async for chunk in self.upstream.chunks(response)])
-                self.metrics.ttft.labels(self.router.name).observe(time.monotonic() - self.started)
-                await self._start(send, response.status_code, headers)
+                self.series.ttft.observe(time.monotonic() - self.started)
+                await self._start(send, response.status, headers)
                 await self._finish(send, body)
             else:
                 await self._stream(admission, sent_at, response, headers, send)
@@ -173,8 +175,7 @@ class ProxyCall(Response):
             return failure
         finally:
             if response is not None:
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
+                self.upstream.close(response)
         self.router.report_success(admission.lease.instance_id)
         return None
 
@@ -182,7 +183,7 @@ class ProxyCall(Response):
         self,
         admission: Admission,
         sent_at: float,
-        response: httpx.Response,
+        response: EngineResponse,
         headers: list[tuple[bytes, bytes]],
         send: Send,
     ) -> None:
@@ -190,7 +191,7 @@ class ProxyCall(Response):
         async for chunk in self.upstream.chunks(response):
             if not self.status:
                 now = time.monotonic()
-                self.metrics.ttft.labels(self.router.name).observe(now - self.started)
+                self.series.ttft.observe(now - self.started)
                 self.router.observe_first_byte(admission, now - sent_at)
                 await self._start(send, 200, headers)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
