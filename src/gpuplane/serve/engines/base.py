@@ -65,6 +65,37 @@ class EngineAdapter:
         return None
 
 
+class GpuEngineAdapter(EngineAdapter):
+    """Base of the GPU engines gpuplane launches (vLLM, SGLang, LMDeploy, TensorRT-LLM)."""
+
+    def __init__(
+        self,
+        card_mem_mib: int | None = None,
+        devices: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.card_mem_mib = card_mem_mib  # set when the card is shared without HAMi
+        self.devices = devices
+        self.extra_args = list(extra_args)
+
+    def spec(self, argv: list[str], slice_: Slice) -> LaunchSpec:
+        """The launch spec: `argv` plus the user's extra arguments, on the slice's devices."""
+        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+
+
+def load_from_samples(
+    samples: dict[str, float], running: str, waiting: str, *kv_usage: str
+) -> EngineLoad:
+    """An `EngineLoad` from Prometheus samples; `kv_usage` names are tried in order."""
+    run, wait = samples.get(running), samples.get(waiting)
+    kv = next((samples[name] for name in kv_usage if name in samples), None)
+    return EngineLoad(
+        running=None if run is None else int(run),
+        waiting=None if wait is None else int(wait),
+        kv_cache_usage=kv,
+    )
+
+
 def gpu_env(slice_: Slice, devices: Sequence[int] | None = None) -> dict[str, str]:
     """`CUDA_VISIBLE_DEVICES` for a slice: the given devices, else the first `gpus` (or one)."""
     if not slice_.is_gpu:

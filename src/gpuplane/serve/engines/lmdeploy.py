@@ -7,14 +7,12 @@ config as the Prometheus info metric `lmdeploy:backend_config_info`, whose label
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
-    EngineAdapter,
     EngineLoad,
+    GpuEngineAdapter,
     LaunchSpec,
-    gpu_env,
+    load_from_samples,
     memory_fraction,
     prometheus_samples,
     register,
@@ -22,13 +20,11 @@ from gpuplane.serve.engines.base import (
 
 
 def parse_lmdeploy_load(metrics_text: str) -> EngineLoad:
-    s = prometheus_samples(metrics_text)
-    running = s.get("lmdeploy:num_requests_running")
-    waiting = s.get("lmdeploy:num_requests_waiting")
-    return EngineLoad(
-        running=None if running is None else int(running),
-        waiting=None if waiting is None else int(waiting),
-        kv_cache_usage=s.get("lmdeploy:gpu_cache_usage_perc"),
+    return load_from_samples(
+        prometheus_samples(metrics_text),
+        "lmdeploy:num_requests_running",
+        "lmdeploy:num_requests_waiting",
+        "lmdeploy:gpu_cache_usage_perc",
     )
 
 
@@ -44,22 +40,12 @@ def backend_config_labels(metrics_text: str) -> dict[str, object]:
 
 
 @register
-class LmdeployAdapter(EngineAdapter):
+class LmdeployAdapter(GpuEngineAdapter):
     """LMDeploy's OpenAI server (TurboMind or PyTorch backend)."""
 
     name = "lmdeploy"
     health_path = "/health"
     default_capacity = 128  # LMDeploy's default max_batch_size on GPUs with lots of memory
-
-    def __init__(
-        self,
-        card_mem_mib: int | None = None,
-        devices: Sequence[int] | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.card_mem_mib = card_mem_mib
-        self.devices = devices
-        self.extra_args = list(extra_args)
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
@@ -71,7 +57,7 @@ class LmdeployAdapter(EngineAdapter):
         argv += ["--max-batch-size", str(capacity), "--cache-max-entry-count", f"{frac:g}"]
         if slice_.gpus > 1:
             argv += ["--tp", str(slice_.gpus)]
-        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+        return self.spec(argv, slice_)
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_lmdeploy_load(metrics_text)

@@ -7,14 +7,12 @@ in newer versions, in `internal_states[0]`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
-    EngineAdapter,
     EngineLoad,
+    GpuEngineAdapter,
     LaunchSpec,
-    gpu_env,
+    load_from_samples,
     memory_fraction,
     prometheus_samples,
     register,
@@ -22,34 +20,22 @@ from gpuplane.serve.engines.base import (
 
 
 def parse_sglang_load(metrics_text: str) -> EngineLoad:
-    s = prometheus_samples(metrics_text)
-    running = s.get("sglang:num_running_reqs")
-    waiting = s.get("sglang:num_queue_reqs")
-    return EngineLoad(
-        running=None if running is None else int(running),
-        waiting=None if waiting is None else int(waiting),
-        kv_cache_usage=s.get("sglang:token_usage"),
+    return load_from_samples(
+        prometheus_samples(metrics_text),
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
     )
 
 
 @register
-class SglangAdapter(EngineAdapter):
+class SglangAdapter(GpuEngineAdapter):
     """SGLang's HTTP server."""
 
     name = "sglang"
     health_path = "/health"
     default_capacity = 128
     info_path = "/server_info"
-
-    def __init__(
-        self,
-        card_mem_mib: int | None = None,
-        devices: Sequence[int] | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.card_mem_mib = card_mem_mib
-        self.devices = devices
-        self.extra_args = list(extra_args)
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
@@ -60,7 +46,7 @@ class SglangAdapter(EngineAdapter):
         argv += ["--max-running-requests", str(capacity), "--mem-fraction-static", f"{frac:g}"]
         if slice_.gpus > 1:
             argv += ["--tp-size", str(slice_.gpus)]
-        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+        return self.spec(argv, slice_)
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_sglang_load(metrics_text)

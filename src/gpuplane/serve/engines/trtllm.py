@@ -9,15 +9,14 @@ accepts both. Capacity is `--max_batch_size`, also reported in the iteration sta
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
-    EngineAdapter,
     EngineLoad,
+    GpuEngineAdapter,
     LaunchSpec,
-    gpu_env,
+    load_from_samples,
     memory_fraction,
     prometheus_samples,
     register,
@@ -44,33 +43,21 @@ def parse_trtllm_load(metrics_text: str) -> EngineLoad:
             waiting=waiting if isinstance(waiting, int) else None,
             kv_cache_usage=usage,
         )
-    s = prometheus_samples(metrics_text)
-    running_f = s.get("trtllm_num_requests_running")
-    waiting_f = s.get("trtllm_num_requests_waiting")
-    return EngineLoad(
-        running=None if running_f is None else int(running_f),
-        waiting=None if waiting_f is None else int(waiting_f),
-        kv_cache_usage=s.get("trtllm_kv_cache_utilization"),
+    return load_from_samples(
+        prometheus_samples(metrics_text),
+        "trtllm_num_requests_running",
+        "trtllm_num_requests_waiting",
+        "trtllm_kv_cache_utilization",
     )
 
 
 @register
-class TrtllmAdapter(EngineAdapter):
+class TrtllmAdapter(GpuEngineAdapter):
     """`trtllm-serve` (PyTorch or TensorRT backend)."""
 
     name = "trtllm"
     health_path = "/health"
     default_capacity = 2048  # trtllm-serve's default max_batch_size
-
-    def __init__(
-        self,
-        card_mem_mib: int | None = None,
-        devices: Sequence[int] | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.card_mem_mib = card_mem_mib
-        self.devices = devices
-        self.extra_args = list(extra_args)
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
@@ -82,7 +69,7 @@ class TrtllmAdapter(EngineAdapter):
         argv += ["--kv_cache_free_gpu_memory_fraction", f"{frac:g}"]
         if slice_.gpus > 1:
             argv += ["--tp_size", str(slice_.gpus)]
-        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+        return self.spec(argv, slice_)
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_trtllm_load(metrics_text)

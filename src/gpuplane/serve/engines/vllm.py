@@ -7,14 +7,13 @@ both are read, the newer first.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
-    EngineAdapter,
     EngineLoad,
+    GpuEngineAdapter,
     LaunchSpec,
-    gpu_env,
+    load_from_samples,
     memory_fraction,
     prometheus_samples,
     register,
@@ -25,35 +24,23 @@ _MAX_NUM_SEQS = re.compile(r"max_num_seqs=(\d+)")
 
 def parse_vllm_load(metrics_text: str) -> EngineLoad:
     """Running/waiting/KV usage from vLLM's `/metrics` (summed over engines and models)."""
-    s = prometheus_samples(metrics_text)
-    running = s.get("vllm:num_requests_running")
-    waiting = s.get("vllm:num_requests_waiting")
-    kv = s.get("vllm:kv_cache_usage_perc", s.get("vllm:gpu_cache_usage_perc"))
-    return EngineLoad(
-        running=None if running is None else int(running),
-        waiting=None if waiting is None else int(waiting),
-        kv_cache_usage=kv,
+    return load_from_samples(
+        prometheus_samples(metrics_text),
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
     )
 
 
 @register
-class VllmAdapter(EngineAdapter):
+class VllmAdapter(GpuEngineAdapter):
     """vLLM's OpenAI server. Capacity is `--max-num-seqs`, which gpuplane sets when it launches."""
 
     name = "vllm"
     health_path = "/health"
     default_capacity = 256  # vLLM's default max_num_seqs
     info_path = "/server_info"  # only with VLLM_SERVER_DEV_MODE=1; otherwise 404
-
-    def __init__(
-        self,
-        card_mem_mib: int | None = None,
-        devices: Sequence[int] | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.card_mem_mib = card_mem_mib
-        self.devices = devices
-        self.extra_args = list(extra_args)
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
@@ -63,7 +50,7 @@ class VllmAdapter(EngineAdapter):
         argv += ["--max-num-seqs", str(capacity), "--gpu-memory-utilization", f"{frac:g}"]
         if slice_.gpus > 1:
             argv += ["--tensor-parallel-size", str(slice_.gpus)]
-        return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
+        return self.spec(argv, slice_)
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_vllm_load(metrics_text)

@@ -1,0 +1,17 @@
+import gpuplane
+
+
+def test_public_surface_is_exactly_all() -> None:
+    public = {n for n in dir(gpuplane) if not n.startswith("_")} - {
+        "config",
+        "errors",
+        "resources",
+        "serve",
+        "batch",
+        "control",
+        "cli",
+        "logs",
+    }
+    assert public <= set(gpuplane.__all__)
+    for name in gpuplane.__all__:
+        assert getattr(gpuplane, name) is not None
