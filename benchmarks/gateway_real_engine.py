@@ -34,7 +34,7 @@ from gpuplane.serve.supervisor import Supervisor
 
 Request = tuple[int, dict[str, Any]]  # (tenant, chat body)
 RESULTS = Path(__file__).parent / "results" / "gateway_real_engine.json"
-ENGINE = EngineConfig()  # the embedded defaults: n_ctx 2048, 1 thread, 64 MiB prompt cache
+ENGINE = EngineConfig()  # the embedded defaults: n_ctx 2048, 1 thread, 128 MiB prompt cache
 TOPICS = ["billing", "storage", "networking", "scheduling"]
 
 

@@ -158,9 +158,10 @@ class EngineConfig(_Section):
     n_ctx: int = Field(default=2048, ge=256, description="context window in tokens")
     threads: int = Field(default=1, ge=1, description="CPU threads per instance")
     cache_bytes: int = Field(
-        default=64 * 1024 * 1024,
+        default=128 * 1024 * 1024,
         ge=0,
-        description="llama.cpp RAM prompt cache per instance; 0 turns it off",
+        description="llama.cpp RAM prompt cache per instance (one saved state per request; "
+        "128 MiB holds about four ~1,000-token SmolLM2 prompts); 0 turns it off",
     )
     start_timeout_s: float = Field(default=120.0, gt=0, description="longest engine start")
     restart_backoff_s: float = Field(default=1.0, ge=0, description="pause before a restart")

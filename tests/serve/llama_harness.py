@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from gpuplane.config import EngineConfig
 from gpuplane.serve.engines.llamacpp import LlamaCpp, default_model_path
 from gpuplane.serve.supervisor import Supervisor
 from tests.conftest import free_port
@@ -18,7 +19,7 @@ from tests.conftest import free_port
 
 @asynccontextmanager
 async def llama_instances(
-    n: int, log_dir: Path, cache_bytes: int = 64 << 20
+    n: int, log_dir: Path, cache_bytes: int = EngineConfig().cache_bytes
 ) -> AsyncIterator[Supervisor]:
     launches = []
     for i in range(n):
