@@ -215,16 +215,19 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
     start = time.perf_counter()
     ttft = None
     done = False
+    pending = b""  # an SSE event not yet complete: a read may hold several events, or part of one
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
                 await resp.aread()
                 return {"ok": False, "error": f"status {resp.status_code}"}
             async for chunk in resp.aiter_bytes():
-                if ttft is None and b'"content":"' in chunk and b'"content":""' not in chunk:
-                    ttft = time.perf_counter() - start
-                if b"[DONE]" in chunk:
-                    done = True
+                *events, pending = (pending + chunk).split(b"\n\n")
+                for event in events:
+                    if ttft is None and b'"content":"' in event and b'"content":""' not in event:
+                        ttft = time.perf_counter() - start
+                    if event == b"data: [DONE]":
+                        done = True
     except httpx.HTTPError as exc:
         return {"ok": False, "error": type(exc).__name__}
     end = time.perf_counter()
