@@ -163,9 +163,12 @@ class ModelRouter:
                 f"all {len(self.slots.instances)} instances of model '{self.name}' are "
                 "unhealthy; retry later or check the engines",
             )
-        preferred = None if avoid else self._busy_holder(blocks)
+        affinity = self._affinity(blocks)
+        preferred = None if avoid else self._busy_holder(blocks, affinity)
         if not len(self.queue) and preferred is None:
-            admission = self._place(blocks, avoid) or (self._place(blocks) if avoid else None)
+            admission = self._place(blocks, affinity, avoid) or (
+                self._place(blocks, affinity) if avoid else None
+            )
             if admission is not None:
                 return admission
         if self.queue.is_full():
@@ -264,11 +267,17 @@ class ModelRouter:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _affinity(self, blocks: Sequence[int]) -> dict[str, int]:
+        """Matched leading blocks per instance, best first; empty when prefixes are not used."""
+        return self.index.match(blocks) if blocks and self.policy.uses_prefix else {}
+
     def _place(
-        self, blocks: Sequence[int], avoid: frozenset[str] = frozenset()
+        self,
+        blocks: Sequence[int],
+        affinity: dict[str, int],
+        avoid: frozenset[str] = frozenset(),
     ) -> Admission | None:
         candidates = [c for c in self.slots.available() if c.id not in avoid]
-        affinity = self.index.match(blocks) if blocks and self.policy.uses_prefix else {}
         choice = self.policy.choose(candidates, affinity, self._rng)
         if choice is None:
             return None
@@ -278,18 +287,15 @@ class ModelRouter:
         self.events.placed(self.name, choice)
         return Admission(lease, self.slots.get(choice.instance_id).url, choice, blocks)
 
-    def _busy_holder(self, blocks: Sequence[int]) -> str | None:
+    def _busy_holder(self, blocks: Sequence[int], affinity: dict[str, int]) -> str | None:
         """A healthy instance with no free slot that holds most of this prompt's prefix: worth
-        waiting up to `locality_wait_s` for, since a cold prefill costs more (delay scheduling).
+        waiting `patience_s()` for, since a cold prefill costs more (delay scheduling).
         """
-        if not blocks or not self.policy.uses_prefix or self.patience_s() <= 0:
+        if not affinity or self.patience_s() <= 0:
             return None
-        match = self.index.match(blocks)
-        if not match:
-            return None
-        best = max(match, key=match.__getitem__)
+        best = next(iter(affinity))  # `PrefixIndex.match` orders the best holder first
         inst = self.slots.get(best)
-        if match[best] < LOCALITY_MIN_SHARE * len(blocks) or not inst.healthy or inst.free:
+        if affinity[best] < LOCALITY_MIN_SHARE * len(blocks) or not inst.healthy or inst.free:
             return None
         return best
 
@@ -316,7 +322,7 @@ class ModelRouter:
                 return
             if waiter.future.done():
                 continue
-            admission = self._place(waiter.blocks)
+            admission = self._place(waiter.blocks, self._affinity(waiter.blocks))
             if admission is None:
                 return
             waiter.future.set_result(admission)
