@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from gpuplane.config import EngineConfig, parse_settings
-from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, default_model_path
+from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.server import serving
 from gpuplane.serve.supervisor import Supervisor
 
@@ -134,23 +134,7 @@ async def drive(targets: list[str], requests: list[Request], concurrency: int) -
 
 
 async def fresh_engines(ports: list[int], log_dir: Path) -> Supervisor:
-    model = default_model_path()
-    launches = [
-        (
-            f"llama-{p}",
-            f"http://127.0.0.1:{p}",
-            LlamaCpp.command(
-                model,
-                "127.0.0.1",
-                p,
-                n_ctx=ENGINE.n_ctx,
-                threads=ENGINE.threads,
-                cache_bytes=ENGINE.cache_bytes,
-            ),
-        )
-        for p in ports
-    ]
-    supervisor = Supervisor(LlamaCpp(), launches, log_dir=log_dir)
+    supervisor = Supervisor(LlamaCpp(), embedded_launches(ENGINE, ports), log_dir=log_dir)
     await supervisor.start()
     return supervisor
 

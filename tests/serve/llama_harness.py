@@ -12,22 +12,15 @@ from typing import Any
 import httpx
 
 from gpuplane.config import EngineConfig
-from gpuplane.serve.engines.llamacpp import LlamaCpp, default_model_path
+from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
 from gpuplane.serve.supervisor import Supervisor
 from tests.conftest import free_port
 
 
 @asynccontextmanager
-async def llama_instances(
-    n: int, log_dir: Path, cache_bytes: int = EngineConfig().cache_bytes
-) -> AsyncIterator[Supervisor]:
-    launches = []
-    for i in range(n):
-        port = free_port()
-        spec = LlamaCpp.command(
-            default_model_path(), "127.0.0.1", port, n_ctx=2048, threads=1, cache_bytes=cache_bytes
-        )
-        launches.append((f"llama-{i}", f"http://127.0.0.1:{port}", spec))
+async def llama_instances(n: int, log_dir: Path) -> AsyncIterator[Supervisor]:
+    """N embedded-default llama.cpp instances on free ports, as `gpuplane up` starts them."""
+    launches = embedded_launches(EngineConfig(), [free_port() for _ in range(n)])
     supervisor = Supervisor(LlamaCpp(), launches, log_dir=log_dir, restart_backoff_s=0.2)
     await supervisor.start()
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuplane.config import EngineConfig
@@ -94,15 +95,17 @@ def cached_prefix_chars(cfg: EngineConfig) -> int | None:
     return cfg.cache_bytes // SMOLLM2_KV_BYTES_PER_TOKEN * CHARS_PER_TOKEN
 
 
-def embedded_launches(cfg: EngineConfig) -> list[tuple[str, str, LaunchSpec]]:
-    """(name, url, launch spec) of every embedded instance the config asks for."""
+def embedded_launches(
+    cfg: EngineConfig, ports: Sequence[int] | None = None
+) -> list[tuple[str, str, LaunchSpec]]:
+    """(name, url, launch spec) of every embedded instance the config asks for, on `ports`
+    (default: `base_port` + i for each of `instances`)."""
     check_installed()
     model_path = cfg.model_path or default_model_path()
     if not Path(model_path).is_file():
         raise EngineError(f"engine.model_path {model_path} does not exist")
     out = []
-    for i in range(cfg.instances):
-        port = cfg.base_port + i
+    for port in ports or range(cfg.base_port, cfg.base_port + cfg.instances):
         spec = LlamaCpp.command(
             model_path,
             cfg.host,
