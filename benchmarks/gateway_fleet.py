@@ -126,23 +126,15 @@ def free_port() -> int:
 def contender_argv(
     kind: str, policy: str, urls: list[str], caps: list[int], port: int
 ) -> list[str]:
-    if kind == "sglang":
-        argv = [str(BIN / "sglang-router"), "launch", "--worker-urls", *urls, "--policy", policy]
+    if kind in ("sglang", "vllm"):
+        head = ["sglang-router", "launch"] if kind == "sglang" else ["vllm-router"]
         return [
-            *argv,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "error",
-            "--prometheus-port",
-            str(free_port()),
-        ]
-    if kind == "vllm":
-        argv = [str(BIN / "vllm-router"), "--worker-urls", *urls, "--policy", policy]
-        return [
-            *argv,
+            str(BIN / head[0]),
+            *head[1:],
+            "--worker-urls",
+            *urls,
+            "--policy",
+            policy,
             "--host",
             "127.0.0.1",
             "--port",
