@@ -87,3 +87,14 @@ def test_position_counts_earlier_and_higher_priority() -> None:
     t = q.push("b0", "b")
     q.push("hi", "c", priority=1)
     assert q.position(t) == 2
+
+
+def test_an_item_that_may_not_go_yet_keeps_its_place_without_blocking_its_tenant() -> None:
+    q: FairQueue[str] = FairQueue(10)
+    for name in ("waits-for-holder", "a1", "a2"):
+        q.push(name, "a")
+    held = {"waits-for-holder"}
+    assert q.pop(eligible=lambda item: item not in held) == "a1"
+    held.clear()  # its holder freed a slot: it goes before the later a2
+    assert drain(q) == ["waits-for-holder", "a2"]
+    assert len(q) == 0

@@ -20,9 +20,10 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Ticket(Generic[T]):
-    """A queued item; hand it back to `remove` when its waiter gives up."""
+    """A queued item; hand it back to `remove` when its waiter gives up. Compared by
+    identity."""
 
     item: T
     tenant: str
@@ -100,13 +101,13 @@ class FairQueue(Generic[T]):
     ) -> T | None:
         """The next item by priority and fair share; None when nothing (eligible) waits.
 
-        `eligible` filters tenant heads (a head that is not eligible holds its tenant back, FIFO
-        within a tenant). With `prefer`, among eligible tenants within `slack` of the fairest
-        eligible turn, the one whose head item scores highest goes first (ties keep fair order).
+        `eligible` filters items: one that may not go now keeps its place while the items behind
+        it in its tenant's FIFO go ahead (a request waiting for the busy instance holding its
+        prefix does not hold back the requests after it). With `prefer`, among tenants within
+        `slack` of the fairest turn, the one whose next item scores highest goes first (ties
+        keep fair order).
         """
-        heads = self._heads()
-        if eligible is not None:
-            heads = [h for h in heads if eligible(h[1].item)]
+        heads = self._heads(eligible)
         if not heads:
             return None
         fairest = min(heads, key=lambda h: (h[0].pass_, h[1].seq))
@@ -121,7 +122,11 @@ class FairQueue(Generic[T]):
                 if score > best:
                     chosen, best = head, score
         state, ticket = chosen
-        state.waiting[ticket.priority].popleft()
+        waiting = state.waiting[ticket.priority]
+        if waiting[0] is ticket:
+            waiting.popleft()
+        else:
+            waiting.remove(ticket)
         ticket.removed = True
         state.count -= 1
         self._size -= 1
@@ -129,8 +134,8 @@ class FairQueue(Generic[T]):
         state.pass_ += 1.0 / state.weight
         return ticket.item
 
-    def _heads(self) -> list[tuple[_Tenant[T], Ticket[T]]]:
-        """The first live ticket of each tenant at the highest waiting priority."""
+    def _heads(self, eligible: Callable[[T], bool] | None) -> list[tuple[_Tenant[T], Ticket[T]]]:
+        """Each tenant's first live, eligible ticket at the highest priority that has one."""
         by_prio: dict[int, list[tuple[_Tenant[T], Ticket[T]]]] = {}
         for state in self._tenants.values():
             if not state.count:
@@ -138,6 +143,10 @@ class FairQueue(Generic[T]):
             for prio, dq in state.waiting.items():
                 while dq and dq[0].removed:
                     dq.popleft()
-                if dq:
-                    by_prio.setdefault(prio, []).append((state, dq[0]))
+                head = next(
+                    (t for t in dq if not t.removed and (eligible is None or eligible(t.item))),
+                    None,
+                )
+                if head is not None:
+                    by_prio.setdefault(prio, []).append((state, head))
         return by_prio[max(by_prio)] if by_prio else []
