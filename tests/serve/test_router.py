@@ -161,6 +161,38 @@ async def test_waits_for_the_busy_holder_of_its_prefix_then_gives_up() -> None:
     assert router.slots.in_flight == 0
 
 
+async def test_does_not_wait_for_a_holder_that_will_stay_busy_longer_than_a_hit_saves() -> None:
+    clock = Clock()
+    router, _ = make_router([1, 1, 1], clock, placement={"locality_wait_s": 5})
+    router.locality_wait_s = 1.0  # a cache hit saves about 1 s
+    system = block_hashes("the shared system prompt " * 30, 64)
+    first = await router.acquire(system)
+    clock.now = 10.0
+    router.release(first)  # generations hold their slot for about 10 s
+    holder = await router.acquire(system)
+    # the holder's generation just began: ~10 s to go, far more than the 1 s a hit saves
+    clock.now = 10.1
+    cold = await asyncio.wait_for(router.acquire(system), 1)
+    assert cold.lease.instance_id != holder.lease.instance_id
+    # near the end of both generations, waiting for a holder is worth it
+    clock.now = 19.8
+    waiter = asyncio.create_task(router.acquire(system))
+    await asyncio.sleep(0)
+    assert len(router.queue) == 1
+    # a holder whose only slot another request already waits for is not waited for
+    other = await asyncio.wait_for(router.acquire(system), 1)
+    holders = {holder.lease.instance_id, cold.lease.instance_id}
+    assert other.lease.instance_id not in holders
+    router.release(holder)
+    router.release(cold)
+    got = await waiter
+    assert got.lease.instance_id in holders
+    router.release(got)
+    router.release(other)
+    assert router.slots.in_flight == 0
+    assert not len(router.queue)
+
+
 async def test_learned_patience_is_the_time_a_cached_prefix_saves() -> None:
     router, _ = make_router([1, 1], placement={"locality_wait_s": 30})
     system = block_hashes("the shared system prompt " * 30, 64)

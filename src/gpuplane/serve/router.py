@@ -9,6 +9,7 @@ next waiter.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import math
 import random
@@ -66,6 +67,9 @@ class Admission:
 
 # A prefix worth waiting for covers at least this share of the prompt's blocks.
 LOCALITY_MIN_SHARE = 0.5
+# Wait for a busy holder only when it is expected to free a slot within this share of what a
+# cache hit saves: a wait that outlasts the saving costs more than the cold prefill it avoids.
+EXPECTED_WAIT_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -130,6 +134,7 @@ class ModelRouter:
         self._rng = rng or random.Random()
         self._health = {i.id: _Health() for i in self.slots.instances}
         self._hold_ewma_s = 0.0
+        self._waiting_for: collections.Counter[str] = collections.Counter()  # by busy holder
         self._first_byte_ewma_s: dict[bool, float] = {}  # by `Admission.cached`
 
     @property
@@ -183,6 +188,7 @@ class ModelRouter:
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
         if preferred is not None:
+            self._waiting_for[preferred] += 1
             waiter.patience = loop.call_later(self.patience_s(), self._lose_patience, waiter)
         self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
         try:
@@ -194,6 +200,7 @@ class ModelRouter:
             waiter.timer.cancel()
             if waiter.patience is not None:
                 waiter.patience.cancel()
+            self._stop_preferring(waiter)
 
     def release(self, admission: Admission) -> None:
         """Free the slot (idempotent) and hand it to the next waiter."""
@@ -288,16 +295,35 @@ class ModelRouter:
         return Admission(lease, self.slots.get(choice.instance_id).url, choice, blocks)
 
     def _busy_holder(self, blocks: Sequence[int], affinity: dict[str, int]) -> str | None:
-        """A healthy instance with no free slot that holds most of this prompt's prefix: worth
-        waiting `patience_s()` for, since a cold prefill costs more (delay scheduling).
+        """A healthy instance with no free slot that holds most of this prompt's prefix and is
+        expected to free one soon enough: worth waiting `patience_s()` for, since a cold
+        prefill costs more (delay scheduling).
         """
-        if not affinity or self.patience_s() <= 0:
+        if not affinity:
+            return None
+        patience = self.patience_s()
+        if patience <= 0:
             return None
         best = next(iter(affinity))  # `PrefixIndex.match` orders the best holder first
         inst = self.slots.get(best)
         if affinity[best] < LOCALITY_MIN_SHARE * len(blocks) or not inst.healthy or inst.free:
             return None
+        if self._expected_wait_s(inst) > EXPECTED_WAIT_SHARE * patience:
+            return None
         return best
+
+    def _expected_wait_s(self, inst: InstanceSlots) -> float:
+        """When the busy `inst` should free a slot for one more waiter: leases end in order of
+        age, each after the mean hold time, and the waiters already waiting for it take the
+        first ones. 0 before any hold time was measured; infinite when every slot is spoken for.
+        """
+        ahead = self._waiting_for[inst.id]
+        if ahead >= inst.capacity:
+            return math.inf
+        if not self._hold_ewma_s:
+            return 0.0
+        ages = self.slots.lease_ages(inst.id, self._clock())
+        return max(0.0, self._hold_ewma_s - ages[ahead]) if ahead < len(ages) else 0.0
 
     def _eligible(self, waiter: _Waiter) -> bool:
         """May this waiter take any free slot now? Not while it still waits for its holder."""
@@ -306,8 +332,14 @@ class ModelRouter:
         return self.slots.can_acquire(waiter.preferred) is not SlotRefusal.FULL
 
     def _lose_patience(self, waiter: _Waiter) -> None:
-        waiter.preferred = None
+        self._stop_preferring(waiter)
         self._dispatch(None)
+
+    def _stop_preferring(self, waiter: _Waiter) -> None:
+        """The waiter no longer waits for its busy holder (idempotent)."""
+        if waiter.preferred is not None:
+            self._waiting_for[waiter.preferred] -= 1
+            waiter.preferred = None
 
     def _dispatch(self, freed: str | None) -> None:
         """Hand free slots to waiters: fair order, bent within the slack toward a waiter whose
@@ -325,6 +357,7 @@ class ModelRouter:
             admission = self._place(waiter.blocks, self._affinity(waiter.blocks))
             if admission is None:
                 return
+            self._stop_preferring(waiter)
             waiter.future.set_result(admission)
 
     def _affinity_to(self, instance_id: str, waiter: _Waiter) -> float:
