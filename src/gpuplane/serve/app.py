@@ -3,23 +3,27 @@
 Request → parse and validate → resolve the model → tenant from the API key → hand over to a
 `ProxyCall` (slot, placement, proxy, release). Every refusal is an OpenAI-shaped error that says
 what was wrong and what to do.
+
+The two completion routes are the hot path: `GatewayApp` dispatches them itself, straight from
+the ASGI scope, and hands every other request to a Starlette app (admin, metrics, health).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuplane.config import Settings
 from gpuplane.serve.engines import get_adapter
@@ -171,15 +175,38 @@ class Gateway:
         return self.tenants_by_key.get(key)
 
 
-def create_app(settings: Settings, *, gateway: Gateway | None = None) -> Starlette:
+class GatewayApp:
+    """The gateway's ASGI app: completions dispatched by path (one dict lookup, no routing or
+    middleware stack on the hot path), everything else through `admin`, a Starlette app."""
+
+    def __init__(self, gateway: Gateway, admin: ASGIApp) -> None:
+        self.gateway = gateway
+        self.admin = admin
+        self.routes: dict[str, type[_CommonRequest]] = {
+            "/v1/chat/completions": ChatRequest,
+            "/v1/completions": CompletionRequest,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        schema = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if schema is None:
+            await self.admin(scope, receive, send)
+            return
+        if scope["method"] == "POST":
+            response = await _completion(self.gateway, scope, receive, schema)
+        else:
+            response = error_response(
+                405,
+                f"{scope['path']} only accepts POST, not {scope['method']}",
+                "method_not_allowed",
+                headers={"allow": "POST"},
+            )
+        await response(scope, receive, send)
+
+
+def create_app(settings: Settings, *, gateway: Gateway | None = None) -> GatewayApp:
     """The ASGI app of the gateway (lifespan starts and stops its background tasks)."""
     gw = gateway or Gateway(settings)
-
-    async def chat(request: Request) -> Response:
-        return await _completion(gw, request, "/v1/chat/completions", ChatRequest)
-
-    async def completions(request: Request) -> Response:
-        return await _completion(gw, request, "/v1/completions", CompletionRequest)
 
     async def models(request: Request) -> Response:
         if gw.resolve_tenant(request.headers) is None:
@@ -213,10 +240,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> Starlet
         finally:
             await gw.stop()
 
-    app = Starlette(
+    admin = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
@@ -225,8 +250,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> Starlet
         ],
         lifespan=lifespan,
     )
-    app.state.gateway = gw
-    return app
+    return GatewayApp(gw, admin)
 
 
 def _unauthorized(headers: Mapping[str, str]) -> Response:
@@ -240,21 +264,23 @@ def _unauthorized(headers: Mapping[str, str]) -> Response:
 
 
 async def _completion(
-    gw: Gateway, request: Request, path: str, schema: type[_CommonRequest]
-) -> Response:
+    gw: Gateway, scope: Scope, receive: Receive, schema: type[_CommonRequest]
+) -> ProxyCall | Response:
     model_name = "unknown"
-    tenant = gw.resolve_tenant(request.headers)
+    # decoded once: the lookups below would each scan and decode the raw list
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    tenant = gw.resolve_tenant(headers)
     if tenant is None:
         gw.metrics.reject(model_name, "unauthorized")
-        return _unauthorized(request.headers)
-    body_or_error = await _read_body(request, gw.cfg.max_body_bytes)
+        return _unauthorized(headers)
+    body_or_error = await _read_body(receive, headers, gw.cfg.max_body_bytes)
     if isinstance(body_or_error, Response):
         gw.metrics.reject(model_name, "invalid_request")
         return body_or_error
     raw = body_or_error
     try:
-        payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         gw.metrics.reject(model_name, "invalid_request")
         return error_response(
             400, f"the request body is not valid JSON ({exc}); send a JSON object", "invalid_json"
@@ -284,7 +310,7 @@ async def _completion(
     upstream_model = gw.upstream_names.get(req.model)
     if upstream_model and upstream_model != req.model:
         payload["model"] = upstream_model
-        raw = json.dumps(payload).encode()
+        raw = orjson.dumps(payload)
     blocks = (
         block_hashes(prompt_text(payload), gw.cfg.placement.prefix_block_chars)
         if router.wants_prefix()
@@ -294,9 +320,9 @@ async def _completion(
         router=router,
         upstream=gw.upstream,
         metrics=gw.metrics,
-        path=path,
+        path=scope["path"],
         body=raw,
-        headers=request.headers,
+        headers=headers,
         stream=req.stream,
         blocks=blocks,
         tenant=tenant,
@@ -305,26 +331,34 @@ async def _completion(
     )
 
 
-async def _read_body(request: Request, limit: int) -> bytes | Response:
-    too_large = error_response(
+async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes | Response:
+    """The request body, or the error to answer: too large, or the client left mid-body."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return error_response(
+                400, "the client disconnected while sending", "client_disconnected"
+            )
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return _too_large(limit)
+        if not message.get("more_body", False):
+            return chunk if not chunks else b"".join([*chunks, chunk])
+        chunks.append(chunk)
+
+
+def _too_large(limit: int) -> Response:
+    return error_response(
         413,
         f"the request body exceeds {limit} bytes (gateway.max_body_bytes); send a smaller request",
         "body_too_large",
     )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return too_large
-    chunks = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return too_large
-            chunks.append(chunk)
-    except ClientDisconnect:
-        return error_response(400, "the client disconnected while sending", "client_disconnected")
-    return b"".join(chunks)
 
 
-__all__ = ["Gateway", "create_app"]
+__all__ = ["Gateway", "GatewayApp", "create_app"]

@@ -8,6 +8,7 @@ by name; the config's `gateway.placement.policy` picks one.
 from __future__ import annotations
 
 import difflib
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,11 +36,35 @@ class PlacementPolicy(Protocol):
     ) -> Choice | None: ...
 
 
+def lowest(
+    candidates: Sequence[InstanceSlots],
+    key: Callable[[InstanceSlots], float],
+    rng: random.Random,
+) -> InstanceSlots:
+    """The candidate with the lowest `key`, in one pass (it runs on every placement); ties
+    broken at random."""
+    low = math.inf
+    tied: list[InstanceSlots] = []
+    for c in candidates:
+        k = key(c)
+        if k < low:
+            low, tied = k, [c]
+        elif k == low:
+            tied.append(c)
+    return tied[0] if len(tied) == 1 else rng.choice(tied)
+
+
 def least_utilised(candidates: Sequence[InstanceSlots], rng: random.Random) -> InstanceSlots:
     """The candidate with the lowest in_flight/capacity; ties broken at random."""
-    low = min(c.utilisation for c in candidates)
-    tied = [c for c in candidates if c.utilisation == low]
-    return tied[0] if len(tied) == 1 else rng.choice(tied)
+    return lowest(candidates, _utilisation, rng)
+
+
+def _utilisation(inst: InstanceSlots) -> float:
+    return inst.in_flight / inst.capacity
+
+
+def _in_flight(inst: InstanceSlots) -> float:
+    return inst.in_flight
 
 
 class SlotsPolicy:
@@ -112,9 +137,7 @@ class LeastConnectionsPolicy:
     ) -> Choice | None:
         if not candidates:
             return None
-        low = min(c.in_flight for c in candidates)
-        tied = [c for c in candidates if c.in_flight == low]
-        return Choice((tied[0] if len(tied) == 1 else rng.choice(tied)).id, "least_connections")
+        return Choice(lowest(candidates, _in_flight, rng).id, "least_connections")
 
 
 class PowerOfTwoPolicy:

@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gpuplane.serve.errors import error_body, sse_error_event
@@ -38,8 +37,9 @@ class Tenant:
     priority: int = 0
 
 
-class ProxyCall(Response):
-    """A response whose status is only known once a slot was granted and the engine answered."""
+class ProxyCall:
+    """An ASGI response whose status is only known once a slot was granted and the engine
+    answered."""
 
     def __init__(
         self,
@@ -56,7 +56,6 @@ class ProxyCall(Response):
         deadline_s: float,
         retries: int,
     ) -> None:
-        super().__init__()
         self.router = router
         self.upstream = upstream
         self.metrics = metrics

@@ -80,7 +80,7 @@ class Upstream:
         caller closes the response (`close`); cancelling the caller drops the connection, which
         aborts the engine's request.
         """
-        forwarded = {k: v for k, v in headers.items() if k in FORWARDED_REQUEST_HEADERS}
+        forwarded = {k: v for k in FORWARDED_REQUEST_HEADERS if (v := headers.get(k)) is not None}
         try:
             response = await self._client().post(url, data=body, headers=forwarded)
         except (aiohttp.ClientError, TimeoutError) as exc:
