@@ -170,8 +170,9 @@ class ProxyCall:
             headers = [(k, v) for k, v in response.raw_headers if k.lower() in _PASSED]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
-                body = b"".join([chunk async for chunk in self.upstream.chunks(response)])
+                body = await self.upstream.read(response)
                 self.series.ttft.observe(time.monotonic() - self.started)
+                headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
                 await self._finish(send, body)
             else:

@@ -43,6 +43,8 @@ async def serving(settings: Settings) -> AsyncIterator[str]:
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # the gateway never reads the client's address: skip rewriting it from X-Forwarded-*
+        proxy_headers=False,
     )
     server = _Server(config)
     serving_task = asyncio.create_task(server.serve())

@@ -94,6 +94,13 @@ class Upstream:
             )
         return response
 
+    async def read(self, response: EngineResponse) -> bytes:
+        """The whole response body."""
+        try:
+            return await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _map(exc, response.url) from None
+
     async def chunks(self, response: EngineResponse) -> AsyncIterator[bytes]:
         """The response body as it arrives."""
         try:
