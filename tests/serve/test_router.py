@@ -143,6 +143,8 @@ async def test_waits_for_the_busy_holder_of_its_prefix_then_gives_up() -> None:
     router, _ = make_router([1, 1], clock, placement={"locality_wait_s": 5})
     router.locality_wait_s = 5.0  # the engine's default before anything was measured
     system = block_hashes("the shared system prompt " * 30, 64)
+    for _ in range(8):  # hold times are known: generations are short
+        router.release(await router.acquire(system))
     holder = await router.acquire(system)
     # same prefix, its holder busy, the other instance free: wait for the holder
     waiter = asyncio.create_task(router.acquire(system))
@@ -166,16 +168,18 @@ async def test_does_not_wait_for_a_holder_that_will_stay_busy_longer_than_a_hit_
     router, _ = make_router([1, 1, 1], clock, placement={"locality_wait_s": 5})
     router.locality_wait_s = 1.0  # a cache hit saves about 1 s
     system = block_hashes("the shared system prompt " * 30, 64)
-    first = await router.acquire(system)
-    clock.now = 10.0
-    router.release(first)  # generations hold their slot for about 10 s
+    for _ in range(8):  # generations hold their slot for about 10 s
+        first = await router.acquire(system)
+        clock.now += 10.0
+        router.release(first)
+    start = clock.now
     holder = await router.acquire(system)
     # the holder's generation just began: ~10 s to go, far more than the 1 s a hit saves
-    clock.now = 10.1
+    clock.now = start + 0.1
     cold = await asyncio.wait_for(router.acquire(system), 1)
     assert cold.lease.instance_id != holder.lease.instance_id
     # near the end of both generations, waiting for a holder is worth it
-    clock.now = 19.8
+    clock.now = start + 9.8
     waiter = asyncio.create_task(router.acquire(system))
     await asyncio.sleep(0)
     assert len(router.queue) == 1

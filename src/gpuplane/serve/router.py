@@ -70,6 +70,8 @@ LOCALITY_MIN_SHARE = 0.5
 # Wait for a busy holder only when it is expected to free a slot within this share of what a
 # cache hit saves: a wait that outlasts the saving costs more than the cold prefill it avoids.
 EXPECTED_WAIT_SHARE = 0.5
+# Hold times measured before the router trusts its estimate of when a slot frees.
+MIN_HOLD_SAMPLES = 8
 
 
 @dataclass(slots=True)
@@ -133,7 +135,9 @@ class ModelRouter:
         self._clock = clock
         self._rng = rng or random.Random()
         self._health = {i.id: _Health() for i in self.slots.instances}
-        self._hold_ewma_s = 0.0
+        self._hold_ewma_s: float | None = None  # until the first release
+        self._hold_dev_s = 0.0  # mean absolute deviation of hold times (EWMA)
+        self._holds = 0  # releases measured: the EWMAs average the first ten evenly
         self._waiting_for: collections.Counter[str] = collections.Counter()  # by busy holder
         self._first_byte_ewma_s: dict[bool, float] = {}  # by `Admission.cached`
 
@@ -207,9 +211,11 @@ class ModelRouter:
         lease = admission.lease
         if self.slots.release(lease):
             held = self._clock() - lease.acquired_at
-            self._hold_ewma_s = (
-                held if not self._hold_ewma_s else 0.9 * self._hold_ewma_s + 0.1 * held
-            )
+            self._holds += 1
+            weight = max(0.1, 1 / self._holds)  # a plain mean until the EWMA has ten samples
+            mean = self._hold_ewma_s if self._hold_ewma_s is not None else held
+            self._hold_dev_s += weight * (abs(held - mean) - self._hold_dev_s)
+            self._hold_ewma_s = mean + weight * (held - mean)
             self._dispatch(lease.instance_id)
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
@@ -313,17 +319,18 @@ class ModelRouter:
         return best
 
     def _expected_wait_s(self, inst: InstanceSlots) -> float:
-        """When the busy `inst` should free a slot for one more waiter: leases end in order of
-        age, each after the mean hold time, and the waiters already waiting for it take the
-        first ones. 0 before any hold time was measured; infinite when every slot is spoken for.
+        """By when the busy `inst` should have freed a slot for one more waiter, pessimistically:
+        leases end in order of age after the mean hold time plus twice its mean deviation (a
+        wait that fails costs the tail more than a hit saves), and the waiters already waiting
+        for it take the first ones. Infinite until `MIN_HOLD_SAMPLES` hold times were measured,
+        or when every slot is spoken for.
         """
         ahead = self._waiting_for[inst.id]
-        if ahead >= inst.capacity:
+        if ahead >= inst.capacity or self._hold_ewma_s is None or self._holds < MIN_HOLD_SAMPLES:
             return math.inf
-        if not self._hold_ewma_s:
-            return 0.0
         ages = self.slots.lease_ages(inst.id, self._clock())
-        return max(0.0, self._hold_ewma_s - ages[ahead]) if ahead < len(ages) else 0.0
+        hold = self._hold_ewma_s + 2 * self._hold_dev_s
+        return max(0.0, hold - ages[ahead]) if ahead < len(ages) else 0.0
 
     def _eligible(self, waiter: _Waiter) -> bool:
         """May this waiter take any free slot now? Not while it still waits for its holder."""
@@ -368,7 +375,7 @@ class ModelRouter:
             return
         self.queue.remove(waiter.ticket)
         capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self._hold_ewma_s))
+        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * (self._hold_ewma_s or 0.0)))
         self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
         waiter.future.set_exception(
             Rejected(
