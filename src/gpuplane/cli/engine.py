@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 import json
 import signal
-from collections.abc import Callable
 
 import typer
 
+from gpuplane.cli import _loop
 from gpuplane.serve.engines.sim import SimFleet, fleet_params
 
 app = typer.Typer(name="engine", help="Run inference engines by hand.", no_args_is_help=True)
@@ -88,20 +88,10 @@ def sim(
         raise typer.BadParameter(str(exc)) from None
     fleet = SimFleet(params, seed=seed, host=host, base_port=base_port, model=model)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve(fleet, json_ready))
+        _loop.run(_serve(fleet, json_ready))
     except OSError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (uvicorn[standard] brings it): the simulator's per-request cost."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 async def _serve(fleet: SimFleet, json_ready: bool) -> None:

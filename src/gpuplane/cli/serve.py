@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import typer
 from rich.console import Console
 
 from gpuplane import logs
+from gpuplane.cli import _loop
 from gpuplane.config import Settings, load_settings
 from gpuplane.errors import GpuplaneError
 
@@ -27,15 +26,6 @@ def _settings(config: Path | None, host: str | None, port: int | None) -> Settin
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
     return settings.model_copy(update={"gateway": gateway})
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (uvicorn[standard] brings it): a cheaper event loop per request."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -57,12 +47,11 @@ def gateway(
         if not settings.models:
             raise GpuplaneError(f"{config} configures no models; add a `models:` list")
         gw = settings.gateway
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(
-                serve_until_signal(
-                    settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
-                )
+        _loop.run(
+            serve_until_signal(
+                settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
             )
+        )
     except GpuplaneError as exc:
         raise _fail(exc) from None
 
@@ -87,7 +76,7 @@ def up(
             f"starting {settings.engine.instances} llama.cpp instance(s) "
             f"on ports {settings.engine.base_port}+ (logs in {log_dir}) ..."
         )
-        asyncio.run(run_up(settings, log_dir, _print_usage))
+        _loop.run(run_up(settings, log_dir, _print_usage))
     except GpuplaneError as exc:
         raise _fail(exc) from None
     err.print("stopped: gateway and engines are down")
