@@ -13,6 +13,7 @@ GPU speed: `Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})` or a node lab
 from gpuplane.control.scheduler.base import DEFAULT_SPEED_WEIGHT, Candidates, Policy, Scores
 from gpuplane.control.scheduler.core import feasible, filter_nodes, schedule
 from gpuplane.control.scheduler.fragmentation import Workload
+from gpuplane.control.scheduler.hold import Hold
 from gpuplane.control.scheduler.registry import (
     DEFAULT_POLICY,
     UnknownPolicyError,
@@ -44,6 +45,7 @@ __all__ = [
     "Decision",
     "DeviceGrant",
     "DeviceInfo",
+    "Hold",
     "NodeInfo",
     "Placement",
     "Policy",

@@ -6,17 +6,23 @@ Pure functions over a `Snapshot`: they never mutate it. Committing is the caller
 
 from __future__ import annotations
 
+from collections.abc import Sequence, Set
+from types import MappingProxyType
+
 import numpy as np
 
 from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy
 from gpuplane.control.scheduler.explain import State, capacity_state, explain, free_state
+from gpuplane.control.scheduler.hold import Hold, held_state
 from gpuplane.control.scheduler.snapshot import (
     MILLI_PER_GPU,
     BoolArray,
+    ClusterReason,
     Decision,
     DeviceGrant,
     IntArray,
     Placement,
+    ReasonCode,
     Request,
     Snapshot,
 )
@@ -24,7 +30,11 @@ from gpuplane.control.scheduler.speed import MAX_NODE_SCORE, speed_score
 
 
 def schedule(
-    snapshot: Snapshot, request: Request, policy: Policy, rng: np.random.Generator
+    snapshot: Snapshot,
+    request: Request,
+    policy: Policy,
+    rng: np.random.Generator,
+    holds: Sequence[Hold] = (),
 ) -> Decision:
     """Place `request` on the snapshot's free resources, or say why not per cluster.
 
@@ -35,12 +45,15 @@ def schedule(
     policy's score: the weighted GPU-speed term, which prefers faster cards when candidates of
     several speeds fit (`speed.py`; neutral when all are equally fast).
     Cards: the policy's choice, else the best-fitting card (fractions) or the lowest-numbered
-    free cards (whole). Pure: the caller commits `decision.placement`.
+    free cards (whole). `holds`: what node reservations keep from this request (`hold.py`;
+    leave the request's own hold out); where only they stand in the way, the cluster's reason
+    is `BlockedByReservation`. Pure: the caller commits `decision.placement`.
     """
     policy.observe(request)
-    cands = filter_nodes(snapshot, request, free_state(snapshot))
+    state = held_state(snapshot, holds)
+    cands = filter_nodes(snapshot, request, state)
     if len(cands) == 0:
-        return Decision(request.job_id, None, explain(snapshot, request), policy.name)
+        return Decision(request.job_id, None, _why_not(snapshot, request, holds), policy.name)
     cands.rng = rng
     scores = policy.score(cands)
     total = _with_speed(scores.nodes, cands, policy)
@@ -59,12 +72,40 @@ def schedule(
             DeviceGrant(card, int(cands.card_mem[pick, card]), request.gpu_milli),
         )
     else:
-        grants = _whole_cards(snapshot, int(cands.nodes[pick]), request.gpus)
+        grants = _whole_cards(snapshot, state, int(cands.nodes[pick]), request.gpus)
     node = snapshot.nodes[int(cands.nodes[pick])]
     placement = Placement(
         request.job_id, node.cluster, node.name, grants, request.cpu_millis, request.memory_mib
     )
     return Decision(request.job_id, placement, (), policy.name, float(total[pick]))
+
+
+def _why_not(
+    snapshot: Snapshot, request: Request, holds: Sequence[Hold]
+) -> tuple[ClusterReason, ...]:
+    """`explain`'s reasons, except in clusters where the request would fit but for `holds`."""
+    reasons = explain(snapshot, request)
+    if not holds:
+        return reasons
+    free = filter_nodes(snapshot, request, free_state(snapshot))
+    if len(free) == 0:
+        return reasons
+    holders = {h.node: h.request.job_id for h in holds}
+    blocked: dict[str, list[str]] = {}
+    for row in free.nodes:
+        node = snapshot.nodes[int(row)]
+        blocked.setdefault(node.cluster, []).append(f"{node.name} (job {holders[node.name]})")
+    out = [r for r in reasons if r.cluster not in blocked]
+    out += [
+        ClusterReason(
+            cluster,
+            ReasonCode.BLOCKED_BY_RESERVATION,
+            "fits only on nodes held for jobs that waited longer: " + ", ".join(nodes),
+            MappingProxyType({"held_nodes": len(nodes)}),
+        )
+        for cluster, nodes in blocked.items()
+    ]
+    return tuple(out)
 
 
 def _with_speed(nodes: FloatArray, cands: Candidates, policy: Policy) -> FloatArray:
@@ -108,6 +149,19 @@ def feasible(snapshot: Snapshot, request: Request) -> Decision:
     return Decision(request.job_id, placement, (), "")
 
 
+def reservation_node(snapshot: Snapshot, request: Request, taken: Set[str]) -> str | None:
+    """The node a reservation for `request` should hold: of the schedulable nodes where it fits
+    when empty and that no other reservation holds, the one closest to fitting it now (most
+    wholly free cards, then most free GPU compute, then the earliest); None when there is none.
+    Without runtime estimates, the most free capacity is the best guess at what drains first."""
+    rows = filter_nodes(snapshot, request, capacity_state(snapshot)).nodes
+    rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
+    if len(rows) == 0:
+        return None
+    order = np.lexsort((rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows]))
+    return snapshot.nodes[int(rows[order[0]])].name
+
+
 def filter_nodes(snapshot: Snapshot, request: Request, state: State) -> Candidates:
     """The filter phase over per-node aggregates first, then card by card on the survivors."""
     ok: BoolArray = snapshot.schedulable & snapshot.selector_mask(request.selector)
@@ -141,14 +195,15 @@ def _card_mem(snapshot: Snapshot, request: Request, rows: IntArray) -> IntArray:
     return need
 
 
-def _whole_cards(snapshot: Snapshot, row: int, count: int) -> tuple[DeviceGrant, ...]:
-    """The `count` lowest-numbered wholly free cards of node `row`."""
+def _whole_cards(snapshot: Snapshot, state: State, row: int, count: int) -> tuple[DeviceGrant, ...]:
+    """The `count` lowest-numbered wholly free cards of node `row` (as `state` sees them: a
+    card a reservation holds is not free)."""
     if count == 0:
         return ()
     free = (
         snapshot.dev_exists[row]
-        & (snapshot.dev_milli_free[row] == MILLI_PER_GPU)
-        & (snapshot.dev_mem_free[row] == snapshot.dev_mem_cap[row])
+        & (state.dev_milli[row] == MILLI_PER_GPU)
+        & (state.dev_mem[row] == snapshot.dev_mem_cap[row])
     )
     idx = np.flatnonzero(free)[:count]
     return tuple(DeviceGrant(int(d), int(snapshot.dev_mem_cap[row, d]), MILLI_PER_GPU) for d in idx)

@@ -157,6 +157,10 @@ class ReasonCode(StrEnum):
     FRAGMENTED = "Fragmented"  # enough free in total, but no single card / node holds it
     CONFLICT = "Conflict"  # commit: the resources were taken since the decision
     QUOTA = "Quota"  # set by the service's quota admission, never by the scheduler core
+    # fits only on nodes held for jobs that waited longer (`hold.py`); they run first
+    BLOCKED_BY_RESERVATION = "BlockedByReservation"
+    # the job waited long enough to hold a node that drains for it (the service's admission)
+    RESERVED = "Reserved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +193,8 @@ class Decision:
         return min(self.reasons, key=_reason_rank) if self.reasons else None
 
 
-# Closeness to fitting: transient causes (quota, a lost race) first, then resources that free up
-# (fragmented, GPU, memory, CPU), then the structural ones (capacity, labels, no nodes).
+# Closeness to fitting: transient causes (a reservation, quota, a lost race) first, then resources
+# that free up (fragmented, GPU, memory, CPU), then the structural ones (capacity, labels, nodes).
 _RANK = {code: i for i, code in enumerate(reversed(list(ReasonCode)))}
 
 
