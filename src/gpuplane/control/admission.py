@@ -4,7 +4,10 @@ For each pending job, in `FairQueue` order: reserve quota on the GPU models (fla
 use, ask the scheduler core for a place on those models, and commit both to the in-memory snapshot
 and quota book. When the team is within its nominal quota but the cards are held by cohort members
 that borrow, their jobs are preempted (lowest priority, newest first) if, and only if, that makes
-the job fit. The service wraps a pass in one locked store transaction and writes what it returns.
+the job fit. A job that has waited `ReservePolicy.after_s` and still does not fit gets a node
+reservation: a node held for it (`scheduler/hold.py`) until it is admitted or leaves the queue, so
+the jobs behind it cannot keep taking what it needs there and the node drains for it. The service
+wraps a pass in one locked store transaction and writes what it returns.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from gpuplane.control.quota import (
     reclaim_candidates,
 )
 from gpuplane.control.scheduler.base import Policy
-from gpuplane.control.scheduler.core import schedule
+from gpuplane.control.scheduler.core import reservation_node, schedule
+from gpuplane.control.scheduler.hold import Hold
 from gpuplane.control.scheduler.snapshot import (
     ClusterReason,
     Decision,
@@ -49,6 +53,15 @@ class PendingJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ReservePolicy:
+    """When a waiting job gets a node reservation: once it has waited `after_s` seconds (since
+    submit) without fitting; at most `limit` at a time, in queue order (0: never)."""
+
+    after_s: float
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Admitted:
     job_id: str
     placement: Placement
@@ -59,10 +72,13 @@ class Admitted:
 
 @dataclass(slots=True)
 class Outcome:
-    """One job's answer: admitted, or the reasons per cluster (as JSON-able dicts)."""
+    """One job's answer: admitted, or the reasons per cluster (as JSON-able dicts) and the
+    request as its quota allows it (None when quota allows no GPU model): what a reservation
+    would hold."""
 
     admitted: Admitted | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)
+    eligible: Request | None = None
 
 
 @dataclass(slots=True)
@@ -83,13 +99,16 @@ class Estate:
     flavors: dict[str, int] = field(default_factory=dict)  # GPU model -> card memory (MiB)
     clusters_of: dict[str, set[str]] = field(default_factory=dict)  # GPU model -> clusters
     capacity: Amount = field(default_factory=Amount)
-    # what did not fit, by request shape: valid until something is released (free capacity only
-    # shrinks between releases, so a shape that did not fit still does not)
-    releases: int = 0
+    # what did not fit, by request shape: valid until capacity is freed (a release, or a
+    # reservation that ends); in between free capacity only shrinks, so it still does not fit
+    freed: int = 0
     shares: dict[str, float] = field(default_factory=dict)  # dominant share per team, cached
-    no_fit: dict[tuple[object, ...], tuple[int, tuple[ClusterReason, ...]]] = field(
+    no_fit: dict[tuple[object, ...], tuple[int, Decision, tuple[dict[str, Any], ...]]] = field(
         default_factory=dict
     )
+    # node reservations by job id: kept across passes until the job is admitted or leaves the
+    # queue; in memory only (a job that still waits earns its reservation again)
+    reserved: dict[str, Hold] = field(default_factory=dict)
 
     @classmethod
     def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
@@ -114,17 +133,34 @@ class Estate:
             self.clusters_of,
             self.capacity,
         )
+        other.reserved = dict(self.reserved)
         return other
 
+    def adopt_reservations(self, previous: Estate) -> None:
+        """Keep `previous`'s reservations on nodes this estate still has (after a rebuild)."""
+        self.reserved = {
+            j: h for j, h in previous.reserved.items() if h.node in self.snapshot.index
+        }
+
+    def unreserve(self, job_id: str) -> None:
+        """End `job_id`'s node reservation, if it holds one. Idempotent."""
+        if self.reserved.pop(job_id, None) is not None:
+            self.freed += 1
+
+    def holds_against(self, job_id: str) -> list[Hold]:
+        """What the node reservations keep from `job_id`: all of them but its own."""
+        return [h for j, h in self.reserved.items() if j != job_id]
+
     def release(self, job_id: str) -> None:
-        """Give back a job's devices and quota. Idempotent."""
+        """Give back a job's devices, quota and node reservation. Idempotent."""
         held = self.book.reservation(job_id)
         if held is not None:
             self.shares.pop(held[0], None)
         self.snapshot.release(job_id)
         self.book.release(job_id)
         self.running.pop(job_id, None)
-        self.releases += 1
+        self.unreserve(job_id)
+        self.freed += 1
 
     def share(self, team: str) -> float:
         """The team's dominant-resource share (over its weight), cached until it changes."""
@@ -143,9 +179,17 @@ def run_pass(
     policy: Policy,
     rng: np.random.Generator,
     now: float,
+    reserve: ReservePolicy | None = None,
 ) -> PassResult:
-    """Admit what fits, in queue order; mutates `estate` for every admission."""
+    """Admit what fits, in queue order; mutates `estate` for every admission. With `reserve`,
+    jobs that waited too long get node reservations (ended here once they leave the queue)."""
     jobs = {j.job_id: j for j in pending}
+    snap = estate.snapshot
+    for job_id, held in list(estate.reserved.items()):
+        if job_id not in jobs or not snap.schedulable[snap.index[held.node]]:
+            estate.unreserve(job_id)
+    if reserve is not None:
+        _grant(estate, jobs.values(), reserve, policy, rng, now)
     queue = FairQueue(
         (Queued(j.job_id, j.team, j.priority, j.created_at) for j in jobs.values()), estate.share
     )
@@ -156,7 +200,10 @@ def run_pass(
         job = jobs[queued.job_id]
         outcome = decide(estate, job, policy, rng, now, commit=True)
         if outcome.admitted is None:
-            reasons[job.job_id] = outcome.reasons
+            hold = estate.reserved.get(job.job_id)
+            reasons[job.job_id] = (
+                outcome.reasons if hold is None else _reserved(estate, job, hold, outcome, now)
+            )
             continue
         a = outcome.admitted
         # a victim admitted earlier in this same pass was never written: it just stays pending
@@ -183,38 +230,50 @@ def decide(
     """Where `job` goes now (committed to `estate` when `commit`), or why not per cluster."""
     request = job.request
     if not request.is_gpu:
-        decision = _schedule(estate, request, policy, rng)
-        return _finish(estate, job, decision, None, Amount(), (), now, commit)
+        decision, why = _schedule(estate, request, policy, rng)
+        if not decision.ok:
+            return Outcome(reasons=list(why), eligible=request)
+        assert decision.placement is not None
+        return _finish(estate, job, decision.placement, None, Amount(), (), now, commit)
     wanted = request.selector.gpu_models
     models = sorted(m for m in estate.flavors if not wanted or m in wanted)
-    checks: dict[str, QuotaDecision] = {}
-    amounts: dict[str, Amount] = {}
-    for model in models:
-        amounts[model] = charge(request, estate.flavors[model])
-        checks[model] = estate.book.check(job.team, model, amounts[model])
-    allowed = [m for m in models if checks[m].ok]
+    team = estate.book.team(job.team)
+    checks: dict[str, QuotaDecision] = {}  # a team without quota is not limited: no checks
+    if team.limited:
+        for model in models:
+            checks[model] = estate.book.check(job.team, model, _charge(estate, request, model))
+    allowed = [m for m in models if m not in checks or checks[m].ok]
     if not allowed:
         return Outcome(reasons=_quota_reasons(estate, checks, models))
-    narrowed = _on_models(request, allowed)
-    decision = _schedule(estate, narrowed, policy, rng)
-    if decision.ok:
-        assert decision.placement is not None
+    # all the models the request matches: its own selector says as much (and is cheaper)
+    narrowed = request if len(allowed) == len(models) else _on_models(request, allowed)
+    decision, why = _schedule(estate, narrowed, policy, rng)
+    if decision.placement is not None:
         model = _model_of(estate.snapshot, decision.placement)
-        return _finish(estate, job, decision, model, amounts[model], (), now, commit)
-    for model in allowed:
-        if checks[model].borrowing or not _someone_borrows(estate, job.team, model):
+        amount = _charge(estate, request, model)
+        return _finish(estate, job, decision.placement, model, amount, (), now, commit)
+    for model in allowed if team.cohort is not None else ():
+        if (model in checks and checks[model].borrowing) or not _someone_borrows(
+            estate, job.team, model
+        ):
             continue
-        narrowed = _on_models(request, [model])
-        outcome = _reclaim(estate, job, narrowed, model, amounts[model], policy, rng, now, commit)
-        if outcome is not None:
-            return outcome
-    reasons = [_reason_dict(r) for r in decision.reasons]
-    covered = {r["cluster"] for r in reasons}
+        amount = _charge(estate, request, model)
+        on_model = _on_models(request, [model])
+        reclaimed = _reclaim(estate, job, on_model, model, amount, policy, rng, now, commit)
+        if reclaimed is not None:
+            return reclaimed
+    reasons = list(why)
     refused = {m: c for m, c in checks.items() if not c.ok}
-    reasons += [
-        r for r in _quota_reasons(estate, refused, list(refused)) if r["cluster"] not in covered
-    ]
-    return Outcome(reasons=reasons)
+    if refused:
+        covered = {r["cluster"] for r in reasons}
+        reasons += [
+            r for r in _quota_reasons(estate, refused, list(refused)) if r["cluster"] not in covered
+        ]
+    return Outcome(reasons=reasons, eligible=narrowed)
+
+
+def _charge(estate: Estate, request: Request, model: str) -> Amount:
+    return charge(request, estate.flavors[model])
 
 
 def _someone_borrows(estate: Estate, team: str, model: str) -> bool:
@@ -244,36 +303,37 @@ def _reclaim(
     if not candidates:
         return None
     trial = estate.copy()
+    holds = estate.holds_against(job.job_id)
     victims: list[str] = []
     for victim in candidates:
         if not trial.book.borrowing(victim.team, model):
             continue
         trial.release(victim.job_id)
         victims.append(victim.job_id)
-        decision = schedule(trial.snapshot, request, policy, rng)
-        if decision.ok:
+        decision = schedule(trial.snapshot, request, policy, rng, holds)
+        if decision.placement is not None:
             if commit:
                 for v in victims:
                     estate.release(v)
-            return _finish(estate, job, decision, model, amount, tuple(victims), now, commit)
+            placement = decision.placement
+            return _finish(estate, job, placement, model, amount, tuple(victims), now, commit)
     return None
 
 
 def _finish(
     estate: Estate,
     job: PendingJob,
-    decision: Decision,
+    placement: Placement,
     model: str | None,
     amount: Amount,
     preempted: tuple[str, ...],
     now: float,
     commit: bool,
 ) -> Outcome:
-    if decision.placement is None:
-        return Outcome(reasons=[_reason_dict(r) for r in decision.reasons])
-    placement = decision.placement
+    """Admit `job` at `placement` (committed to `estate` when `commit`)."""
     if commit:
         estate.snapshot.commit(placement)
+        estate.unreserve(job.job_id)
         if model is not None:
             estate.book.reserve(job.job_id, job.team, model, amount)
             estate.shares.pop(job.team, None)
@@ -283,8 +343,15 @@ def _finish(
 
 def _schedule(
     estate: Estate, request: Request, policy: Policy, rng: np.random.Generator
-) -> Decision:
-    """`schedule`, skipped when the same shape already failed since the last release."""
+) -> tuple[Decision, tuple[dict[str, Any], ...]]:
+    """`schedule` against the node reservations of other jobs, and its reasons as dicts; skipped
+    when the same shape already failed since capacity was last freed (a job's own reservation
+    changes what it may use, so a holder is always scheduled). The reason dicts of a failed
+    shape are shared by every job of that shape: read them, never mutate them."""
+    holds = estate.holds_against(request.job_id)
+    if request.job_id in estate.reserved:
+        decision = schedule(estate.snapshot, request, policy, rng, holds)
+        return decision, tuple(_reason_dict(r) for r in decision.reasons)
     sel = request.selector
     key = (
         request.gpus,
@@ -296,12 +363,67 @@ def _schedule(
         sel.gpu_models,
     )
     known = estate.no_fit.get(key)
-    if known is not None and known[0] == estate.releases:
-        return Decision(request.job_id, None, known[1], policy.name)
-    decision = schedule(estate.snapshot, request, policy, rng)
-    if not decision.ok:
-        estate.no_fit[key] = (estate.releases, decision.reasons)
-    return decision
+    if known is not None and known[0] == estate.freed:
+        return known[1], known[2]
+    decision = schedule(estate.snapshot, request, policy, rng, holds)
+    if decision.ok:
+        return decision, ()
+    why = tuple(_reason_dict(r) for r in decision.reasons)
+    estate.no_fit[key] = (estate.freed, decision, why)
+    return decision, why
+
+
+def _grant(
+    estate: Estate,
+    pending: Iterable[PendingJob],
+    reserve: ReservePolicy,
+    policy: Policy,
+    rng: np.random.Generator,
+    now: float,
+) -> None:
+    """Fill the free reservation slots, before the pass admits anything: the jobs that waited
+    longest (highest priority first) and do not fit now, each on its `reservation_node`. By
+    wait, not by queue order: fair share would otherwise keep giving the slots to the small
+    teams' jobs while the big team's whole-node jobs wait on."""
+    free = reserve.limit - len(estate.reserved)
+    if free <= 0:
+        return
+    due = sorted(
+        (
+            j
+            for j in pending
+            if j.job_id not in estate.reserved and now - j.created_at >= reserve.after_s
+        ),
+        key=lambda j: (-j.priority, j.created_at, j.job_id),
+    )
+    for job in due:
+        outcome = decide(estate, job, policy, rng, now, commit=False)
+        if outcome.admitted is not None or outcome.eligible is None:
+            continue  # fits now (this pass admits it), or its quota allows no GPU model
+        taken = {h.node for h in estate.reserved.values()}
+        node = reservation_node(estate.snapshot, outcome.eligible, taken)
+        if node is None:
+            continue
+        estate.reserved[job.job_id] = Hold(node, job.request)
+        free -= 1
+        if free == 0:
+            return
+
+
+def _reserved(
+    estate: Estate, job: PendingJob, hold: Hold, outcome: Outcome, now: float
+) -> list[dict[str, Any]]:
+    """`outcome`'s reasons, with a `Reserved` one for the cluster of the node held for `job`."""
+    cluster = estate.snapshot.nodes[estate.snapshot.index[hold.node]].cluster
+    waited = now - job.created_at
+    reason = {
+        "cluster": cluster,
+        "code": ReasonCode.RESERVED.value,
+        "message": f"holds a reservation on node {hold.node} after waiting {waited:.0f} s: "
+        "jobs behind it may not take what it needs there, so the node drains for it",
+        "numbers": {"waited_s": int(waited)},
+    }
+    return [reason, *(r for r in outcome.reasons if r["cluster"] != cluster)]
 
 
 def _on_models(request: Request, models: list[str]) -> Request:

@@ -27,7 +27,7 @@ from gpuplane.control.adapters.base import (
     ClusterAdapter,
     create_adapter,
 )
-from gpuplane.control.admission import Estate, PendingJob, run_pass
+from gpuplane.control.admission import Estate, PendingJob, ReservePolicy, run_pass
 from gpuplane.control.inventory import (
     RowIds,
     load_estate,
@@ -83,6 +83,7 @@ class ControlService:
         self.rng = rng or np.random.default_rng(0)
         self.new_id = new_id or (lambda name: f"{name}-{uuid.uuid4().hex[:8]}")
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
+        self.reserve = ReservePolicy(config.reserve_after_s, config.max_reservations)
         self.adapters: dict[str, ClusterAdapter] = {}
         self.inventory_sources: dict[str, str] = {}
         self.mutex = threading.RLock()
@@ -156,10 +157,11 @@ class ControlService:
         with self.mutex:
             try:
                 with self.store.locked() as (session, version):
-                    if self._estate is None or self._version != version - 1:
-                        self._estate, self._ids = load_estate(session)
+                    estate = self._estate
+                    if estate is None or self._version != version - 1:
+                        estate = self._reload(session)
                     self._version = version
-                    yield session, self._estate
+                    yield session, estate
             except BaseException:
                 self.invalidate()
                 raise
@@ -175,11 +177,20 @@ class ControlService:
         """The current estate for reads (rebuilt if the store moved); do not mutate it."""
         with self.mutex:
             version = self.store.version()
-            if self._estate is None or self._version != version:
+            estate = self._estate
+            if estate is None or self._version != version:
                 with self.store.session() as session:
-                    self._estate, self._ids = load_estate(session)
+                    estate = self._reload(session)
                 self._version = version
-            return self._estate, self._ids
+            return estate, self._ids
+
+    def _reload(self, session: Session) -> Estate:
+        """Rebuild the mirror from the store, keeping the node reservations (memory only)."""
+        estate, self._ids = load_estate(session)
+        if self._estate is not None:
+            estate.adopt_reservations(self._estate)
+        self._estate = estate
+        return estate
 
     # -- submit ----------------------------------------------------------------------------------
 
@@ -238,7 +249,7 @@ class ControlService:
                 old[row.id] = row.reasons
             if not pending:
                 return 0, 0, {}
-            result = run_pass(estate, pending, self.policy, self.rng, now)
+            result = run_pass(estate, pending, self.policy, self.rng, now, self.reserve)
             preempted = [v for a in result.admitted for v in a.preempted]
             if preempted:
                 session.execute(delete(Allocation).where(Allocation.job_id.in_(preempted)))

@@ -110,6 +110,15 @@ class ControlConfig(_Section):
     teams: list[TeamConfig] = Field(
         default_factory=list, description="teams and quotas applied at start (others: via API)"
     )
+    reserve_after_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a job that waited this long (since submit) and does not fit gets a node "
+        "reservation: nothing new lands on what it needs there until it runs",
+    )
+    max_reservations: int = Field(
+        default=2, ge=0, description="node reservations held at once (0: none)"
+    )
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
     instance: str | None = Field(
         default=None,
