@@ -9,15 +9,18 @@ the estate's capacity while it lasts, so both setups end up with a backlog to wo
 
 (a) isolated: each team's jobs may only run on its home cluster (what separate clusters with
     separate queues give); (b) unified: one queue over one pool, every job anywhere its own
-    constraints allow. Both run the same discrete-event simulation and the same scheduler core
-    (policy `frag`): at every arrival and completion the whole queue is scanned in FIFO order
-    (later jobs backfill around ones that do not fit); a job starts when `schedule` places it and
-    `commit` succeeds. Within one scan a shape that did not fit is not tried again (free
-    resources only shrink during a scan), which keeps full scans cheap.
-The snapshot knows each model's speed (`gpu_speeds`); (b) runs twice: speed-blind (the core's
-default, speed weight 0) and with the core's GPU-speed score term (`--speed-weight`, default 1).
-Reported: makespan (last completion), throughput (jobs / makespan), mean wait (start - submit),
-GPU utilisation (busy GPU-hours / (GPUs x makespan)). Goal: (b) >= 1.5x the throughput of (a).
+    constraints allow. Both run the same discrete-event simulation around the service's own
+    admission pass (`control.admission`: `Estate` + `run_pass`, policy `frag`, teams without
+    quota, i.e. not limited): at every arrival and completion one pass goes over the whole queue
+    in the service's order (priority, fair share, oldest), later jobs backfill around ones that
+    do not fit, and a job starts when the pass admits it. (b) runs without and with node
+    reservations for jobs that waited too long (the service's defaults `reserve_after_s` and
+    `max_reservations`, or `--reserve-after-h` / `--max-reservations`); (a) runs without them.
+The snapshot knows each model's speed (`gpu_speeds`); the core's GPU-speed score term is off (its
+default) unless `--speed-weight W` adds a unified run with it.
+Reported: makespan (last completion), throughput (jobs / makespan), mean and p95 wait (start -
+submit), GPU utilisation (busy GPU-hours / (GPUs x makespan)). Goal: (b) >= 1.5x the throughput
+of (a), both with the service's default settings.
 
     .venv/bin/python benchmarks/unified_vs_isolated.py
     .venv/bin/python benchmarks/unified_vs_isolated.py --seeds 11-15 --out /tmp/seeds.json
@@ -37,22 +40,24 @@ from typing import Any
 
 import numpy as np
 
+from gpuplane.control.admission import Estate, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import (
-    DEFAULT_SPEED_WEIGHT,
     DeviceInfo,
     NodeInfo,
     Request,
     Snapshot,
     feasible,
     make_policy,
-    schedule,
 )
+from gpuplane.control.settings import ControlConfig
 from gpuplane.control.simulate import parse_seeds
 from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, Selector
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "unified_vs_isolated.json"
 GIB = 1024
+HOUR = 3600.0
 
 # cluster, region, GPU model, card memory, speed relative to an A100
 CLUSTERS = [
@@ -129,60 +134,57 @@ def job_stream(
 
 
 def simulate(
-    jobs: list[Job], nodes: list[NodeInfo], unified: bool, speed_weight: float
+    jobs: list[Job],
+    nodes: list[NodeInfo],
+    unified: bool,
+    reserve: ReservePolicy | None,
+    speed_weight: float = 0.0,
 ) -> dict[str, Any]:
-    """Event-driven replay; returns makespan, throughput, waits and utilisation. The snapshot
-    knows each model's speed; `speed_weight` 0 makes the core ignore it."""
-    snap = Snapshot(nodes, gpu_speeds=SPEED)
+    """Event-driven replay through the service's admission pass; returns makespan, throughput,
+    waits and utilisation. Times are hours here and seconds inside the pass, as in the service.
+    The snapshot knows each model's speed; `speed_weight` 0 makes the core ignore it."""
+    estate = Estate.build(Snapshot(nodes, gpu_speeds=SPEED), QuotaBook(), ())
     policy = make_policy("frag", speed_weight=speed_weight)
     rng = np.random.default_rng(0)
     events: list[tuple[float, int, str]] = [(j.submit_h, 1, j.request.job_id) for j in jobs]
     heapq.heapify(events)  # (time, kind 0 = completion first, 1 = arrival, job id)
     by_id = {j.request.job_id: j for j in jobs}
-    queue: list[Job] = []
+    pending: dict[str, PendingJob] = {}
     waits: list[float] = []
+    reserved: set[str] = set()  # jobs that held a node reservation at some point
     busy_gpu_h = 0.0
     end = 0.0
-    decisions = 0
+    passes = 0
     started = time.perf_counter()
     while events:
         now, kind, job_id = heapq.heappop(events)
         if kind == 0:
-            snap.release(job_id)
+            estate.release(job_id)
         else:
-            queue.append(by_id[job_id])
-        if events and events[0][0] == now:
-            continue  # settle simultaneous events first
-        free_milli = int(snap.gpu_milli_free.sum())
-        kept: list[Job] = []
-        failed: set[tuple[object, ...]] = set()  # shapes that did not fit during this scan
-        for job in queue:
+            job = by_id[job_id]
             req = job.request
             if not unified:
                 home = TEAMS[job.team]
                 req = replace(req, selector=Selector(match_labels={LABEL_CLUSTER: home}))
-            shape = req.shape
-            if req.gpu_demand_milli > free_milli or shape in failed:
-                kept.append(job)
-                continue
-            decision = schedule(snap, req, policy, rng)
-            if decision.placement is None:
-                failed.add(shape)
-                kept.append(job)
-                continue
-            snap.commit(decision.placement)
-            decisions += 1
-            free_milli -= req.gpu_demand_milli
-            model = snap.nodes[snap.index[decision.placement.node]].gpu_model
-            duration = job.work_h / SPEED[model]
-            heapq.heappush(events, (now + duration, 0, req.job_id))
+            pending[job_id] = PendingJob(job_id, job.team, 0, job.submit_h * HOUR, req)
+        if events and events[0][0] == now:
+            continue  # settle simultaneous events first
+        result = run_pass(estate, pending.values(), policy, rng, now * HOUR, reserve)
+        passes += 1
+        reserved.update(estate.reserved)
+        for a in result.admitted:
+            job = by_id[a.job_id]
+            del pending[a.job_id]
+            assert a.flavor is not None
+            duration = job.work_h / SPEED[a.flavor]
+            heapq.heappush(events, (now + duration, 0, a.job_id))
             waits.append(now - job.submit_h)
-            busy_gpu_h += duration * req.gpu_demand_milli / 1000
+            busy_gpu_h += duration * job.request.gpu_demand_milli / 1000
             end = max(end, now + duration)
-        queue = kept
     gpus = sum(len(n.devices) for n in nodes)
     return {
         "mode": "unified" if unified else "isolated",
+        "reservations": "off" if reserve is None else "on",
         "speed_weight": speed_weight,
         "jobs": len(jobs),
         "makespan_h": round(end, 2),
@@ -190,7 +192,8 @@ def simulate(
         "mean_wait_h": round(float(np.mean(waits)), 2),
         "p95_wait_h": round(float(np.percentile(waits, 95)), 2),
         "gpu_utilisation": round(busy_gpu_h / (gpus * end), 4),
-        "placements": decisions,
+        "passes": passes,
+        "jobs_reserved": len(reserved),
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -198,7 +201,8 @@ def simulate(
 def scenario(
     args: argparse.Namespace, nodes: list[NodeInfo], shares: list[float], seed: int
 ) -> dict[str, Any]:
-    """One job stream: isolated, unified speed-blind, unified with the speed term."""
+    """One job stream: isolated (without node reservations: they only lengthen its backlog),
+    unified without and with them (and with the GPU-speed term when `--speed-weight` is given)."""
     jobs = job_stream(args.jobs, nodes, args.load, shares, np.random.default_rng(seed))
     share = {t: sum(j.team == t for j in jobs) / len(jobs) for t in TEAMS}
     print(
@@ -206,35 +210,40 @@ def scenario(
         f"{len(jobs)} jobs (seed {seed}); "
         + ", ".join(f"{t} {s:.0%} (home {TEAMS[t]})" for t, s in share.items())
     )
+    reserve = ReservePolicy(args.reserve_after_h * HOUR, args.max_reservations)
     rows = [
-        simulate(jobs, nodes, unified=False, speed_weight=args.speed_weight),
-        simulate(jobs, nodes, unified=True, speed_weight=0.0),  # speed-blind, as before
-        simulate(jobs, nodes, unified=True, speed_weight=args.speed_weight),
+        simulate(jobs, nodes, unified=False, reserve=None),
+        simulate(jobs, nodes, unified=True, reserve=None),
+        simulate(jobs, nodes, unified=True, reserve=reserve),
     ]
+    if args.speed_weight:
+        rows.append(simulate(jobs, nodes, True, reserve, speed_weight=args.speed_weight))
     print(
-        f"{'mode':<9} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7} {'mean wait h':>11}"
-        f" {'GPU util':>8}"
+        f"{'mode':<9} {'reserve':>7} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7}"
+        f" {'mean wait h':>11} {'p95 wait h':>10} {'GPU util':>8}"
     )
     for r in rows:
         print(
-            f"{r['mode']:<9} {r['speed_weight']:>7.2f} {r['makespan_h']:>10.1f}"
-            f" {r['throughput_jobs_per_h']:>7.2f} {r['mean_wait_h']:>11.2f}"
-            f" {r['gpu_utilisation']:>8.1%}"
+            f"{r['mode']:<9} {r['reservations']:>7} {r['speed_weight']:>7.2f}"
+            f" {r['makespan_h']:>10.1f} {r['throughput_jobs_per_h']:>7.2f}"
+            f" {r['mean_wait_h']:>11.2f} {r['p95_wait_h']:>10.2f} {r['gpu_utilisation']:>8.1%}"
         )
-    base = rows[0]["throughput_jobs_per_h"]
-    blind = rows[1]["throughput_jobs_per_h"] / base
-    ratio = rows[2]["throughput_jobs_per_h"] / base
+    isolated, off, on = (r["throughput_jobs_per_h"] for r in rows[:3])
+    ratios = {
+        "throughput_ratio": round(on / isolated, 3),
+        "throughput_ratio_no_reservation": round(off / isolated, 3),
+    }
     print(
-        f"unified / isolated throughput: {ratio:.3f}x with the speed term, {blind:.3f}x "
-        "speed-blind (goal >= 1.5x)\n"
+        f"unified / isolated throughput: {ratios['throughput_ratio']:.3f}x with node "
+        f"reservations, {ratios['throughput_ratio_no_reservation']:.3f}x without "
+        "(goal >= 1.5x)\n"
     )
     return {
         "shares": ",".join(f"{x:g}" for x in shares),
         "seed": seed,
         "teams": {t: {"home": h, "share": round(share[t], 3)} for t, h in TEAMS.items()},
         "results": rows,
-        "throughput_ratio": round(ratio, 3),
-        "throughput_ratio_speed_blind": round(blind, 3),
+        **ratios,
     }
 
 
@@ -254,12 +263,25 @@ def main() -> None:
         help="percent of the jobs per team (vision, speech, ranking); several scenarios: "
         "'60,25,15;70,20,10;80,15,5'",
     )
+    defaults = ControlConfig()
+    ap.add_argument(
+        "--reserve-after-h",
+        type=float,
+        default=defaults.reserve_after_s / HOUR,
+        help="wait before a job gets a node reservation (default: the service's)",
+    )
+    ap.add_argument(
+        "--max-reservations",
+        type=int,
+        default=defaults.max_reservations,
+        help="node reservations at once (default: the service's)",
+    )
     ap.add_argument(
         "--speed-weight",
         type=float,
-        default=1.0,
-        help="weight of the core's GPU-speed score term in the speed-aware unified run "
-        f"(the core's default is {DEFAULT_SPEED_WEIGHT:g}: off)",
+        default=0.0,
+        help="also run unified with the core's GPU-speed score term at this weight "
+        "(default 0: the core's default, off)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -275,16 +297,15 @@ def main() -> None:
         for text in args.shares.split(";"):
             key = ",".join(f"{float(x):g}" for x in text.split(","))
             rows = [sc for sc in scenarios if sc["shares"] == key]
-            speed = float(np.mean([sc["throughput_ratio"] for sc in rows]))
-            blind = float(np.mean([sc["throughput_ratio_speed_blind"] for sc in rows]))
-            print(f"  shares {text}: {speed:.3f}x with the speed term, {blind:.3f}x speed-blind")
-            summary.append(
-                {
-                    "shares": text,
-                    "mean_throughput_ratio": round(speed, 3),
-                    "mean_throughput_ratio_speed_blind": round(blind, 3),
-                }
+            means = {
+                f"mean_{k}": round(float(np.mean([sc[k] for sc in rows])), 3)
+                for k in ("throughput_ratio", "throughput_ratio_no_reservation")
+            }
+            print(
+                f"  shares {text}: {means['mean_throughput_ratio']:.3f}x with node reservations, "
+                f"{means['mean_throughput_ratio_no_reservation']:.3f}x without"
             )
+            summary.append({"shares": text, **means})
     out = {
         "benchmark": "unified_vs_isolated",
         "clusters": [
@@ -295,6 +316,8 @@ def main() -> None:
         "nodes_per_cluster": args.nodes_per_cluster,
         "offered_load": args.load,
         "seeds": seeds,
+        "reserve_after_h": args.reserve_after_h,
+        "max_reservations": args.max_reservations,
         "speed_weight": args.speed_weight,
         "scenarios": scenarios,
         "mean_over_seeds": summary,
