@@ -163,36 +163,46 @@ async def test_waits_for_the_busy_holder_of_its_prefix_then_gives_up() -> None:
     assert router.slots.in_flight == 0
 
 
-async def test_does_not_wait_for_a_holder_that_will_stay_busy_longer_than_a_hit_saves() -> None:
+SYSTEM = block_hashes("the shared system prompt " * 30, 64)
+
+
+async def router_that_learned(hold_s: float, capacities: list[int]) -> ModelRouter:
+    """A router whose generations held their slot `hold_s` and where a hit saves about 1 s."""
     clock = Clock()
-    router, _ = make_router([1, 1, 1], clock, placement={"locality_wait_s": 5})
-    router.locality_wait_s = 1.0  # a cache hit saves about 1 s
-    system = block_hashes("the shared system prompt " * 30, 64)
-    for _ in range(8):  # generations hold their slot for about 10 s
-        first = await router.acquire(system)
-        clock.now += 10.0
-        router.release(first)
-    start = clock.now
-    holder = await router.acquire(system)
-    # the holder's generation just began: ~10 s to go, far more than the 1 s a hit saves
-    clock.now = start + 0.1
-    cold = await asyncio.wait_for(router.acquire(system), 1)
+    router, _ = make_router(capacities, clock, placement={"locality_wait_s": 5})
+    router.locality_wait_s = 1.0
+    for _ in range(10):
+        lease = await router.acquire(SYSTEM)
+        clock.now += hold_s
+        router.release(lease)
+    return router
+
+
+async def test_does_not_wait_for_a_holder_that_frees_slots_slower_than_a_hit_saves() -> None:
+    router = await router_that_learned(10.0, [1, 1])  # a slot frees every ~10 s
+    holder = await router.acquire(SYSTEM)
+    cold = await asyncio.wait_for(router.acquire(SYSTEM), 1)
     assert cold.lease.instance_id != holder.lease.instance_id
-    # near the end of both generations, waiting for a holder is worth it
-    clock.now = start + 9.8
-    waiter = asyncio.create_task(router.acquire(system))
-    await asyncio.sleep(0)
-    assert len(router.queue) == 1
-    # a holder whose only slot another request already waits for is not waited for
-    other = await asyncio.wait_for(router.acquire(system), 1)
-    holders = {holder.lease.instance_id, cold.lease.instance_id}
-    assert other.lease.instance_id not in holders
-    router.release(holder)
     router.release(cold)
-    got = await waiter
-    assert got.lease.instance_id in holders
-    router.release(got)
-    router.release(other)
+    router.release(holder)
+
+
+async def test_waits_for_a_holder_that_frees_slots_in_time_while_others_go_elsewhere() -> None:
+    router = await router_that_learned(0.4, [1, 1])  # 2.5 slots free per second a hit saves
+    holder = await router.acquire(SYSTEM)
+    waiters = [asyncio.create_task(router.acquire(SYSTEM)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(router.queue) == 2
+    third = await asyncio.wait_for(router.acquire(SYSTEM), 1)  # a third would wait too long
+    assert third.lease.instance_id != holder.lease.instance_id
+    router.release(holder)
+    first = await waiters[0]
+    assert first.lease.instance_id == holder.lease.instance_id
+    router.release(first)
+    second = await waiters[1]
+    assert second.lease.instance_id == holder.lease.instance_id
+    router.release(second)
+    router.release(third)
     assert router.slots.in_flight == 0
     assert not len(router.queue)
 

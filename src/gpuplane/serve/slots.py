@@ -92,11 +92,6 @@ class SlotTable:
         self._leases[lease.id] = lease
         return lease
 
-    def lease_ages(self, instance_id: str, now: float) -> list[float]:
-        """How long each lease on `instance_id` has been held, oldest first."""
-        leases = self._instances[instance_id].leases
-        return sorted((now - self._leases[i].acquired_at for i in leases), reverse=True)
-
     def release(self, lease: Lease) -> bool:
         """Free the lease's slot. True the first time, False (and no change) afterwards."""
         if self._leases.pop(lease.id, None) is None:
