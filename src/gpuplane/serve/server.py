@@ -45,6 +45,7 @@ async def serving(settings: Settings) -> AsyncIterator[str]:
         timeout_graceful_shutdown=5,
         # the gateway never reads the client's address: skip rewriting it from X-Forwarded-*
         proxy_headers=False,
+        access_log=False,  # requests are counted in /metrics, not logged one line each
     )
     server = _Server(config)
     serving_task = asyncio.create_task(server.serve())
