@@ -9,6 +9,7 @@ import numpy as np
 from gpuplane.control.admission import Estate, PassResult, PendingJob, ReservePolicy, run_pass
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
 from gpuplane.control.scheduler import Hold, ReasonCode, Request, Snapshot, make_policy, schedule
+from gpuplane.control.scheduler.core import reservation_node
 from gpuplane.resources import Selector
 
 from .sched_helpers import node
@@ -148,6 +149,34 @@ def test_a_reservation_respects_selectors_and_quota_and_the_limit() -> None:
     assert set(codes(result, "over")) == {"Quota"}
     run(e, pending, 21.0, ReservePolicy(after_s=10.0, limit=2))
     assert {j: h.node for j, h in e.reserved.items()} == {"l4": "l", "any": "a"}
+
+
+def test_a_reservation_holds_the_node_expected_to_drain_first() -> None:
+    nodes = [
+        node("many", cards=4, pool="many"),
+        node("one", cards=4, pool="one"),
+        node("slow", cards=4, model="A10", pool="slow"),
+    ]
+    snap = Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})
+    rng = np.random.default_rng(0)
+    policy = make_policy()
+
+    def put(job_id: str, where: str, **req: Any) -> None:
+        request = Request(job_id, selector=Selector({"pool": where}), **req)
+        decision = schedule(snap, request, policy, rng)
+        assert decision.placement is not None
+        assert decision.placement.node == where
+        snap.commit(decision.placement)
+
+    put("m1", "many", gpus=1)
+    put("m2", "many", gpus=1)  # two free cards, but two jobs to wait for
+    put("o", "one", gpus=3)  # one free card, one job to wait for
+    put("s", "slow", gpus=3)  # the same, on cards half as fast
+    big = Request("big", gpus=4)
+    assert reservation_node(snap, big, set()) == "one"
+    assert reservation_node(snap, big, {"one"}) == "many"  # H(2) = 1.5 < 1 / 0.5
+    assert reservation_node(snap, big, {"one", "many"}) == "slow"
+    assert reservation_node(snap, big, {"one", "many", "slow"}) is None
 
 
 def test_holds_mask_only_what_the_held_job_needs() -> None:

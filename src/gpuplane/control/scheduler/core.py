@@ -151,14 +151,22 @@ def feasible(snapshot: Snapshot, request: Request) -> Decision:
 
 def reservation_node(snapshot: Snapshot, request: Request, taken: Set[str]) -> str | None:
     """The node a reservation for `request` should hold: of the schedulable nodes where it fits
-    when empty and that no other reservation holds, the one closest to fitting it now (most
-    wholly free cards, then most free GPU compute, then the earliest); None when there is none.
-    Without runtime estimates, the most free capacity is the best guess at what drains first."""
+    when empty and that no other reservation holds, the one expected to drain first; None when
+    there is none. Without runtime estimates, every running job is taken to have the same
+    remaining work, so a node waits for the last of its k jobs (H(k) = 1 + 1/2 + ... + 1/k times
+    one job's, as for memoryless runtimes) at its GPU speed (`gpu_speed`: slower cards run the
+    same work longer): the lowest H(k) / speed wins, then the most wholly free cards, the most
+    free GPU compute, the earliest. Fewer jobs to wait for also means fewer cards left idle."""
     rows = filter_nodes(snapshot, request, capacity_state(snapshot)).nodes
     rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
     if len(rows) == 0:
         return None
-    order = np.lexsort((rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows]))
+    jobs = np.zeros(len(snapshot.nodes), dtype=np.int64)
+    for placement in snapshot.allocations.values():
+        jobs[snapshot.index[placement.node]] += 1
+    harmonic = np.cumsum(np.concatenate(([0.0], 1.0 / np.arange(1, int(jobs.max()) + 1))))
+    drain = harmonic[jobs[rows]] / snapshot.gpu_speed[rows]
+    order = np.lexsort((rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain))
     return snapshot.nodes[int(rows[order[0]])].name
 
 
