@@ -108,6 +108,17 @@ async def test_bad_requests_get_clear_errors(
         assert needle in err["message"]
 
 
+async def test_completions_only_accept_post() -> None:
+    async with gateway() as (base, client, _):
+        r = await client.get(f"{base}/v1/chat/completions")
+        assert r.status_code == 405
+        assert r.headers["allow"] == "POST"
+        err = error_of(r)
+        assert err["code"] == "method_not_allowed"
+        assert err["type"] == "invalid_request_error"
+        assert "only accepts POST" in err["message"]
+
+
 async def test_oversized_body_is_refused() -> None:
     async with gateway(max_body_bytes=2048) as (base, client, _):
         big = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
