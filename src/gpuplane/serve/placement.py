@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,15 +57,7 @@ def lowest(
 
 def least_utilised(candidates: Sequence[InstanceSlots], rng: random.Random) -> InstanceSlots:
     """The candidate with the lowest in_flight/capacity; ties broken at random."""
-    return lowest(candidates, _utilisation, rng)
-
-
-def _utilisation(inst: InstanceSlots) -> float:
-    return inst.in_flight / inst.capacity
-
-
-def _in_flight(inst: InstanceSlots) -> float:
-    return inst.in_flight
+    return lowest(candidates, operator.attrgetter("utilisation"), rng)
 
 
 class SlotsPolicy:
@@ -137,7 +130,8 @@ class LeastConnectionsPolicy:
     ) -> Choice | None:
         if not candidates:
             return None
-        return Choice(lowest(candidates, _in_flight, rng).id, "least_connections")
+        in_flight = operator.attrgetter("in_flight")
+        return Choice(lowest(candidates, in_flight, rng).id, "least_connections")
 
 
 class PowerOfTwoPolicy:
