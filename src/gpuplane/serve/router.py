@@ -132,8 +132,8 @@ class ModelRouter:
         self._clock = clock
         self._rng = rng or random.Random()
         self._health = {i.id: _Health() for i in self.slots.instances}
-        self._hold_ewma_s: float | None = None  # until the first release
-        self._holds = 0  # releases measured: the EWMAs average the first ten evenly
+        self._hold_ewma_s = 0.0  # mean time a lease is held; a plain mean of the first ten
+        self._holds = 0  # releases measured
         self._waiting_for: collections.Counter[str] = collections.Counter()  # by busy holder
         self._first_byte_ewma_s: dict[bool, float] = {}  # by `Admission.cached`
 
@@ -208,9 +208,7 @@ class ModelRouter:
         if self.slots.release(lease):
             held = self._clock() - lease.acquired_at
             self._holds += 1
-            weight = max(0.1, 1 / self._holds)  # a plain mean until the EWMA has ten samples
-            mean = self._hold_ewma_s if self._hold_ewma_s is not None else held
-            self._hold_ewma_s = mean + weight * (held - mean)
+            self._hold_ewma_s += max(0.1, 1 / self._holds) * (held - self._hold_ewma_s)
             self._dispatch(lease.instance_id)
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
@@ -321,7 +319,7 @@ class ModelRouter:
         rarely pays and a failed wait costs the TTFT tail. On a CPU llama.cpp a hit saves
         seconds of prefill, about a generation: waiting usually pays.
         """
-        if self._hold_ewma_s is None or self._holds < MIN_HOLD_SAMPLES:
+        if self._holds < MIN_HOLD_SAMPLES:
             return False
         releases = inst.capacity * seconds / max(self._hold_ewma_s, 1e-9)
         return releases >= self._waiting_for[inst.id] + 1
@@ -369,7 +367,7 @@ class ModelRouter:
             return
         self.queue.remove(waiter.ticket)
         capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * (self._hold_ewma_s or 0.0)))
+        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self._hold_ewma_s))
         self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
         waiter.future.set_exception(
             Rejected(
