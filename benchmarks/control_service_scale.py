@@ -21,9 +21,7 @@ PostgreSQL runs on a throwaway server started from the Debian binaries (as in th
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from sqlalchemy import func, select  # noqa: E402
 
+from _results import save  # noqa: E402
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job  # noqa: E402
 from gpuplane.control.scheduler.core import feasible  # noqa: E402
 from gpuplane.control.scheduler.snapshot import Request, Snapshot  # noqa: E402
@@ -241,12 +240,8 @@ def main() -> None:
             "after": round(os.getloadavg()[0], 2),
         },
         "results": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save(out, args.out)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ beside ours (baselines within a point of them are the evidence that the protocol
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _results import save
 from gpuplane.control.simulate import (
     SeedResult,
     SimulationResult,
@@ -116,14 +115,9 @@ def main() -> None:
         "policies": rows,
         "wall_s": round(wall, 1),
         "jobs": args.jobs,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)} ({wall:.0f} s wall)")
-    if args.json:
-        print(json.dumps(out))
+    print(f"{wall:.0f} s wall")
+    save(out, RESULTS, echo_json=args.json)
 
 
 if __name__ == "__main__":

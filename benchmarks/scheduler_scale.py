@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
-import os
-import platform
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from _results import save
 from gpuplane.control.scheduler import (
     DEFAULT_SPEED_WEIGHT,
     DeviceInfo,
@@ -222,14 +220,8 @@ def main() -> None:
         "gpu_speeds": None if args.no_speeds else SPEEDS,
         "goal_placements_per_s": 1000,
         "results": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    if args.json:
-        print(json.dumps(out))
+    save(out, args.out, echo_json=args.json)
 
 
 if __name__ == "__main__":

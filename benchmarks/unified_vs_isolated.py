@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
-import os
-import platform
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from _results import save
 from gpuplane.control.admission import Estate, PendingJob, ReservePolicy, run_pass
 from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import (
@@ -322,14 +320,8 @@ def main() -> None:
         "scenarios": scenarios,
         "mean_over_seeds": summary,
         "goal_ratio": 1.5,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    if args.json:
-        print(json.dumps(out))
+    save(out, args.out, echo_json=args.json)
 
 
 if __name__ == "__main__":
