@@ -11,14 +11,56 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable, Generator
 from pathlib import Path
+from typing import cast
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpuplane.config import InstanceConfig, ModelConfig, Settings
 from gpuplane.errors import ConfigError
 from gpuplane.serve.app import create_app
 from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.supervisor import Supervisor
+
+
+class CorkedTransport:
+    """A transport whose writes within one event-loop iteration go out as one `write`.
+
+    uvicorn writes a response's head and body separately: two syscalls, two TCP segments, two
+    wake-ups of the client, for every non-streamed answer. Held here until the loop's next turn,
+    they leave together; a streamed answer's chunks that arrive in one turn are merged too.
+    Everything but `write` and `close` goes straight to the real transport.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+class _CorkedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing through a `CorkedTransport`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, CorkedTransport(transport))
 
 
 class _Server(uvicorn.Server):
@@ -46,6 +88,7 @@ async def serving(settings: Settings) -> AsyncIterator[str]:
         # the gateway never reads the client's address: skip rewriting it from X-Forwarded-*
         proxy_headers=False,
         access_log=False,  # requests are counted in /metrics, not logged one line each
+        http=_CorkedHttpTools,
     )
     server = _Server(config)
     serving_task = asyncio.create_task(server.serve())
