@@ -13,6 +13,7 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.serve.engines.sim import start_sim
+from gpuplane.serve.proxy import WATCH_AFTER_S
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 
@@ -249,10 +250,25 @@ async def test_failure_mid_stream_ends_with_an_error_event() -> None:
     assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_error"
 
 
-async def test_request_timeout_is_504_and_frees_the_slot() -> None:
+@pytest.mark.parametrize("timeout_s", [0.5, WATCH_AFTER_S / 2])
+async def test_request_timeout_is_504_and_frees_the_slot(timeout_s: float) -> None:
+    """Also with a deadline that comes before the client's connection is watched."""
     async with gateway(
-        instances=1, sim={"hang_rate": 1.0}, request_timeout_s=0.5, lease_ttl_s=5
+        instances=1, sim={"hang_rate": 1.0}, request_timeout_s=timeout_s, lease_ttl_s=5
     ) as (base, client, _):
         r = await client.post(f"{base}/v1/chat/completions", json=CHAT)
     assert r.status_code == 504
     assert "request_timeout_s" in error_of(r)["message"]
+
+
+async def test_request_timeout_mid_stream_ends_with_an_error_event() -> None:
+    async with (
+        gateway(instances=1, sim={"itl_ms": 200.0}, request_timeout_s=0.5) as (base, client, _),
+        client.stream(
+            "POST", f"{base}/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 15}
+        ) as s,
+    ):
+        lines = [line async for line in s.aiter_lines() if line]
+    assert s.status_code == 200
+    assert len(lines) > 1  # tokens came before the deadline
+    assert json.loads(lines[-1][6:])["error"]["code"] == "request_timeout"
