@@ -161,8 +161,7 @@ class ModelRouter:
         Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance.
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         """
-        healthy = [i for i in self.slots.instances if i.healthy]
-        if not healthy:
+        if not self.slots.healthy_count:
             self._reject(
                 Rejection.NO_HEALTHY_INSTANCE,
                 f"all {len(self.slots.instances)} instances of model '{self.name}' are "
@@ -283,7 +282,9 @@ class ModelRouter:
         affinity: dict[str, int],
         avoid: frozenset[str] = frozenset(),
     ) -> Admission | None:
-        candidates = [c for c in self.slots.available() if c.id not in avoid]
+        candidates = self.slots.available()
+        if avoid:
+            candidates = [c for c in candidates if c.id not in avoid]
         choice = self.policy.choose(candidates, affinity, self._rng)
         if choice is None:
             return None
