@@ -51,6 +51,29 @@ class ProxyCall:
     """An ASGI response whose status is only known once a slot was granted and the engine
     answered."""
 
+    __slots__ = (
+        "_timer",
+        "_watcher",
+        "blocks",
+        "cancelled_by",
+        "client_left",
+        "deadline_s",
+        "expires_at",
+        "finished",
+        "metrics",
+        "path",
+        "payload",
+        "request_headers",
+        "retries",
+        "router",
+        "series",
+        "started",
+        "status",
+        "stream",
+        "tenant",
+        "upstream",
+    )
+
     def __init__(
         self,
         *,
