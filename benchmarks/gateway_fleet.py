@@ -306,11 +306,12 @@ TINY = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_to
 
 async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
     """Added latency (one request at a time, each router request paired with a direct one so
-    that both see the same background load) and the sustained rate, zero-delay instances.
+    that both see the same background load; one router up at a time) and the sustained rate,
+    zero-delay instances.
 
-    Every contender runs at once (idle ones cost nothing) and the sustained rate is measured in
-    `ROUNDS` interleaved rounds, so that a burst of background load on this shared machine hits
-    one round of every contender rather than all rounds of one; medians are reported."""
+    For the sustained rate every contender runs at once and is measured in `ROUNDS` interleaved
+    rounds, so that a burst of background load on this shared machine hits one round of every
+    contender rather than all rounds of one; medians are reported."""
     n = 40 if args.quick else 400
     seconds = 1.5 if args.quick else 4.0
     rounds = 1 if args.quick else ROUNDS
@@ -322,22 +323,12 @@ async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": 16,
         "stream": True,
     }
-    async with (
-        sim_process(16, 1000, seed=1, zero_delay=True, tokens_per_chunk=16) as sim,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        bases = {
-            name: await stack.enter_async_context(running(name, sim.urls, caps))
-            for name in args.contenders
-        }
-        for name, base in bases.items():
-            out[name] = await added_latency(sim.urls, base, body, n)
+    async with sim_process(16, 1000, seed=1, zero_delay=True, tokens_per_chunk=16) as sim:
+        for name in args.contenders:  # latency alone: no other router's background work
+            async with running(name, sim.urls, caps) as base:
+                out[name] = await added_latency(sim.urls, base, body, n)
             log(f"overhead {name}: {out[name]}")
-        samples: dict[str, list[tuple[float, float | None]]] = {}
-        for _ in range(rounds):
-            samples.setdefault("direct", []).append((await sustained(sim.urls, seconds), None))
-            for name, base in bases.items():
-                samples.setdefault(name, []).append(await sustained_with_cpu(base, seconds))
+        samples = await interleaved_sustained(args.contenders, sim.urls, caps, seconds, rounds)
     for name, runs in samples.items():
         rates = [rate for rate, _ in runs]
         cpus = [cpu for _, cpu in runs if cpu is not None]
@@ -351,6 +342,23 @@ async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 ROUNDS = 5  # interleaved sustained-rate rounds per contender
+
+
+async def interleaved_sustained(
+    names: list[str], urls: list[str], caps: list[int], seconds: float, rounds: int
+) -> dict[str, list[tuple[float, float | None]]]:
+    """(rate, CPU ms per request) of every contender and of going direct, `rounds` times, all
+    routers up at once and measured one after the other in each round."""
+    samples: dict[str, list[tuple[float, float | None]]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        bases = {n: await stack.enter_async_context(running(n, urls, caps)) for n in names}
+        for _ in range(rounds):
+            samples.setdefault("direct", []).append((await sustained(urls, seconds), None))
+            for name, base in bases.items():
+                samples.setdefault(name, []).append(await sustained_with_cpu(base, seconds))
+    return samples
+
+
 RUST_ROUTERS = ("sglang_cache_aware", "sglang_power_of_two", "vllm_router")
 
 
