@@ -17,7 +17,10 @@ the estate's capacity while it lasts, so both setups end up with a backlog to wo
     reservations for jobs that waited too long (the service's defaults `reserve_after_s` and
     `max_reservations`, or `--reserve-after-h` / `--max-reservations`); (a) runs without them.
 The snapshot knows each model's speed (`gpu_speeds`); the core's GPU-speed score term is off (its
-default) unless `--speed-weight W` adds a unified run with it.
+default) unless `--speed-weight W` adds a unified run with it. Completions feed the estate's work
+history, so the pass's delay scheduling for faster GPUs (`control.delay`, the service's default
+`wait_for_faster_gpu`; `--wait-for-faster off` turns it off) works as in the service; in (a) every
+job has one GPU model, so it changes nothing there.
 Reported: makespan (last completion), throughput (jobs / makespan), mean and p95 wait (start -
 submit), GPU utilisation (busy GPU-hours / (GPUs x makespan)). Goal: (b) >= 1.5x the throughput
 of (a), both with the service's default settings.
@@ -137,6 +140,7 @@ def simulate(
     unified: bool,
     reserve: ReservePolicy | None,
     speed_weight: float = 0.0,
+    wait_for_faster: bool = ControlConfig().wait_for_faster_gpu,
 ) -> dict[str, Any]:
     """Event-driven replay through the service's admission pass; returns makespan, throughput,
     waits and utilisation. Times are hours here and seconds inside the pass, as in the service.
@@ -157,7 +161,7 @@ def simulate(
     while events:
         now, kind, job_id = heapq.heappop(events)
         if kind == 0:
-            estate.release(job_id)
+            estate.release(job_id, ended_at=now * HOUR)  # completions teach it the mean work
         else:
             job = by_id[job_id]
             req = job.request
@@ -167,7 +171,9 @@ def simulate(
             pending[job_id] = PendingJob(job_id, job.team, 0, job.submit_h * HOUR, req)
         if events and events[0][0] == now:
             continue  # settle simultaneous events first
-        result = run_pass(estate, pending.values(), policy, rng, now * HOUR, reserve)
+        result = run_pass(
+            estate, pending.values(), policy, rng, now * HOUR, reserve, wait_for_faster
+        )
         passes += 1
         reserved.update(estate.reserved)
         for a in result.admitted:
@@ -209,13 +215,14 @@ def scenario(
         + ", ".join(f"{t} {s:.0%} (home {TEAMS[t]})" for t, s in share.items())
     )
     reserve = ReservePolicy(args.reserve_after_h * HOUR, args.max_reservations)
+    wait = args.wait_for_faster == "on"
     rows = [
-        simulate(jobs, nodes, unified=False, reserve=None),
-        simulate(jobs, nodes, unified=True, reserve=None),
-        simulate(jobs, nodes, unified=True, reserve=reserve),
+        simulate(jobs, nodes, unified=False, reserve=None, wait_for_faster=wait),
+        simulate(jobs, nodes, unified=True, reserve=None, wait_for_faster=wait),
+        simulate(jobs, nodes, unified=True, reserve=reserve, wait_for_faster=wait),
     ]
     if args.speed_weight:
-        rows.append(simulate(jobs, nodes, True, reserve, speed_weight=args.speed_weight))
+        rows.append(simulate(jobs, nodes, True, reserve, args.speed_weight, wait))
     print(
         f"{'mode':<9} {'reserve':>7} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7}"
         f" {'mean wait h':>11} {'p95 wait h':>10} {'GPU util':>8}"
@@ -281,6 +288,12 @@ def main() -> None:
         help="also run unified with the core's GPU-speed score term at this weight "
         "(default 0: the core's default, off)",
     )
+    ap.add_argument(
+        "--wait-for-faster",
+        choices=("on", "off"),
+        default="on" if defaults.wait_for_faster_gpu else "off",
+        help="delay scheduling for faster GPUs (default: the service's)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     nodes = inventory(args.nodes_per_cluster)
@@ -317,6 +330,7 @@ def main() -> None:
         "reserve_after_h": args.reserve_after_h,
         "max_reservations": args.max_reservations,
         "speed_weight": args.speed_weight,
+        "wait_for_faster_gpu": args.wait_for_faster == "on",
         "scenarios": scenarios,
         "mean_over_seeds": summary,
         "goal_ratio": 1.5,

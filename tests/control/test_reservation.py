@@ -205,6 +205,6 @@ def test_a_rebuilt_estate_keeps_reservations_on_nodes_it_still_has() -> None:
     old = estate()
     old.reserved = {"j": Hold("a", Request("j", gpus=4)), "k": Hold("gone", Request("k", gpus=4))}
     new = estate()
-    new.adopt_reservations(old)
+    new.adopt(old)
     assert set(new.reserved) == {"j"}
     assert set(old.copy().reserved) == {"j", "k"}

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuplane.control.delay import FasterGpuWait, WorkHistory
 from gpuplane.control.quota import (
     Amount,
     FairQueue,
@@ -109,6 +110,7 @@ class Estate:
     # node reservations by job id: kept across passes until the job is admitted or leaves the
     # queue; in memory only (a job that still waits earns its reservation again)
     reserved: dict[str, Hold] = field(default_factory=dict)
+    work: WorkHistory = field(default_factory=WorkHistory)  # completed jobs' work (`delay.py`)
 
     @classmethod
     def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
@@ -134,13 +136,16 @@ class Estate:
             self.capacity,
         )
         other.reserved = dict(self.reserved)
+        other.work = self.work
         return other
 
-    def adopt_reservations(self, previous: Estate) -> None:
-        """Keep `previous`'s reservations on nodes this estate still has (after a rebuild)."""
+    def adopt(self, previous: Estate) -> None:
+        """Keep what only memory holds after a rebuild: `previous`'s reservations on nodes this
+        estate still has, and its work history."""
         self.reserved = {
             j: h for j, h in previous.reserved.items() if h.node in self.snapshot.index
         }
+        self.work = previous.work
 
     def unreserve(self, job_id: str) -> None:
         """End `job_id`'s node reservation, if it holds one. Idempotent."""
@@ -151,8 +156,13 @@ class Estate:
         """What the node reservations keep from `job_id`: all of them but its own."""
         return [h for j, h in self.reserved.items() if j != job_id]
 
-    def release(self, job_id: str) -> None:
-        """Give back a job's devices, quota and node reservation. Idempotent."""
+    def release(self, job_id: str, ended_at: float | None = None) -> None:
+        """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
+        job completed then (its run time and cards' speed feed `work`)."""
+        running, placement = self.running.get(job_id), self.snapshot.allocations.get(job_id)
+        if ended_at is not None and running is not None and placement is not None:
+            speed = float(self.snapshot.gpu_speed[self.snapshot.index[placement.node]])
+            self.work.observe(ended_at - running.started_at, speed)
         held = self.book.reservation(job_id)
         if held is not None:
             self.shares.pop(held[0], None)
@@ -180,9 +190,11 @@ def run_pass(
     rng: np.random.Generator,
     now: float,
     reserve: ReservePolicy | None = None,
+    wait_for_faster: bool = False,
 ) -> PassResult:
     """Admit what fits, in queue order; mutates `estate` for every admission. With `reserve`,
-    jobs that waited too long get node reservations (ended here once they leave the queue)."""
+    jobs that waited too long get node reservations (ended here once they leave the queue).
+    With `wait_for_faster`, a job may wait for a faster GPU model (`delay.py`)."""
     jobs = {j.job_id: j for j in pending}
     snap = estate.snapshot
     for job_id, held in list(estate.reserved.items()):
@@ -196,10 +208,13 @@ def run_pass(
     requeued: list[str] = []
     admitted: dict[str, Admitted] = {}
     reasons: dict[str, list[dict[str, Any]]] = {}
+    faster = FasterGpuWait(snap, estate.work) if wait_for_faster else None
     for queued in queue:
         job = jobs[queued.job_id]
-        outcome = decide(estate, job, policy, rng, now, commit=True)
+        outcome = decide(estate, job, policy, rng, now, commit=True, faster=faster)
         if outcome.admitted is None:
+            if faster is not None and outcome.eligible is not None:
+                faster.queued(outcome.eligible)
             hold = estate.reserved.get(job.job_id)
             reasons[job.job_id] = (
                 outcome.reasons if hold is None else _reserved(estate, job, hold, outcome, now)
@@ -226,8 +241,11 @@ def decide(
     now: float,
     *,
     commit: bool,
+    faster: FasterGpuWait | None = None,
 ) -> Outcome:
-    """Where `job` goes now (committed to `estate` when `commit`), or why not per cluster."""
+    """Where `job` goes now (committed to `estate` when `commit`), or why not per cluster.
+    With `faster`, a job the policy places on a slower model takes or waits for a faster one
+    expected to free in time (`delay.py`); a node reservation's holder never waits."""
     request = job.request
     if not request.is_gpu:
         decision, why = _schedule(estate, request, policy, rng)
@@ -248,10 +266,18 @@ def decide(
     # all the models the request matches: its own selector says as much (and is cheaper)
     narrowed = request if len(allowed) == len(models) else _on_models(request, allowed)
     decision, why = _schedule(estate, narrowed, policy, rng)
-    if decision.placement is not None:
-        model = _model_of(estate.snapshot, decision.placement)
+    placement = decision.placement
+    if placement is not None and faster is not None and job.job_id not in estate.reserved:
+        wait = faster.check(narrowed, _model_of(estate.snapshot, placement))
+        if wait is not None:  # the faster model if it fits now, else wait for it
+            faster_only = _on_models(request, list(wait.models))
+            placement = _schedule(estate, faster_only, policy, rng)[0].placement
+            if placement is None:
+                return Outcome(reasons=[wait.reason(estate.clusters_of)], eligible=narrowed)
+    if placement is not None:
+        model = _model_of(estate.snapshot, placement)
         amount = _charge(estate, request, model)
-        return _finish(estate, job, decision.placement, model, amount, (), now, commit)
+        return _finish(estate, job, placement, model, amount, (), now, commit)
     for model in allowed if team.cohort is not None else ():
         if (model in checks and checks[model].borrowing) or not _someone_borrows(
             estate, job.team, model

@@ -188,7 +188,7 @@ class ControlService:
         """Rebuild the mirror from the store, keeping the node reservations (memory only)."""
         estate, self._ids = load_estate(session)
         if self._estate is not None:
-            estate.adopt_reservations(self._estate)
+            estate.adopt(self._estate)
         self._estate = estate
         return estate
 
@@ -249,7 +249,15 @@ class ControlService:
                 old[row.id] = row.reasons
             if not pending:
                 return 0, 0, {}
-            result = run_pass(estate, pending, self.policy, self.rng, now, self.reserve)
+            result = run_pass(
+                estate,
+                pending,
+                self.policy,
+                self.rng,
+                now,
+                self.reserve,
+                wait_for_faster=self.config.wait_for_faster_gpu,
+            )
             preempted = [v for a in result.admitted for v in a.preempted]
             if preempted:
                 session.execute(delete(Allocation).where(Allocation.job_id.in_(preempted)))
@@ -368,7 +376,7 @@ class ControlService:
             .where(Job.id == job_id)
             .values(state=state, exit_code=exit_code, message=message, finished_at=now)
         )
-        estate.release(job_id)
+        estate.release(job_id, ended_at=now if state == "succeeded" else None)
         self.record_event(session, state, message or state, job_id=job_id)
         return True
 

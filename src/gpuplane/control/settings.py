@@ -119,6 +119,12 @@ class ControlConfig(_Section):
     max_reservations: int = Field(
         default=2, ge=0, description="node reservations held at once (0: none)"
     )
+    wait_for_faster_gpu: bool = Field(
+        default=True,
+        description="a job the policy would start on a slower GPU model waits for a faster one "
+        "it may use when that is expected to free room for it before the slower card would "
+        "finish it (no runtime estimates: from completed jobs and the queue ahead of it)",
+    )
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
     instance: str | None = Field(
         default=None,

@@ -161,6 +161,8 @@ class ReasonCode(StrEnum):
     BLOCKED_BY_RESERVATION = "BlockedByReservation"
     # the job waited long enough to hold a node that drains for it (the service's admission)
     RESERVED = "Reserved"
+    # fits on a slower GPU model now, but a faster one is expected to free in time (`delay.py`)
+    WAITING_FOR_FASTER_GPU = "WaitingForFasterGpu"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,161 @@
+"""Delay scheduling for faster GPUs: wait for a fast card expected in time, else take a slow one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuplane.control.admission import Estate, PassResult, PendingJob, run_pass
+from gpuplane.control.delay import MIN_WORK_SAMPLES, WorkHistory
+from gpuplane.control.quota import QuotaBook
+from gpuplane.control.scheduler import ReasonCode, Request, Snapshot, make_policy
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
+from gpuplane.resources import LABEL_GPU_SPEED, Selector
+
+from .sched_helpers import node
+from .svc_helpers import config, job, make_service, state, wait_state
+
+SPEEDS = {"A100": 1.0, "L40S": 0.8, "A10": 0.5}
+
+
+def estate(fast_busy: int = 4, samples: int = MIN_WORK_SAMPLES, l40s: bool = False) -> Estate:
+    """A 4-card A100 node with `fast_busy` cards taken by running 1-card jobs (and with `l40s`
+    a 4-card L40S node full of them), a free 4-card A10 node, and `samples` completed jobs of
+    one hour on an A100."""
+    nodes = [node("fast", cards=4, cluster="east"), node("slow", 4, model="A10", cluster="south")]
+    if l40s:
+        nodes.append(node("mid", cards=4, model="L40S", cluster="west"))
+    e = Estate.build(Snapshot(nodes, gpu_speeds=SPEEDS), QuotaBook(), [])
+    for k in range(fast_busy):
+        run(e, [pending(f"r{k}", 0.0, models=("A100",))])
+    for k in range(4 if l40s else 0):
+        run(e, [pending(f"m{k}", 0.0, models=("L40S",))])
+    for _ in range(samples):
+        e.work.observe(3600.0, 1.0)
+    return e
+
+
+def pending(job_id: str, t: float, models: tuple[str, ...] = (), **req: Any) -> PendingJob:
+    selector = Selector(gpu_models=frozenset(models))
+    return PendingJob(job_id, "t", 0, t, Request(job_id, gpus=1, selector=selector, **req))
+
+
+def run(e: Estate, jobs: list[PendingJob], wait: bool = True) -> PassResult:
+    return run_pass(e, jobs, make_policy(), np.random.default_rng(0), 100.0, None, wait)
+
+
+def where(result: PassResult) -> dict[str, str]:
+    return {a.job_id: a.placement.node for a in result.admitted}
+
+
+def test_a_job_waits_for_a_fast_card_expected_to_free_in_time() -> None:
+    e = estate()
+    result = run(e, [pending("j", 10.0)])
+    assert result.admitted == []
+    (reason,) = result.reasons["j"]
+    assert reason["code"] == ReasonCode.WAITING_FOR_FASTER_GPU.value
+    assert reason["cluster"] == "east"
+    assert "would run on A10 now, but A100" in reason["message"]
+    # four busy A100 cards with an hour of work each free one every 15 min; an A10 adds an hour
+    assert reason["numbers"] == {"wait_s": 900, "loss_s": 3600}
+
+
+def test_when_the_wait_is_long_the_slow_card_is_taken() -> None:
+    # four busy A100 cards free four within the hour an A10 would lose: the first four jobs in
+    # the queue wait for them, the fifth would wait longer and starts on an A10 now
+    e = estate()
+    jobs = [pending(f"j{k}", 10.0 + k) for k in range(5)]
+    result = run(e, jobs)
+    assert where(result) == {"j4": "slow"}
+    for k in range(4):
+        assert result.reasons[f"j{k}"][0]["code"] == ReasonCode.WAITING_FOR_FASTER_GPU.value
+
+
+def test_the_faster_models_are_pooled_a_job_waits_for_whichever_frees_first() -> None:
+    # A100s and L40Ss free 7.2 cards' worth of work per hour; within the 45 min an L40S still
+    # gains over an A10 that is 5.4 cards: five jobs wait, the sixth starts on an A10
+    e = estate(l40s=True)
+    result = run(e, [pending(f"j{k}", 10.0 + k) for k in range(6)])
+    assert where(result) == {"j5": "slow"}
+
+
+def test_long_jobs_in_the_history_widen_the_window() -> None:
+    # of five jobs, the fifth took an A10 with one-hour jobs only; when some jobs run far longer
+    # than the mean all five wait: on a slow card a long job is what stretches the makespan
+    e = estate(samples=0)
+    for work in [1800.0] * 6 + [3 * 3600.0] * 2:
+        e.work.observe(work, 1.0)
+    result = run(e, [pending(f"j{k}", 10.0 + k) for k in range(5)])
+    assert result.admitted == []
+
+
+def test_no_waiting_before_enough_jobs_completed() -> None:
+    e = estate(samples=MIN_WORK_SAMPLES - 1)
+    assert where(run(e, [pending("j", 10.0)])) == {"j": "slow"}
+
+
+def test_off_it_never_waits() -> None:
+    assert where(run(estate(), [pending("j", 10.0)], wait=False)) == {"j": "slow"}
+
+
+def test_a_fast_card_free_now_is_taken_when_the_slow_one_would_lose() -> None:
+    e = estate(fast_busy=3)  # one A100 card free
+    result = run(e, [pending("j", 10.0)])
+    assert where(result) == {"j": "fast"}
+
+
+def test_a_job_that_may_only_use_the_slow_model_never_waits() -> None:
+    assert where(run(estate(), [pending("j", 10.0, models=("A10",))])) == {"j": "slow"}
+
+
+def test_work_history_is_a_mean_of_run_time_times_speed() -> None:
+    history = WorkHistory()
+    assert not history.ready
+    for _ in range(MIN_WORK_SAMPLES):
+        history.observe(7200.0, 0.5)
+    assert history.ready
+    assert history.mean_s == 3600.0
+
+
+def test_a_completed_job_teaches_the_estate_its_work() -> None:
+    e = estate(fast_busy=0, samples=0)
+    run(e, [pending("j", 0.0, models=("A10",))])
+    e.release("j", ended_at=100.0 + 7200.0)  # admitted at 100 s, ran 2 h on an A10
+    assert (e.work.samples, e.work.mean_s) == (1, 3600.0)
+    e.release("j", ended_at=1e9)  # idempotent: already released, nothing learned
+    assert e.work.samples == 1
+
+
+def _two_speed_config(tmp: str) -> Any:
+    def cluster(name: str, model: str, speed: str) -> ClusterConfig:
+        gpu = DeclaredGpus(model=model, mem_mib=24 * 1024, count=1)
+        declared = DeclaredNode(name="n0", cpu_millis=8000, memory_mib=32 * 1024, gpus=[gpu])
+        return ClusterConfig(
+            name=name, discover_gpus=False, nodes=[declared], labels={LABEL_GPU_SPEED: speed}
+        )
+
+    return config(tmp, clusters=[cluster("fast", "A100", "1.0"), cluster("slow", "A10", "0.5")])
+
+
+def test_the_service_learns_from_completed_jobs_and_waits_for_the_fast_card(tmp_path: Any) -> None:
+    service: ControlService = make_service(_two_speed_config(str(tmp_path)))
+    try:
+        for k in range(MIN_WORK_SAMPLES):  # completed jobs: what the service learns from
+            out = service.submit(job(f"done{k}", command=["true"], gpus=1))
+            assert wait_state(service, out["id"], "succeeded").state == "succeeded"
+        estate, _ = service.estate()
+        assert estate.work.samples == MIN_WORK_SAMPLES
+        spec = {**job("busy", gpus=1), "selector": {"gpu_models": ["A100"]}}
+        busy = service.submit(spec)["id"]
+        assert wait_state(service, busy, "running").cluster_name == "fast"
+        waiting = service.submit(job("x", gpus=1))["id"]
+        row = state(service, waiting)
+        assert row.state == "pending"
+        assert [r["code"] for r in row.reasons["list"]] == ["WaitingForFasterGpu"]
+        service.cancel(busy)
+        assert wait_state(service, waiting, "running").cluster_name == "fast"
+        service.cancel(waiting)
+    finally:
+        service.close()
