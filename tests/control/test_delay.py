@@ -42,8 +42,8 @@ def pending(job_id: str, t: float, models: tuple[str, ...] = (), **req: Any) -> 
     return PendingJob(job_id, "t", 0, t, Request(job_id, gpus=1, selector=selector, **req))
 
 
-def run(e: Estate, jobs: list[PendingJob], wait: bool = True) -> PassResult:
-    return run_pass(e, jobs, make_policy(), np.random.default_rng(0), 100.0, None, wait)
+def run(e: Estate, jobs: list[PendingJob], wait: bool = True, now: float = 100.0) -> PassResult:
+    return run_pass(e, jobs, make_policy(), np.random.default_rng(0), now, None, wait)
 
 
 def where(result: PassResult) -> dict[str, str]:
@@ -71,6 +71,23 @@ def test_when_the_wait_is_long_the_slow_card_is_taken() -> None:
     assert where(result) == {"j4": "slow"}
     for k in range(4):
         assert result.reasons[f"j{k}"][0]["code"] == ReasonCode.WAITING_FOR_FASTER_GPU.value
+
+
+def test_a_job_waits_no_longer_than_the_slow_card_would_lose() -> None:
+    e = estate()
+    job = pending("j", 10.0)
+    assert run(e, [job]).admitted == []
+    assert run(e, [job], now=100.0 + 3600.0).admitted == []  # an hour: what an A10 loses
+    assert where(run(e, [job], now=100.0 + 3601.0)) == {"j": "slow"}  # patience exhausted
+    assert e.delayed == {}
+
+
+def test_a_job_that_leaves_the_queue_is_forgotten() -> None:
+    e = estate()
+    run(e, [pending("j", 10.0)])
+    assert e.delayed == {"j": 100.0}
+    run(e, [])
+    assert e.delayed == {}
 
 
 def test_the_faster_models_are_pooled_a_job_waits_for_whichever_frees_first() -> None:

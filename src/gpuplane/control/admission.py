@@ -111,6 +111,7 @@ class Estate:
     # queue; in memory only (a job that still waits earns its reservation again)
     reserved: dict[str, Hold] = field(default_factory=dict)
     work: WorkHistory = field(default_factory=WorkHistory)  # completed jobs' work (`delay.py`)
+    delayed: dict[str, float] = field(default_factory=dict)  # job id -> first waited for faster
 
     @classmethod
     def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
@@ -136,7 +137,7 @@ class Estate:
             self.capacity,
         )
         other.reserved = dict(self.reserved)
-        other.work = self.work
+        other.work, other.delayed = self.work, dict(self.delayed)
         return other
 
     def adopt(self, previous: Estate) -> None:
@@ -145,7 +146,7 @@ class Estate:
         self.reserved = {
             j: h for j, h in previous.reserved.items() if h.node in self.snapshot.index
         }
-        self.work = previous.work
+        self.work, self.delayed = previous.work, previous.delayed
 
     def unreserve(self, job_id: str) -> None:
         """End `job_id`'s node reservation, if it holds one. Idempotent."""
@@ -200,6 +201,8 @@ def run_pass(
     for job_id, held in list(estate.reserved.items()):
         if job_id not in jobs or not snap.schedulable[snap.index[held.node]]:
             estate.unreserve(job_id)
+    for job_id in [j for j in estate.delayed if j not in jobs]:
+        del estate.delayed[job_id]
     if reserve is not None:
         _grant(estate, jobs.values(), reserve, policy, rng, now)
     queue = FairQueue(
@@ -269,10 +272,13 @@ def decide(
     placement = decision.placement
     if placement is not None and faster is not None and job.job_id not in estate.reserved:
         wait = faster.check(narrowed, _model_of(estate.snapshot, placement))
-        if wait is not None:  # the faster model if it fits now, else wait for it
+        # patience: a job waits at most as long as the slow card would lose on a long job
+        if wait is not None and now - estate.delayed.get(job.job_id, now) <= wait.loss_s:
             faster_only = _on_models(request, list(wait.models))
             placement = _schedule(estate, faster_only, policy, rng)[0].placement
-            if placement is None:
+            if placement is None:  # no faster card fits now: wait for one
+                if commit:
+                    estate.delayed.setdefault(job.job_id, now)
                 return Outcome(reasons=[wait.reason(estate.clusters_of)], eligible=narrowed)
     if placement is not None:
         model = _model_of(estate.snapshot, placement)
@@ -360,6 +366,7 @@ def _finish(
     if commit:
         estate.snapshot.commit(placement)
         estate.unreserve(job.job_id)
+        estate.delayed.pop(job.job_id, None)
         if model is not None:
             estate.book.reserve(job.job_id, job.team, model, amount)
             estate.shares.pop(job.team, None)

@@ -19,7 +19,9 @@ unknown, heavy-tailed runtimes the risk of a slow card is a long job landing on 
 While a backlog is worked off, the jobs ahead are far more than the faster models free in that
 window and nothing changes; as the queue runs short, a job takes a faster model if one fits now,
 else it waits for one instead of stretching the makespan on a slow card. No waiting until
-`MIN_WORK_SAMPLES` jobs have completed.
+`MIN_WORK_SAMPLES` jobs have completed, and no longer than the loss it avoids (the admission
+pass keeps when each job first waited: `Estate.delayed`), so a job the faster models keep missing
+still starts on the slow card.
 
 Pure: times are passed in, no I/O. `WorkHistory` lives in the `Estate` (fed by `Estate.release`
 when a job ends); `FasterGpuWait` is one admission pass's scratch.
