@@ -215,6 +215,24 @@ async def test_dead_instance_is_retried_elsewhere_and_marked_unhealthy() -> None
     assert "gpuplane_upstream_failures_total{instance=" in metrics
 
 
+async def test_refused_connection_costs_no_retry() -> None:
+    """With retries 0, a request that meets a dead instance (connection refused) still goes on
+    to a live one: nothing reached an engine, and the dead one is marked down at once."""
+    async with gateway(instances=3, retries=0, health={"probe_interval_s": 60}) as (
+        base,
+        client,
+        fleet,
+    ):
+        fleet.kill(0)
+        fleet.kill(1)
+        url = f"{base}/v1/chat/completions"
+        # placement ties are broken at random: six requests meet a dead instance all but surely
+        results = [await client.post(url, json=CHAT) for _ in range(6)]
+        state = (await client.get(f"{base}/admin/state")).json()
+    assert [r.status_code for r in results] == [200] * 6
+    assert state["instances"][2]["healthy"]
+
+
 async def test_all_instances_down_is_503_and_recovers() -> None:
     async with gateway(instances=1, health={"probe_interval_s": 0.1}) as (base, client, fleet):
         fleet.kill(0)

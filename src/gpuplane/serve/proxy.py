@@ -170,8 +170,13 @@ class ProxyCall:
             await self._finish(send, sse_error_event(message, "request_timeout"))
 
     async def _serve(self, send: Send) -> None:
+        """Acquire, proxy, release; a failure before the first byte is retried elsewhere up to
+        `retries` times. A refused connection uses up no retry: nothing reached an engine, and
+        the instance is marked down at once, so the next try goes elsewhere (with every instance
+        down the router refuses with 503)."""
         avoid: frozenset[str] = frozenset()
-        for attempt in range(self.retries + 1):
+        retries_left = self.retries
+        while True:
             try:
                 admission = await self.router.acquire(
                     self.blocks,
@@ -190,7 +195,7 @@ class ProxyCall:
                     {"retry-after": str(exc.retry_after_s)},
                 )
                 return
-            if attempt == 0:
+            if not avoid:
                 self.series.queue_wait.observe(time.monotonic() - self.started)
             try:
                 failure = await self._attempt(admission, send)
@@ -205,8 +210,11 @@ class ProxyCall:
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}
-            if attempt < self.retries:
-                self.series.retries.inc()
+            if failure.kind is not FailureKind.CONNECT:
+                if not retries_left:
+                    break
+                retries_left -= 1
+            self.series.retries.inc()
         await self._send_error(
             send,
             502,
