@@ -121,6 +121,10 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
                     os.kill(proc.pid or 0, signal.SIGKILL)
                 lines.append(line)
         state = await wait_idle(client, base)
+        for _ in range(100):  # the supervisor sees the exit (until then `ready` is the old one's)
+            if proc.restarts > killed["restarts"]:
+                break
+            await asyncio.sleep(0.1)
         await asyncio.wait_for(proc.ready.wait(), 120)
         for _ in range(100):  # the prober sees the new process
             state = (await client.get(f"{base}/admin/state")).json()
@@ -136,7 +140,7 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
     assert proc.restarts == killed["restarts"] + 1
     assert proc.pid != killed["pid"]
     assert all(i["healthy"] for i in state["instances"])
-    assert all(r.complete for r in after)
+    assert all(r.complete for r in after), [r.error for r in after]
 
 
 async def test_shared_system_prompt_sticks_to_its_instance_unless_it_is_busy(
