@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from _results import save
-from gpuplane.control.admission import Estate, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.admission import PendingJob, ReservePolicy, run_pass
+from gpuplane.control.estate import Estate
 from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import (
     DeviceInfo,

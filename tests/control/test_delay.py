@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuplane.control.admission import Estate, PassResult, PendingJob, run_pass
+from gpuplane.control.admission import PassResult, PendingJob, run_pass
 from gpuplane.control.delay import MIN_WORK_SAMPLES, WorkHistory
+from gpuplane.control.estate import Estate
 from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot, make_policy
 from gpuplane.control.service import ControlService

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuplane.control.admission import Estate, PassResult, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.estate import Estate
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
 from gpuplane.control.scheduler import Hold, ReasonCode, Request, Snapshot, make_policy, schedule
 from gpuplane.control.scheduler.core import reservation_node

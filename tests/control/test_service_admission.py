@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuplane.control.admission import Estate, PendingJob, run_pass
+from gpuplane.control.admission import PendingJob, run_pass
+from gpuplane.control.estate import Estate
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
 from gpuplane.control.scheduler.registry import make_policy
 from gpuplane.control.scheduler.snapshot import DeviceInfo, NodeInfo, Request, Snapshot

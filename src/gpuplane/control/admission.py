@@ -18,16 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from gpuplane.control.delay import FasterGpuWait, WorkHistory
+from gpuplane.control.delay import FasterGpuWait
+from gpuplane.control.estate import Estate
 from gpuplane.control.quota import (
     Amount,
     FairQueue,
     Queued,
-    QuotaBook,
     QuotaDecision,
     Running,
     charge,
-    dominant_share,
     reclaim_candidates,
 )
 from gpuplane.control.scheduler.base import Policy
@@ -88,100 +87,6 @@ class PassResult:
     reasons: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # admitted earlier in this pass, then preempted by a later job: pending, not re-evaluated
     requeued: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Estate:
-    """What a pass works on: the snapshot, the quota book and the admitted jobs, kept in step."""
-
-    snapshot: Snapshot
-    book: QuotaBook
-    running: dict[str, Running]
-    flavors: dict[str, int] = field(default_factory=dict)  # GPU model -> card memory (MiB)
-    clusters_of: dict[str, set[str]] = field(default_factory=dict)  # GPU model -> clusters
-    capacity: Amount = field(default_factory=Amount)
-    # what did not fit, by request shape: valid until capacity is freed (a release, or a
-    # reservation that ends); in between free capacity only shrinks, so it still does not fit
-    freed: int = 0
-    shares: dict[str, float] = field(default_factory=dict)  # dominant share per team, cached
-    no_fit: dict[tuple[object, ...], tuple[int, Decision, tuple[dict[str, Any], ...]]] = field(
-        default_factory=dict
-    )
-    # node reservations by job id: kept across passes until the job is admitted or leaves the
-    # queue; in memory only (a job that still waits earns its reservation again)
-    reserved: dict[str, Hold] = field(default_factory=dict)
-    work: WorkHistory = field(default_factory=WorkHistory)  # completed jobs' work (`delay.py`)
-    delayed: dict[str, float] = field(default_factory=dict)  # job id -> first waited for faster
-
-    @classmethod
-    def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
-        estate = cls(snapshot, book, {r.job_id: r for r in running})
-        milli = mem = 0
-        for node in snapshot.nodes:
-            if node.devices:
-                model = node.gpu_model
-                estate.flavors[model] = max(
-                    estate.flavors.get(model, 0), max(d.mem_mib for d in node.devices)
-                )
-                estate.clusters_of.setdefault(model, set()).add(node.cluster)
-                milli += 1000 * len(node.devices)
-                mem += sum(d.mem_mib for d in node.devices)
-        estate.capacity = Amount(milli, mem)
-        return estate
-
-    def copy(self) -> Estate:
-        other = Estate(self.snapshot.copy(), self.book.copy(), dict(self.running))
-        other.flavors, other.clusters_of, other.capacity = (
-            self.flavors,
-            self.clusters_of,
-            self.capacity,
-        )
-        other.reserved = dict(self.reserved)
-        other.work, other.delayed = self.work, dict(self.delayed)
-        return other
-
-    def adopt(self, previous: Estate) -> None:
-        """Keep what only memory holds after a rebuild: `previous`'s reservations on nodes this
-        estate still has, and its work history."""
-        self.reserved = {
-            j: h for j, h in previous.reserved.items() if h.node in self.snapshot.index
-        }
-        self.work, self.delayed = previous.work, previous.delayed
-
-    def unreserve(self, job_id: str) -> None:
-        """End `job_id`'s node reservation, if it holds one. Idempotent."""
-        if self.reserved.pop(job_id, None) is not None:
-            self.freed += 1
-
-    def holds_against(self, job_id: str) -> list[Hold]:
-        """What the node reservations keep from `job_id`: all of them but its own."""
-        return [h for j, h in self.reserved.items() if j != job_id]
-
-    def release(self, job_id: str, ended_at: float | None = None) -> None:
-        """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
-        job completed then (its run time and cards' speed feed `work`)."""
-        running, placement = self.running.get(job_id), self.snapshot.allocations.get(job_id)
-        if ended_at is not None and running is not None and placement is not None:
-            speed = float(self.snapshot.gpu_speed[self.snapshot.index[placement.node]])
-            self.work.observe(ended_at - running.started_at, speed)
-        held = self.book.reservation(job_id)
-        if held is not None:
-            self.shares.pop(held[0], None)
-        self.snapshot.release(job_id)
-        self.book.release(job_id)
-        self.running.pop(job_id, None)
-        self.unreserve(job_id)
-        self.freed += 1
-
-    def share(self, team: str) -> float:
-        """The team's dominant-resource share (over its weight), cached until it changes."""
-        value = self.shares.get(team)
-        if value is None:
-            value = dominant_share(
-                self.book.team_total(team), self.capacity, self.book.team(team).weight
-            )
-            self.shares[team] = value
-        return value
 
 
 def run_pass(

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from gpuplane.control.admission import Estate, PendingJob, decide
+from gpuplane.control.admission import PendingJob, decide
+from gpuplane.control.estate import Estate
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.models import Event, Job, Team
 from gpuplane.control.scheduler.core import feasible

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.adapters.base import Inventory
-from gpuplane.control.admission import Estate
+from gpuplane.control.estate import Estate
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Cluster, Device, Job, Node, Team
 from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, Running, TeamQuota
 from gpuplane.control.scheduler.snapshot import (

@@ -27,7 +27,8 @@ from gpuplane.control.adapters.base import (
     ClusterAdapter,
     create_adapter,
 )
-from gpuplane.control.admission import Estate, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.admission import PendingJob, ReservePolicy, run_pass
+from gpuplane.control.estate import Estate
 from gpuplane.control.inventory import (
     RowIds,
     load_estate,
