@@ -120,6 +120,12 @@ class GatewayConfig(_Section):
     idle_timeout_s: float = Field(
         default=120.0, gt=0, description="longest silence from an engine before it is a failure"
     )
+    client_keepalive_s: int = Field(
+        default=75,
+        ge=1,
+        description="an idle client connection is closed after this; keep it above clients' own "
+        "pool expiry (httpx, the OpenAI SDK's client: 5 s) so that they close first",
+    )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
     )

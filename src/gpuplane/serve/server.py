@@ -88,6 +88,9 @@ async def serving(settings: Settings) -> AsyncIterator[str]:
         # the gateway never reads the client's address: skip rewriting it from X-Forwarded-*
         proxy_headers=False,
         access_log=False,  # requests are counted in /metrics, not logged one line each
+        # uvicorn's 5 s equals httpx's pool expiry: a client could send on a connection the
+        # gateway is closing that instant and lose the request
+        timeout_keep_alive=gw.client_keepalive_s,
         http=_CorkedHttpTools,
     )
     server = _Server(config)
