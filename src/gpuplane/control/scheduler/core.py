@@ -208,10 +208,7 @@ def _whole_cards(snapshot: Snapshot, state: State, row: int, count: int) -> tupl
     card a reservation holds is not free)."""
     if count == 0:
         return ()
-    free = (
-        snapshot.dev_exists[row]
-        & (state.dev_milli[row] == MILLI_PER_GPU)
-        & (state.dev_mem[row] == snapshot.dev_mem_cap[row])
-    )
-    idx = np.flatnonzero(free)[:count]
+    idx = np.flatnonzero(snapshot.wholly_free(row, state.dev_milli[row], state.dev_mem[row]))[
+        :count
+    ]
     return tuple(DeviceGrant(int(d), int(snapshot.dev_mem_cap[row, d]), MILLI_PER_GPU) for d in idx)

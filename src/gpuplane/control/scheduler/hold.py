@@ -50,9 +50,7 @@ def held_state(snapshot: Snapshot, holds: Sequence[Hold]) -> State:
         blocked, kept = _held_cards(snapshot, i, r)
         milli[i, blocked] = 0
         dev_mem[i, blocked] = 0
-        whole = snapshot.dev_exists[i] & (milli[i] == MILLI_PER_GPU)
-        whole &= dev_mem[i] == snapshot.dev_mem_cap[i]
-        full[i] = max(int(whole.sum()) - kept, 0)
+        full[i] = max(int(snapshot.wholly_free(i, milli[i], dev_mem[i]).sum()) - kept, 0)
     max_milli = snapshot.max_milli_free.copy()
     max_mem = snapshot.max_mem_free.copy()
     if snapshot.max_devices:
@@ -66,11 +64,7 @@ def _held_cards(snapshot: Snapshot, i: int, r: Request) -> tuple[BoolArray, int]
     of the wholly free cards left it keeps besides (any k of them will do)."""
     exists: BoolArray = snapshot.dev_exists[i]
     if r.gpus:
-        whole = (
-            exists
-            & (snapshot.dev_milli_free[i] == MILLI_PER_GPU)
-            & (snapshot.dev_mem_free[i] == snapshot.dev_mem_cap[i])
-        )
+        whole = snapshot.wholly_free(i, snapshot.dev_milli_free[i], snapshot.dev_mem_free[i])
         spare = int(whole.sum()) - r.gpus
         if spare < 0:
             return exists, 0

@@ -203,13 +203,18 @@ class Snapshot:
             self.node_cluster == i for i in range(len(self.clusters))
         )
 
+    def wholly_free(self, rows: slice | int, milli: IntArray, mem: IntArray) -> BoolArray:
+        """Which cards of `rows` are wholly free, given their free compute `milli` and memory
+        `mem`: the snapshot's own, or a view with node reservations taken off (`hold.py`)."""
+        whole: BoolArray = self.dev_exists[rows] & (milli == self.dev_milli_cap[rows])
+        whole &= mem == self.dev_mem_cap[rows]
+        return whole
+
     def _refresh(self, rows: slice | int) -> None:
         """Recompute the per-node aggregates of `rows` from the card arrays."""
         milli = self.dev_milli_free[rows]
         mem = self.dev_mem_free[rows]
-        whole = (milli == self.dev_milli_cap[rows]) & (mem == self.dev_mem_cap[rows])
-        whole &= self.dev_exists[rows]
-        self.full_free[rows] = whole.sum(axis=-1)
+        self.full_free[rows] = self.wholly_free(rows, milli, mem).sum(axis=-1)
         if self.max_devices:
             self.max_milli_free[rows] = milli.max(axis=-1)
             self.max_mem_free[rows] = mem.max(axis=-1)
