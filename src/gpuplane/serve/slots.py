@@ -28,11 +28,17 @@ class InstanceSlots:
     in_flight: int = 0
     healthy: bool = True
     leases: set[int] = field(default_factory=set)
-    # in_flight / capacity, kept in step by the slot table: placement reads it for every
+    # in_flight / capacity, kept in step by `count`: placement reads it for every
     # candidate of every request, and a plain attribute is several times cheaper than a property
     utilisation: float = field(init=False)
 
     def __post_init__(self) -> None:
+        self.count(0)
+
+    def count(self, delta: int) -> None:
+        """Add `delta` to `in_flight` (the slot table's acquire and release) and keep
+        `utilisation` in step."""
+        self.in_flight += delta
         self.utilisation = self.in_flight / self.capacity
 
     @property
@@ -90,8 +96,7 @@ class SlotTable:
             raise RuntimeError(f"cannot acquire a slot on {instance_id}: {refusal.value}")
         lease = Lease(next(self._ids), instance_id, now)
         inst = self._instances[instance_id]
-        inst.in_flight += 1
-        inst.utilisation = inst.in_flight / inst.capacity
+        inst.count(1)
         inst.leases.add(lease.id)
         self._leases[lease.id] = lease
         return lease
@@ -102,8 +107,7 @@ class SlotTable:
             return False
         inst = self._instances[lease.instance_id]
         inst.leases.discard(lease.id)
-        inst.in_flight -= 1
-        inst.utilisation = inst.in_flight / inst.capacity
+        inst.count(-1)
         return True
 
     def expired(self, now: float, ttl: float) -> list[Lease]:
