@@ -124,11 +124,11 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    @staticmethod
-    async def _read_quietly(response: EngineResponse) -> bytes:
+    async def _read_quietly(self, response: EngineResponse) -> bytes:
+        """The body of an answer that is a failure anyway (for its message), then closed."""
         try:
-            return await response.read()
-        except (aiohttp.ClientError, TimeoutError):
+            return await self.read(response)
+        except UpstreamFailure:
             return b""
         finally:
-            response.close()
+            self.close(response)
