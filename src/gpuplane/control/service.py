@@ -186,7 +186,7 @@ class ControlService:
             return estate, self._ids
 
     def _reload(self, session: Session) -> Estate:
-        """Rebuild the mirror from the store, keeping the node reservations (memory only)."""
+        """Rebuild the mirror from the store, keeping what only memory holds (`Estate.adopt`)."""
         estate, self._ids = load_estate(session)
         if self._estate is not None:
             estate.adopt(self._estate)
