@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplane.control.scheduler.core import filter_nodes
-from gpuplane.control.scheduler.explain import capacity_state
+from gpuplane.control.scheduler.core import filter_when_empty
 from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, ReasonCode, Request, Snapshot
 
 MIN_WORK_SAMPLES = 8  # completed jobs before a job may wait for a faster model
@@ -80,7 +79,7 @@ class WorkHistory:
         key = request.shape
         found = self._models.get(key)
         if found is None:
-            rows = filter_nodes(snapshot, request, capacity_state(snapshot)).nodes
+            rows = filter_when_empty(snapshot, request).nodes
             found = frozenset(snapshot.nodes[int(i)].gpu_model for i in rows)
             self._models[key] = found
         return found

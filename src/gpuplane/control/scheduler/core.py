@@ -126,7 +126,7 @@ def feasible(snapshot: Snapshot, request: Request) -> Decision:
     The placement of a feasible decision is only an example (first fitting node); submit-time
     refusal (impossible sizes, unknown GPU models, no matching labels) uses `decision.ok`.
     """
-    cands = filter_nodes(snapshot, request, capacity_state(snapshot))
+    cands = filter_when_empty(snapshot, request)
     if len(cands) == 0:
         return Decision(request.job_id, None, explain(snapshot, request, capacity=True), "")
     i = int(cands.nodes[0])
@@ -157,7 +157,7 @@ def reservation_node(snapshot: Snapshot, request: Request, taken: Set[str]) -> s
     one job's, as for memoryless runtimes) at its GPU speed (`gpu_speed`: slower cards run the
     same work longer): the lowest H(k) / speed wins, then the most wholly free cards, the most
     free GPU compute, the earliest. Fewer jobs to wait for also means fewer cards left idle."""
-    rows = filter_nodes(snapshot, request, capacity_state(snapshot)).nodes
+    rows = filter_when_empty(snapshot, request).nodes
     rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
     if len(rows) == 0:
         return None
@@ -168,6 +168,12 @@ def reservation_node(snapshot: Snapshot, request: Request, taken: Set[str]) -> s
     drain = harmonic[jobs[rows]] / snapshot.gpu_speed[rows]
     order = np.lexsort((rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain))
     return snapshot.nodes[int(rows[order[0]])].name
+
+
+def filter_when_empty(snapshot: Snapshot, request: Request) -> Candidates:
+    """The filter phase against the estate with nothing running: where `request` could ever
+    fit (submit-time feasibility, reservation nodes, the GPU models a request may use)."""
+    return filter_nodes(snapshot, request, capacity_state(snapshot))
 
 
 def filter_nodes(snapshot: Snapshot, request: Request, state: State) -> Candidates:
