@@ -134,6 +134,12 @@ class GatewayConfig(_Section):
     )
     reaper_interval_s: float = Field(default=10.0, gt=0, description="how often leases are checked")
     retries: int = Field(default=1, ge=0, description="retries of a failure before the first byte")
+    abort_grace_s: float = Field(
+        default=0.1,
+        ge=0,
+        description="an engine request the gateway aborted (client left, timeout, broken stream) "
+        "keeps its slot this long, until the engine has seen the abort",
+    )
     queue: QueueConfig = QueueConfig()
     placement: PlacementConfig = PlacementConfig()
     health: HealthConfig = HealthConfig()

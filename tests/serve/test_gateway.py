@@ -290,3 +290,22 @@ async def test_request_timeout_mid_stream_ends_with_an_error_event() -> None:
     assert s.status_code == 200
     assert len(lines) > 1  # tokens came before the deadline
     assert json.loads(lines[-1][6:])["error"]["code"] == "request_timeout"
+
+
+async def test_aborted_request_keeps_its_slot_until_the_engine_has_seen_the_abort() -> None:
+    """The deadline drops the engine's request mid-stream: the slot stays taken for
+    `abort_grace_s`, so the next request cannot reach the engine while it still runs the old one."""
+    async with gateway(
+        instances=1, sim={"itl_ms": 200.0}, request_timeout_s=1.0, abort_grace_s=0.3
+    ) as (base, client, fleet):
+        url = f"{base}/v1/chat/completions"
+        async with client.stream("POST", url, json={**CHAT, "stream": True, "max_tokens": 15}) as s:
+            lines = [line async for line in s.aiter_lines() if line]
+        held = (await client.get(f"{base}/admin/state")).json()["instances"][0]["in_flight"]
+        # one token: waits in the queue for the grace to end, then well within the deadline
+        after = await client.post(url, json={**CHAT, "max_tokens": 1})
+        stats = fleet.stats()
+    assert json.loads(lines[-1][6:])["error"]["code"] == "request_timeout"
+    assert held == 1
+    assert after.status_code == 200
+    assert stats[0]["max_running_seen"] == 1

@@ -29,6 +29,9 @@ from gpuplane.serve.upstream import (
 )
 
 _DONE = b"data: [DONE]"
+# Failures that leave the engine's request running until the engine notices the dropped
+# connection (a refused connection never reached it; a 5xx answer ended it).
+_DROPPED = frozenset({FailureKind.TIMEOUT, FailureKind.PROTOCOL})
 # The client's connection is watched from this age of a request on: a request that ends sooner
 # starts no watcher task, and a client that leaves earlier is noticed at this age.
 WATCH_AFTER_S = 0.02
@@ -197,10 +200,12 @@ class ProxyCall:
                 return
             if not avoid:
                 self.series.queue_wait.observe(time.monotonic() - self.started)
+            aborted = True  # until _attempt returns: a cancellation drops the engine's request
             try:
                 failure = await self._attempt(admission, send)
+                aborted = failure is not None and failure.kind in _DROPPED
             finally:
-                self.router.release(admission)
+                self.router.release(admission, aborted=aborted)
             if failure is None:
                 return
             self.metrics.upstream_failures.labels(

@@ -201,8 +201,14 @@ class ModelRouter:
                 waiter.patience.cancel()
             self._stop_preferring(waiter)
 
-    def release(self, admission: Admission) -> None:
-        """Free the slot (idempotent) and hand it to the next waiter."""
+    def release(self, admission: Admission, *, aborted: bool = False) -> None:
+        """Free the slot (idempotent) and hand it to the next waiter. `aborted`: the gateway
+        dropped the engine's request mid-way; the engine notices only when it next looks, so
+        the slot is freed `abort_grace_s` later, or the next request would find it still taken
+        and the engine would run one more than its capacity."""
+        if aborted and self.cfg.abort_grace_s > 0:
+            asyncio.get_running_loop().call_later(self.cfg.abort_grace_s, self.release, admission)
+            return
         lease = admission.lease
         if self.slots.release(lease):
             held = self._clock() - lease.acquired_at
