@@ -63,7 +63,6 @@ class ProxyCall:
         "deadline_s",
         "expires_at",
         "finished",
-        "metrics",
         "path",
         "payload",
         "request_headers",
@@ -94,7 +93,6 @@ class ProxyCall:
     ) -> None:
         self.router = router
         self.upstream = upstream
-        self.metrics = metrics
         self.series = metrics.model(router.name)
         self.path = path
         self.payload = body
@@ -135,7 +133,7 @@ class ProxyCall:
             if self._watcher is not None:
                 self._watcher.cancel()
             status = 499 if self.client_left or not self.status else self.status
-            self.series.answered(status).inc()
+            self.series.answered(status)
             self.series.latency.observe(time.monotonic() - self.started)
 
     def _on_timer(self, receive: Receive, task: asyncio.Task[None]) -> None:
@@ -208,9 +206,7 @@ class ProxyCall:
                 self.router.release(admission, aborted=aborted)
             if failure is None:
                 return
-            self.metrics.upstream_failures.labels(
-                self.router.name, admission.lease.instance_id, failure.kind.value
-            ).inc()
+            self.series.failed(admission.lease.instance_id, failure.kind.value)
             self.router.report_failure(admission.lease.instance_id, failure.kind)
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
@@ -219,7 +215,7 @@ class ProxyCall:
                 if not retries_left:
                     break
                 retries_left -= 1
-            self.series.retries.inc()
+            self.series.retried()
         await self._send_error(
             send,
             502,
