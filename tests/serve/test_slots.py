@@ -66,3 +66,28 @@ def test_random_acquire_release_sequences_keep_counts_exact(
         for inst in t.instances:
             assert 0 <= inst.in_flight <= inst.capacity
             assert inst.in_flight == len(inst.leases)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acquire", "release", "health"]),
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 5),
+        )
+    )
+)
+def test_available_follows_every_fill_release_and_health_change(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    t = table()
+    held = []
+    for op, iid, pick in ops:
+        if op == "acquire" and t.can_acquire(iid) is None:
+            held.append(t.acquire(iid, 0.0))
+        elif op == "release" and held:
+            t.release(held.pop(pick % len(held)))
+        elif op == "health":
+            t.set_healthy(iid, bool(pick % 2))
+        expected = [i.id for i in t.instances if i.healthy and i.in_flight < i.capacity]
+        assert [i.id for i in t.available()] == expected

@@ -7,7 +7,7 @@ than N leases; `release` is idempotent, so every exit path of a request may call
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -67,6 +67,9 @@ class SlotTable:
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
         self.healthy_count = len(self._instances)
+        # `available()`, rebuilt only after an instance fills up, gets room again or changes
+        # health: placement asks on every request, and with capacities of tens that is rare
+        self._available: list[InstanceSlots] | None = None
 
     @property
     def instances(self) -> list[InstanceSlots]:
@@ -75,9 +78,13 @@ class SlotTable:
     def get(self, instance_id: str) -> InstanceSlots:
         return self._instances[instance_id]
 
-    def available(self) -> list[InstanceSlots]:
-        """Healthy instances with at least one free slot."""
-        return [i for i in self._instances.values() if i.healthy and i.in_flight < i.capacity]
+    def available(self) -> Sequence[InstanceSlots]:
+        """Healthy instances with at least one free slot (shared: do not modify it)."""
+        if self._available is None:
+            self._available = [
+                i for i in self._instances.values() if i.healthy and i.in_flight < i.capacity
+            ]
+        return self._available
 
     def can_acquire(self, instance_id: str) -> SlotRefusal | None:
         """None when a slot on `instance_id` can be taken now, else why not."""
@@ -97,6 +104,8 @@ class SlotTable:
         lease = Lease(next(self._ids), instance_id, now)
         inst = self._instances[instance_id]
         inst.count(1)
+        if inst.in_flight == inst.capacity:
+            self._available = None
         inst.leases.add(lease.id)
         self._leases[lease.id] = lease
         return lease
@@ -107,6 +116,8 @@ class SlotTable:
             return False
         inst = self._instances[lease.instance_id]
         inst.leases.discard(lease.id)
+        if inst.in_flight == inst.capacity:
+            self._available = None
         inst.count(-1)
         return True
 
@@ -121,6 +132,7 @@ class SlotTable:
             return False
         inst.healthy = healthy
         self.healthy_count += 1 if healthy else -1
+        self._available = None
         return True
 
     @property
