@@ -268,6 +268,35 @@ async def test_failure_mid_stream_ends_with_an_error_event() -> None:
     assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_error"
 
 
+async def test_a_silent_engine_fails_the_attempt_and_the_request_is_retried_elsewhere() -> None:
+    """Two requests, one per instance; instance 0 answers nothing, so its request is retried on
+    instance 1 after `idle_timeout_s`, well before the request's deadline."""
+    async with gateway(instances=2, idle_timeout_s=0.3, retries=1) as (base, client, fleet):
+        fleet.hang(0)
+        url = f"{base}/v1/chat/completions"
+        answers = await asyncio.gather(*(client.post(url, json=CHAT) for _ in range(2)))
+        metrics = (await client.get(f"{base}/metrics")).text
+        fleet.hang(0, False)
+    assert [r.status_code for r in answers] == [200, 200]
+    assert {r.headers["x-gpuplane-instance"] for r in answers} == {fleet.urls[1]}
+    labels = f'instance="{fleet.urls[0]}",kind="timeout",model="m"'
+    assert f"gpuplane_upstream_failures_total{{{labels}}} 1.0" in metrics
+    assert 'gpuplane_retries_total{model="m"} 1.0' in metrics
+
+
+async def test_an_engine_silent_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    async with (
+        gateway(instances=1, sim={"itl_ms": 5000.0}, idle_timeout_s=0.3) as (base, client, _),
+        client.stream("POST", f"{base}/v1/chat/completions", json={**CHAT, "stream": True}) as s,
+    ):
+        lines = [line async for line in s.aiter_lines() if line]
+    assert s.status_code == 200
+    assert len(lines) > 1  # the first token came before the silence
+    error = json.loads(lines[-1][6:])["error"]
+    assert error["code"] == "upstream_error"
+    assert "gateway.idle_timeout_s" in error["message"]
+
+
 @pytest.mark.parametrize("timeout_s", [0.5, WATCH_AFTER_S / 2])
 async def test_request_timeout_is_504_and_frees_the_slot(timeout_s: float) -> None:
     """Also with a deadline that comes before the client's connection is watched."""

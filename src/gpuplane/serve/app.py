@@ -327,6 +327,7 @@ async def _completion(
         blocks=blocks,
         tenant=tenant,
         deadline_s=gw.cfg.request_timeout_s,
+        idle_s=gw.cfg.idle_timeout_s,
         retries=gw.cfg.retries,
     )
 

@@ -1,10 +1,12 @@
 """One proxied completion as an ASGI callable: wait for a slot, stream the engine's answer, free
 the slot on every path.
 
-The whole life of the request runs inside `__call__`, beside a watcher of the client's
-connection (from `WATCH_AFTER_S` on): if the client leaves (while queued, before the first byte or
+The whole life of the request runs inside `__call__`, under one loop timer that starts a watcher
+of the client's connection when the request is `WATCH_AFTER_S` old, cancels the request at its
+deadline, and fails the attempt when the engine stays silent for `gateway.idle_timeout_s` while
+the gateway waits on it. If the client leaves (while queued, before the first byte or
 mid-stream) the work is cancelled, the engine request is aborted, and the `finally` releases the
-lease exactly once. One timer handle both starts the watcher and enforces the deadline.
+lease exactly once.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
 class _Cancel(enum.Enum):
     DEADLINE = "deadline"
     CLIENT_LEFT = "client left"
+    ENGINE_SILENT = "engine silent"  # fails the attempt only: it may be retried elsewhere
 
 
 @dataclass(slots=True)
@@ -55,7 +58,10 @@ class ProxyCall:
     answered."""
 
     __slots__ = (
+        "_receive",
+        "_task",
         "_timer",
+        "_timer_at",
         "_watcher",
         "blocks",
         "cancelled_by",
@@ -63,12 +69,14 @@ class ProxyCall:
         "deadline_s",
         "expires_at",
         "finished",
+        "idle_s",
         "path",
         "payload",
         "request_headers",
         "retries",
         "router",
         "series",
+        "silent_since",
         "started",
         "status",
         "stream",
@@ -89,6 +97,7 @@ class ProxyCall:
         blocks: Sequence[int],
         tenant: Tenant,
         deadline_s: float,
+        idle_s: float,
         retries: int,
     ) -> None:
         self.router = router
@@ -101,6 +110,7 @@ class ProxyCall:
         self.blocks = blocks
         self.tenant = tenant
         self.deadline_s = deadline_s
+        self.idle_s = idle_s
         self.retries = retries
         self.started = time.monotonic()
         self.status = 0  # HTTP status sent to the client; 0 until the answer starts
@@ -108,19 +118,23 @@ class ProxyCall:
         self.client_left = False
         self.cancelled_by: _Cancel | None = None
         self.expires_at = 0.0
+        # loop time since which the gateway waits on the engine; None while it does not
+        self.silent_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._watcher: asyncio.Task[None] | None = None
+        self._receive: Receive | None = None  # the ASGI call's, set by `__call__`
+        self._task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # one timer handle instead of asyncio.timeout plus a watcher task for every request:
-        # together they were a tenth of the gateway's CPU per short request
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        # one timer per request for the client watcher, the deadline and the engine's silence,
+        # instead of asyncio.timeout, an eager watcher task and aiohttp's read timers
+        task = self._task = asyncio.current_task()
         assert task is not None
-        self.expires_at = loop.time() + self.deadline_s
-        self._timer = loop.call_at(
-            min(loop.time() + WATCH_AFTER_S, self.expires_at), self._on_timer, receive, task
-        )
+        self._receive = receive
+        now = asyncio.get_running_loop().time()
+        self.expires_at = now + self.deadline_s
+        self._set_timer(min(now + WATCH_AFTER_S, self.expires_at))
         try:
             await self._serve(send)
         except asyncio.CancelledError:
@@ -129,6 +143,7 @@ class ProxyCall:
             if self.cancelled_by is _Cancel.DEADLINE:
                 await self._expired(send)
         finally:
+            assert self._timer is not None
             self._timer.cancel()
             if self._watcher is not None:
                 self._watcher.cancel()
@@ -136,28 +151,52 @@ class ProxyCall:
             self.series.answered(status)
             self.series.latency.observe(time.monotonic() - self.started)
 
-    def _on_timer(self, receive: Receive, task: asyncio.Task[None]) -> None:
-        """First call: start watching the client; at the deadline: cancel the request."""
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self.expires_at:
-            self._cancel(task, _Cancel.DEADLINE)
+    def _set_timer(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
+        self._timer_at = when
+
+    def _on_timer(self) -> None:
+        """Start watching the client (first time), cancel at the deadline, fail the attempt
+        when the engine was silent too long; then set the timer for what is due next."""
+        assert self._receive is not None
+        now = asyncio.get_running_loop().time()
+        if now >= self.expires_at:
+            self._cancel(_Cancel.DEADLINE)
             return
-        self._watcher = loop.create_task(self._watch_client(receive, task))
-        self._timer = loop.call_at(self.expires_at, self._on_timer, receive, task)
+        silent_since = self.silent_since
+        if silent_since is not None and now >= silent_since + self.idle_s:
+            self._cancel(_Cancel.ENGINE_SILENT)
+            silent_since = None
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_client(self._receive)
+            )
+        due = self.expires_at if silent_since is None else silent_since + self.idle_s
+        self._set_timer(min(due, self.expires_at))
 
-    def _cancel(self, task: asyncio.Task[None], why: _Cancel) -> None:
+    def _wait_on_engine(self) -> None:
+        """The gateway now waits on the engine: its silence counts from here."""
+        now = asyncio.get_running_loop().time()
+        self.silent_since = now
+        if self._timer_at > now + self.idle_s:
+            self._set_timer(now + self.idle_s)
+
+    def _cancel(self, why: _Cancel) -> None:
         if self.cancelled_by is None:
+            assert self._task is not None
             self.cancelled_by = why
-            task.cancel()
+            self._task.cancel()
 
-    async def _watch_client(self, receive: Receive, task: asyncio.Task[None]) -> None:
+    async def _watch_client(self, receive: Receive) -> None:
         """Cancel the request's task when the client disconnects."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.client_left = not self.finished
                 if self.client_left:
-                    self._cancel(task, _Cancel.CLIENT_LEFT)
+                    self._cancel(_Cancel.CLIENT_LEFT)
                 return
 
     async def _expired(self, send: Send) -> None:
@@ -228,31 +267,51 @@ class ProxyCall:
         response: EngineResponse | None = None
         sent_at = time.monotonic()
         try:
+            self._wait_on_engine()
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
             )
             headers = [(k, v) for k, v in response.raw_headers if k.lower() in _PASSED]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
+                self._wait_on_engine()
                 body = await self.upstream.read(response)
+                self.silent_since = None
                 self.series.ttft.observe(time.monotonic() - self.started)
                 headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
                 await self._finish(send, body)
             else:
                 await self._stream(admission, sent_at, response, headers, send)
+        except asyncio.CancelledError:
+            if self.cancelled_by is not _Cancel.ENGINE_SILENT:
+                raise
+            self.cancelled_by = None
+            assert self._task is not None
+            if self._task.uncancel() > 0:
+                raise  # cancelled for another reason too
+            return await self._failed(
+                send,
+                UpstreamFailure(
+                    FailureKind.TIMEOUT,
+                    f"{admission.url} sent nothing for {self.idle_s:g} s (gateway.idle_timeout_s)",
+                ),
+            )
         except UpstreamFailure as failure:
-            if self.status:
-                event = sse_error_event(
-                    f"the engine failed mid-stream: {failure}", "upstream_error"
-                )
-                await self._finish(send, event)
-            return failure
+            return await self._failed(send, failure)
         finally:
+            self.silent_since = None
             if response is not None:
                 self.upstream.close(response)
         self.router.report_success(admission.lease.instance_id)
         return None
+
+    async def _failed(self, send: Send, failure: UpstreamFailure) -> UpstreamFailure:
+        """An attempt failed: mid-answer, end the stream with an error event."""
+        if self.status:
+            event = sse_error_event(f"the engine failed mid-stream: {failure}", "upstream_error")
+            await self._finish(send, event)
+        return failure
 
     async def _stream(
         self,
@@ -263,7 +322,9 @@ class ProxyCall:
         send: Send,
     ) -> None:
         tail = b""
+        self._wait_on_engine()
         async for chunk in self.upstream.chunks(response):
+            self.silent_since = None  # a slow client is not a silent engine
             if not self.status:
                 now = time.monotonic()
                 self.series.ttft.observe(now - self.started)
@@ -271,6 +332,8 @@ class ProxyCall:
                 await self._start(send, 200, headers)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             tail = (tail + chunk)[-64:]
+            self._wait_on_engine()
+        self.silent_since = None
         if _DONE not in tail:
             raise UpstreamFailure(
                 FailureKind.PROTOCOL, "the engine ended the stream without [DONE]"

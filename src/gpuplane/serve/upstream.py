@@ -2,7 +2,10 @@
 
 Every failure surfaces as `UpstreamFailure` with the kind the router's passive health check needs.
 aiohttp's client costs a fraction of httpx's CPU per proxied request (it parses with a C parser
-and keeps no per-request pool scan), which is most of the gateway's own overhead.
+and keeps no per-request pool scan), which is most of the gateway's own overhead. Only
+connecting is timed here: how long an engine may stay silent (`gateway.idle_timeout_s`) is the
+caller's to enforce (`ProxyCall`, on the timer it has anyway; aiohttp's read timeout arms and
+cancels further loop timers for every response).
 """
 
 from __future__ import annotations
@@ -42,17 +45,13 @@ def _map(exc: Exception, url: object) -> UpstreamFailure:
 
 class Upstream:
     """One client session whose connector keeps a keep-alive pool per engine instance
-    (host:port), with the connect and idle timeouts of the gateway's config.
+    (host:port), with the connect timeout of the gateway's config.
 
     The session is made on first use, inside the event loop that serves the gateway.
     """
 
     def __init__(self, cfg: GatewayConfig) -> None:
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=cfg.connect_timeout_s,
-            sock_read=cfg.idle_timeout_s,
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
