@@ -47,7 +47,8 @@ def lowest(
     low = min(keys)
     if keys.count(low) == 1:
         return candidates[keys.index(low)]
-    return rng.choice([c for c, k in zip(candidates, keys, strict=True) if k == low])
+    ties = [c for c, k in zip(candidates, keys, strict=True) if k == low]
+    return ties[int(rng.random() * len(ties))]  # rng.choice, without its Python-level draw
 
 
 def least_utilised(candidates: Sequence[InstanceSlots], rng: random.Random) -> InstanceSlots:

@@ -17,16 +17,17 @@ MAX_BLOCKS_PER_PROMPT = 1024  # prefixes longer than this many blocks are compar
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """The text a request's prefix is made of: chat messages in order, or the completion prompt."""
+    """The text a request's prefix is made of: chat messages in order, or the completion prompt.
+    `body` is parsed JSON: its objects are dicts."""
     messages = body.get("messages")
     if isinstance(messages, list):
         parts: list[str] = []
         for message in messages:
-            if not isinstance(message, Mapping):
+            if not isinstance(message, dict):
                 continue
             content = message.get("content")
             if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             parts.append(f"{message.get('role', '')}\x1f{content or ''}\x1e")
         return "".join(parts)
     prompt = body.get("prompt")
