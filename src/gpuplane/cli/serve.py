@@ -47,6 +47,7 @@ def gateway(
         if not settings.models:
             raise GpuplaneError(f"{config} configures no models; add a `models:` list")
         gw = settings.gateway
+        _loop.settle_gc()
         _loop.run(
             serve_until_signal(
                 settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
@@ -76,6 +77,7 @@ def up(
             f"starting {settings.engine.instances} llama.cpp instance(s) "
             f"on ports {settings.engine.base_port}+ (logs in {log_dir}) ..."
         )
+        _loop.settle_gc()
         _loop.run(run_up(settings, log_dir, _print_usage))
     except GpuplaneError as exc:
         raise _fail(exc) from None
