@@ -174,6 +174,26 @@ def test_release_stops_a_running_workload_and_is_idempotent(
     adapter.release("never-bound")
 
 
+def test_a_workload_past_its_time_limit_is_reported_timed_out_until_released(
+    adapter: ClusterAdapter, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    command = ("sh", "-c", f"echo $$ > {pidfile}; exec sleep 30")
+    adapter.bind(Workload("j6", "sleeper", command, "n", time_limit_s=1.0))
+    assert wait_done(adapter, "j6") == WorkloadState.TIMED_OUT
+    assert "exceeded its time limit" in adapter.status(["j6"])["j6"].message
+    for _ in range(2400):  # the workload has started once it wrote its pid
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
+    adapter.release("j6")  # what the service does once it recorded why the job ended
+    assert adapter.workloads() == []
+    if adapter.kind == "local":
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_a_missing_command_is_refused_with_the_reason(adapter: ClusterAdapter) -> None:
     with pytest.raises(AdapterError, match="cannot start 'no-such-binary-xyz'"):
         adapter.bind(Workload("j5", "bad", ("no-such-binary-xyz",), "n"))

@@ -21,6 +21,7 @@ from gpuplane.cli._control_common import (
     print_reasons,
     print_table,
 )
+from gpuplane.control.spec import format_duration
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
 
@@ -36,6 +37,10 @@ def _slice(resources: dict[str, Any]) -> str:
     if resources.get("gpu_cores_pct"):
         parts.append(f"{resources['gpu_cores_pct']}%")
     return "/".join(parts) or "-"
+
+
+def _limit(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{format_duration(seconds)} (on a card of speed 1.0)"
 
 
 def _where(job: dict[str, Any]) -> str:
@@ -138,6 +143,7 @@ def describe(
             ("resources", _slice(j["resources"])),
             ("where", _where(j)),
             ("gpu model", j.get("flavor") or "-"),
+            ("time limit", _limit(j.get("time_limit_s"))),
             ("attempts", j["attempts"]),
             ("queue position", j.get("queue_position") or "-"),
             ("exit code", j.get("exit_code")),

@@ -1,18 +1,21 @@
 """One admission pass over the queue, pure: quota reservation, placement, reclaim. No SQL.
 
-For each pending job, in `FairQueue` order: reserve quota on the GPU models (flavors) the team may
-use, ask the scheduler core for a place on those models, and commit both to the in-memory snapshot
-and quota book. When the team is within its nominal quota but the cards are held by cohort members
-that borrow, their jobs are preempted (lowest priority, newest first) if, and only if, that makes
-the job fit. A job that has waited `ReservePolicy.after_s` and still does not fit gets a node
-reservation: a node held for it (`scheduler/hold.py`) until it is admitted or leaves the queue, so
-the jobs behind it cannot keep taking what it needs there and the node drains for it. The service
-wraps a pass in one locked store transaction and writes what it returns.
+For each pending job, in `FairQueue` order (with time limits, the jobs whose limit reaches past
+the backlog's horizon go first, longest first: `_queue`): reserve quota on the GPU models
+(flavors) the team may use, ask the scheduler core for a place on those models, and commit both
+to the in-memory snapshot and quota book. When the team is within its nominal quota but the
+cards are held by cohort members that borrow, their jobs are preempted (lowest priority, newest
+first) if, and only if, that makes the job fit. A job that has waited `ReservePolicy.after_s`
+and still does not fit gets a node reservation: a node held for it (`scheduler/hold.py`) until
+it is admitted or leaves the queue, so the jobs behind it cannot keep taking what it needs there
+and the node drains for it; when the time limits of the node's jobs bound its start, a job whose
+own limit ends by then may still use the node (EASY backfilling). The service wraps a pass in
+one locked store transaction and writes what it returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,6 +36,7 @@ from gpuplane.control.scheduler.base import Policy
 from gpuplane.control.scheduler.core import reservation_node, schedule
 from gpuplane.control.scheduler.hold import Hold
 from gpuplane.control.scheduler.snapshot import (
+    MILLI_PER_GPU,
     ClusterReason,
     Decision,
     Placement,
@@ -40,6 +44,7 @@ from gpuplane.control.scheduler.snapshot import (
     Request,
     Snapshot,
 )
+from gpuplane.control.scheduler.speed import wall_seconds
 from gpuplane.resources import Selector
 
 
@@ -106,19 +111,22 @@ def run_pass(
     for job_id, held in list(estate.reserved.items()):
         if job_id not in jobs or not snap.schedulable[snap.index[held.node]]:
             estate.unreserve(job_id)
+        else:  # its expected start moves as the node's jobs end
+            estate.reserved[job_id] = estate.hold(held.node, held.request, now)
     for job_id in [j for j in estate.delayed if j not in jobs]:
         del estate.delayed[job_id]
     if reserve is not None:
         _grant(estate, jobs.values(), reserve, policy, rng, now)
-    queue = FairQueue(
-        (Queued(j.job_id, j.team, j.priority, j.created_at) for j in jobs.values()), estate.share
-    )
+    queue = _queue(estate, jobs)
     requeued: list[str] = []
     admitted: dict[str, Admitted] = {}
     reasons: dict[str, list[dict[str, Any]]] = {}
-    faster = FasterGpuWait(snap, estate.work) if wait_for_faster else None
-    for queued in queue:
-        job = jobs[queued.job_id]
+    faster = None
+    if wait_for_faster:
+        longest = max((j.request.time_limit_s or 0.0 for j in jobs.values()), default=0.0)
+        faster = FasterGpuWait(snap, estate.work, longest)
+    for job_id in queue:
+        job = jobs[job_id]
         outcome = decide(estate, job, policy, rng, now, commit=True, faster=faster)
         if outcome.admitted is None:
             if faster is not None and outcome.eligible is not None:
@@ -141,6 +149,37 @@ def run_pass(
     return PassResult(list(admitted.values()), reasons, requeued)
 
 
+def _queue(estate: Estate, jobs: Mapping[str, PendingJob]) -> Iterator[str]:
+    """The pass's order, per priority (highest first): the jobs whose time limit reaches past
+    the backlog's horizon, longest first (LPT: each of them would end last if it started
+    last), then the rest in `FairQueue`'s order (fair share, oldest). The horizon is how long
+    the estate needs for the queued work: each job's limit (or the mean completed work, for a
+    job without one) times its GPU demand, over the estate's speed-weighted cards."""
+    snap = estate.snapshot
+    rate = float((snap.n_devices * snap.gpu_speed)[snap.schedulable].sum()) * MILLI_PER_GPU
+    mean = estate.work.mean_s
+    work = sum(j.request.gpu_demand_milli * (j.request.time_limit_s or mean) for j in jobs.values())
+    horizon = work / rate if rate else 0.0
+    levels: dict[int, list[PendingJob]] = {}
+    for j in jobs.values():
+        levels.setdefault(j.priority, []).append(j)
+    for _, level in sorted(levels.items(), key=lambda kv: -kv[0]):
+        critical = [
+            j
+            for j in level
+            if j.request.time_limit_s is not None and j.request.time_limit_s >= horizon
+        ]
+        critical.sort(key=lambda j: (-(j.request.time_limit_s or 0.0), j.created_at, j.job_id))
+        yield from (j.job_id for j in critical)
+        first = {j.job_id for j in critical}
+        rest = (
+            Queued(j.job_id, j.team, j.priority, j.created_at)
+            for j in level
+            if j.job_id not in first
+        )
+        yield from (q.job_id for q in FairQueue(rest, estate.share))
+
+
 def decide(
     estate: Estate,
     job: PendingJob,
@@ -156,7 +195,7 @@ def decide(
     expected to free in time (`delay.py`); a node reservation's holder never waits."""
     request = job.request
     if not request.is_gpu:
-        decision, why = _schedule(estate, request, policy, rng)
+        decision, why = _schedule(estate, request, policy, rng, now)
         if not decision.ok:
             return Outcome(reasons=list(why), eligible=request)
         assert decision.placement is not None
@@ -173,14 +212,17 @@ def decide(
         return Outcome(reasons=_quota_reasons(estate, checks, models))
     # all the models the request matches: its own selector says as much (and is cheaper)
     narrowed = request if len(allowed) == len(models) else _on_models(request, allowed)
-    decision, why = _schedule(estate, narrowed, policy, rng)
+    decision, why = _schedule(estate, narrowed, policy, rng, now)
     placement = decision.placement
-    if placement is not None and faster is not None and job.job_id not in estate.reserved:
+    hold = estate.reserved.get(job.job_id)
+    if placement is not None and hold is not None and _later(estate, hold, placement, now):
+        return Outcome(reasons=list(why), eligible=narrowed)  # its own node is done sooner
+    if placement is not None and faster is not None and hold is None:
         wait = faster.check(narrowed, _model_of(estate.snapshot, placement))
         # patience: a job waits at most as long as the slow card would lose on a long job
         if wait is not None and now - estate.delayed.get(job.job_id, now) <= wait.loss_s:
             faster_only = _on_models(request, list(wait.models))
-            placement = _schedule(estate, faster_only, policy, rng)[0].placement
+            placement = _schedule(estate, faster_only, policy, rng, now)[0].placement
             if placement is None:  # no faster card fits now: wait for one
                 if commit:
                     estate.delayed.setdefault(job.job_id, now)
@@ -207,6 +249,17 @@ def decide(
             r for r in _quota_reasons(estate, refused, list(refused)) if r["cluster"] not in covered
         ]
     return Outcome(reasons=reasons, eligible=narrowed)
+
+
+def _later(estate: Estate, hold: Hold, placement: Placement, now: float) -> bool:
+    """Would the held job, started now at `placement` on another node, end later by its time
+    limit than on its held node from the hold's expected start? False when either is unknown."""
+    limit = hold.request.time_limit_s
+    if limit is None or hold.start_s is None or hold.start_s <= now:
+        return False
+    snap = estate.snapshot
+    here = now + wall_seconds(limit, float(snap.gpu_speed[snap.index[placement.node]]))
+    return here > hold.start_s + wall_seconds(limit, float(snap.gpu_speed[snap.index[hold.node]]))
 
 
 def _charge(estate: Estate, request: Request, model: str) -> Amount:
@@ -240,7 +293,7 @@ def _reclaim(
     if not candidates:
         return None
     trial = estate.copy()
-    holds = estate.holds_against(job.job_id)
+    holds = estate.holds_against(request, now)
     victims: list[str] = []
     for victim in candidates:
         if not trial.book.borrowing(victim.team, model):
@@ -270,6 +323,7 @@ def _finish(
     """Admit `job` at `placement` (committed to `estate` when `commit`)."""
     if commit:
         estate.snapshot.commit(placement)
+        estate.admitted(placement, job.request.time_limit_s, now)
         estate.unreserve(job.job_id)
         estate.delayed.pop(job.job_id, None)
         if model is not None:
@@ -280,13 +334,15 @@ def _finish(
 
 
 def _schedule(
-    estate: Estate, request: Request, policy: Policy, rng: np.random.Generator
+    estate: Estate, request: Request, policy: Policy, rng: np.random.Generator, now: float
 ) -> tuple[Decision, tuple[dict[str, Any], ...]]:
-    """`schedule` against the node reservations of other jobs, and its reasons as dicts; skipped
-    when the same shape already failed since capacity was last freed (a job's own reservation
-    changes what it may use, so a holder is always scheduled). The reason dicts of a failed
-    shape are shared by every job of that shape: read them, never mutate them."""
-    holds = estate.holds_against(request.job_id)
+    """`schedule` against the node reservations of other jobs (less those its time limit lets
+    it backfill), and its reasons as dicts; skipped when the same shape, free of the same
+    holds, already failed since capacity was last freed: until then free capacity only shrinks
+    (a job's own reservation changes what it may use, so a holder is always scheduled). The
+    reason dicts of a failed shape are shared by every job of that shape: read them, never
+    mutate them."""
+    holds = estate.holds_against(request, now)
     if request.job_id in estate.reserved:
         decision = schedule(estate.snapshot, request, policy, rng, holds)
         return decision, tuple(_reason_dict(r) for r in decision.reasons)
@@ -299,6 +355,8 @@ def _schedule(
         request.memory_mib,
         tuple(sorted(sel.match_labels.items())),
         sel.gpu_models,
+        # the held nodes its time limit lets it backfill (none for most jobs: one entry)
+        tuple(sorted({h.node for h in estate.reserved.values()} - {h.node for h in holds})),
     )
     known = estate.no_fit.get(key)
     if known is not None and known[0] == estate.freed:
@@ -320,7 +378,8 @@ def _grant(
     now: float,
 ) -> None:
     """Fill the free reservation slots, before the pass admits anything: the jobs that waited
-    longest (highest priority first) and do not fit now, each on its `reservation_node`. By
+    longest (highest priority first; a job's time limit counts as time already waited, so
+    among equals the longest go first) and do not fit now, each on its `reservation_node`. By
     wait, not by queue order: fair share would otherwise keep giving the slots to the small
     teams' jobs while the big team's whole-node jobs wait on."""
     free = reserve.limit - len(estate.reserved)
@@ -332,17 +391,17 @@ def _grant(
             for j in pending
             if j.job_id not in estate.reserved and now - j.created_at >= reserve.after_s
         ),
-        key=lambda j: (-j.priority, j.created_at, j.job_id),
+        key=lambda j: (-j.priority, j.created_at - (j.request.time_limit_s or 0.0), j.job_id),
     )
     for job in due:
         outcome = decide(estate, job, policy, rng, now, commit=False)
         if outcome.admitted is not None or outcome.eligible is None:
             continue  # fits now (this pass admits it), or its quota allows no GPU model
         taken = {h.node for h in estate.reserved.values()}
-        node = reservation_node(estate.snapshot, outcome.eligible, taken)
+        node = reservation_node(estate.snapshot, outcome.eligible, taken, estate.ends, now)
         if node is None:
             continue
-        estate.reserved[job.job_id] = Hold(node, job.request)
+        estate.reserved[job.job_id] = estate.hold(node, job.request, now)
         free -= 1
         if free == 0:
             return
@@ -354,12 +413,22 @@ def _reserved(
     """`outcome`'s reasons, with a `Reserved` one for the cluster of the node held for `job`."""
     cluster = estate.snapshot.nodes[estate.snapshot.index[hold.node]].cluster
     waited = now - job.created_at
+    message = (
+        f"holds a reservation on node {hold.node} after waiting {waited:.0f} s: "
+        "jobs behind it may not take what it needs there, so the node drains for it"
+    )
+    numbers = {"waited_s": int(waited)}
+    if hold.start_s is not None:
+        numbers["starts_in_s"] = int(hold.start_s - now)
+        message += (
+            f"; expected to start within {hold.start_s - now:.0f} s (the time limits of the "
+            "node's jobs), and jobs whose limits end by then may use the node meanwhile"
+        )
     reason = {
         "cluster": cluster,
         "code": ReasonCode.RESERVED.value,
-        "message": f"holds a reservation on node {hold.node} after waiting {waited:.0f} s: "
-        "jobs behind it may not take what it needs there, so the node drains for it",
-        "numbers": {"waited_s": int(waited)},
+        "message": message,
+        "numbers": numbers,
     }
     return [reason, *(r for r in outcome.reasons if r["cluster"] != cluster)]
 

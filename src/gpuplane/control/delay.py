@@ -14,7 +14,10 @@ work history, f_min the pool's slowest speed. The rule:
     ahead + own demand <= sum(busy_f x f) x (1/s - 1/f_min) x W/w
 
 The percentile, not the mean, because a pool's finish time is that of its longest jobs: with
-unknown, heavy-tailed runtimes the risk of a slow card is a long job landing on it.
+unknown, heavy-tailed runtimes the risk of a slow card is a long job landing on it. A job with a
+time limit (in seconds on a card of speed 1.0, i.e. an upper bound of its work) is weighed by
+its own limit instead: W = its limit, so a long job waits for the fast card and a short one
+takes the slow card now.
 
 While a backlog is worked off, the jobs ahead are far more than the faster models free in that
 window and nothing changes; as the queue runs short, a job takes a faster model if one fits now,
@@ -116,7 +119,10 @@ class FasterGpuWait:
     L40S, whichever frees first; it waits when the pool frees, within the time its slowest
     member still gains over the slow card, the room of the jobs ahead that may use the pool."""
 
-    def __init__(self, snapshot: Snapshot, history: WorkHistory) -> None:
+    def __init__(
+        self, snapshot: Snapshot, history: WorkHistory, longest_limit_s: float = 0.0
+    ) -> None:
+        """`longest_limit_s`: the longest time limit of the pass's jobs (0: none has one)."""
         self.snapshot = snapshot
         self.history = history
         self.speed: dict[str, float] = {}
@@ -128,16 +134,20 @@ class FasterGpuWait:
             model = node.gpu_model
             self.speed[model] = max(self.speed.get(model, 0.0), float(snapshot.gpu_speed[i]))
             self.busy[model] = self.busy.get(model, 0) + int(busy[i])
-        self.stretch = 1.0
+        self.stretch = 1.0  # the work W a job is weighed by, over the mean work w
+        widest = self.stretch  # the largest W / w of the pass's jobs
         if history.ready and history.mean_s > 0:
             self.stretch = history.long_s() / history.mean_s
+            widest = max(self.stretch, longest_limit_s / history.mean_s)
         self.order = sorted(self.speed, key=lambda m: (-self.speed[m], m))  # fastest first
         self.rank = {m: i for i, m in enumerate(self.order)}
         self.ahead = [0] * len(self.order)  # queued demand, by the fastest model it may use
         slowest = min(self.speed.values(), default=1.0)
         # the most each pool (the k fastest models) frees in time for any slower model: once
         # the demand ahead passes it, no job of this pass waits for that pool
-        self.cap = [self._frees(self.order[:k], slowest) for k in range(1, len(self.order) + 1)]
+        self.cap = [
+            self._frees(self.order[:k], slowest, widest) for k in range(1, len(self.order) + 1)
+        ]
         self._queue: list[Request] = []
         self._summed = 0
 
@@ -154,6 +164,9 @@ class FasterGpuWait:
         slow = self.speed[placed_model]
         usable = self.history.models(self.snapshot, request)
         own = request.gpu_demand_milli
+        stretch = self.stretch
+        if request.time_limit_s is not None and self.history.mean_s > 0:
+            stretch = request.time_limit_s / self.history.mean_s
         found: tuple[list[str], int] | None = None
         for k in range(1, len(self.order) + 1):
             if self.speed[self.order[k - 1]] <= slow:
@@ -163,25 +176,25 @@ class FasterGpuWait:
                 continue
             self._sum_ahead()
             ahead = sum(self.ahead[:k])
-            if ahead + own <= self._frees(pool, slow):
+            if ahead + own <= self._frees(pool, slow, stretch):
                 found = (pool, ahead)
         if found is None:
             return None
         pool, ahead = found
         work, fast = self.history.mean_s, min(self.speed[m] for m in pool)
         rate = sum(self.busy[m] * self.speed[m] for m in pool) / max(work, 1e-9)  # milli / s
-        loss = self.stretch * (work / slow - work / fast)
+        loss = stretch * (work / slow - work / fast)
         return FasterGpu(tuple(pool), placed_model, (ahead + own) / rate, loss)
 
-    def _frees(self, pool: list[str], slow: float) -> float:
+    def _frees(self, pool: list[str], slow: float, stretch: float) -> float:
         """Milli-GPUs `pool` frees (in units of w: the mean work cancels) within the time its
-        slowest model still gains over a card of speed `slow`."""
+        slowest model still gains over a card of speed `slow` on work `stretch` x w."""
         if not pool:
             return 0.0
         fast = min(self.speed[m] for m in pool)
         if fast <= slow:
             return 0.0
-        gain = self.stretch * (1 / slow - 1 / fast)
+        gain = stretch * (1 / slow - 1 / fast)
         return sum(self.busy[m] * self.speed[m] for m in pool) * gain
 
     def _sum_ahead(self) -> None:

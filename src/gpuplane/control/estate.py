@@ -1,7 +1,7 @@
 """What an admission pass works on, kept in step: the snapshot of devices, the quota book, the
-admitted jobs, and what only memory holds between passes (node reservations, completed jobs' work,
-when each job first waited for a faster GPU). Pure: no SQL; the service rebuilds it from the
-store and `adopt`s the memory-only part of the previous one.
+admitted jobs and when their time limits end them, and what only memory holds between passes
+(node reservations, completed jobs' work, when each job first waited for a faster GPU). Pure: no
+SQL; the service rebuilds it from the store and `adopt`s the memory-only part of the previous one.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 
 from gpuplane.control.delay import WorkHistory
 from gpuplane.control.quota import Amount, QuotaBook, Running, dominant_share
-from gpuplane.control.scheduler.hold import Hold
-from gpuplane.control.scheduler.snapshot import Decision, Snapshot
+from gpuplane.control.scheduler.hold import Hold, blocking, expected_start
+from gpuplane.control.scheduler.snapshot import Decision, Placement, Request, Snapshot
+from gpuplane.control.scheduler.speed import wall_seconds
 
 
 @dataclass(slots=True)
@@ -38,6 +39,8 @@ class Estate:
     reserved: dict[str, Hold] = field(default_factory=dict)
     work: WorkHistory = field(default_factory=WorkHistory)  # completed jobs' work (`delay.py`)
     delayed: dict[str, float] = field(default_factory=dict)  # job id -> first waited for faster
+    # admitted jobs with a time limit: job id -> when the limit ends them (wall clock, s)
+    ends: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, snapshot: Snapshot, book: QuotaBook, running: Iterable[Running]) -> Estate:
@@ -63,7 +66,7 @@ class Estate:
             self.capacity,
         )
         other.reserved = dict(self.reserved)
-        other.work, other.delayed = self.work, dict(self.delayed)
+        other.work, other.delayed, other.ends = self.work, dict(self.delayed), dict(self.ends)
         return other
 
     def adopt(self, previous: Estate) -> None:
@@ -79,9 +82,25 @@ class Estate:
         if self.reserved.pop(job_id, None) is not None:
             self.freed += 1
 
-    def holds_against(self, job_id: str) -> list[Hold]:
-        """What the node reservations keep from `job_id`: all of them but its own."""
-        return [h for j, h in self.reserved.items() if j != job_id]
+    def holds_against(self, request: Request, now: float) -> list[Hold]:
+        """What the node reservations keep from `request`: all of them but its own and those
+        its time limit lets it backfill (`hold.blocking`)."""
+        others = [h for j, h in self.reserved.items() if j != request.job_id]
+        return blocking(self.snapshot, others, request, now) if others else others
+
+    def hold(self, node: str, request: Request, now: float) -> Hold:
+        """A hold of `node` for `request`, with its expected start by the time limits of the
+        node's jobs (`hold.expected_start`)."""
+        snap = self.snapshot
+        jobs = [p for p in snap.allocations.values() if p.node == node]
+        start = expected_start(snap, snap.index[node], request, jobs, self.ends, now)
+        return Hold(node, request, start)
+
+    def admitted(self, placement: Placement, time_limit_s: float | None, now: float) -> None:
+        """Note when a job just placed at `placement` ends by its time limit, if it has one."""
+        if time_limit_s is not None:
+            speed = float(self.snapshot.gpu_speed[self.snapshot.index[placement.node]])
+            self.ends[placement.job_id] = now + wall_seconds(time_limit_s, speed)
 
     def release(self, job_id: str, ended_at: float | None = None) -> None:
         """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
@@ -96,6 +115,7 @@ class Estate:
         self.snapshot.release(job_id)
         self.book.release(job_id)
         self.running.pop(job_id, None)
+        self.ends.pop(job_id, None)
         self.unreserve(job_id)
         self.freed += 1
 

@@ -108,6 +108,7 @@ def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -
                 "milli_gpus": 0,
                 "gpu_mem_mib": 0,
                 "attempts": 0,
+                "time_limit_s": spec.time_limit,
             }
             for spec, r in jobs
         ],

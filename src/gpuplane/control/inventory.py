@@ -169,6 +169,7 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
         )
     )
     placements = []
+    limited: list[tuple[Placement, float, float]] = []  # placement, time limit, start
     running = []
     book = QuotaBook(load_teams(session))
     for job in jobs:
@@ -179,16 +180,12 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
         )
         grants = tuple(sorted(grants, key=lambda g: g.index))
         node_name = node_names[job.node_id]
-        placements.append(
-            Placement(
-                job.id,
-                split_qualified(node_name)[0],
-                node_name,
-                grants,
-                job.cpu_millis,
-                job.memory_mib,
-            )
+        placement = Placement(
+            job.id, split_qualified(node_name)[0], node_name, grants, job.cpu_millis, job.memory_mib
         )
+        placements.append(placement)
+        if job.time_limit_s is not None:
+            limited.append((placement, job.time_limit_s, job.started_at or job.created_at))
         if job.flavor is not None:
             book.reserve(job.id, job.team_name, job.flavor, Amount(job.milli_gpus, job.gpu_mem_mib))
             running.append(
@@ -202,7 +199,10 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
             )
     snapshot = Snapshot(infos, placements)
     node_ids = {name: nid for nid, name in node_names.items()}
-    return Estate.build(snapshot, book, running), RowIds(node_ids, device_ids)
+    estate = Estate.build(snapshot, book, running)
+    for placement, limit, start in limited:
+        estate.admitted(placement, limit, start)
+    return estate, RowIds(node_ids, device_ids)
 
 
 def load_teams(session: Session) -> list[TeamQuota]:

@@ -119,6 +119,8 @@ class Job(Base):
     message: Mapped[str | None] = mapped_column(String(2000), default=None)
     bound_by: Mapped[str | None] = mapped_column(String(255), default=None)  # service instance
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # most seconds it may run on a card of speed 1.0 (the spec's time_limit); None: no limit
+    time_limit_s: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, default=None)
     finished_at: Mapped[float | None] = mapped_column(Float, default=None)

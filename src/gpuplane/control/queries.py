@@ -64,6 +64,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
         message=job.message,
         exit_code=job.exit_code,
         attempts=job.attempts,
+        time_limit_s=job.time_limit_s,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from gpuplane.control.adapters.base import AdapterError, Workload, WorkloadState, WorkloadStatus
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.models import Job
+from gpuplane.control.scheduler.speed import wall_seconds
 from gpuplane.control.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ def _bind_admitted(svc: ControlService) -> None:
         if placement is None or job.cluster_name not in svc.adapters:
             continue
         spec = JobSpec.model_validate(job.spec)
+        limit = None
+        if spec.time_limit is not None:  # stated for a card of speed 1.0: scaled to this node's
+            speed = float(estate.snapshot.gpu_speed[estate.snapshot.index[placement.node]])
+            limit = wall_seconds(spec.time_limit, speed)
         binds.append(
             (
                 str(job.cluster_name),
@@ -51,6 +56,7 @@ def _bind_admitted(svc: ControlService) -> None:
                     cpu_millis=job.cpu_millis,
                     memory_mib=job.memory_mib,
                     fractional=spec.to_request(job.id).is_fractional,
+                    time_limit_s=limit,
                 ),
             )
         )

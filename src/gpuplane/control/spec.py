@@ -6,6 +6,13 @@ The minimal spec is a name, a team, a command and resources:
     team: research
     command: ["python", "-c", "print(42)"]
     resources: {gpu_mem_mib: 10240, gpu_cores_pct: 25}
+
+`time_limit` (optional, like Slurm's `--time` or Kubernetes' `activeDeadlineSeconds`): the most
+the job may run, in seconds or as a duration such as "2h", "90m", "1h30m", "45s"; on a card of
+relative speed f (`gpu_speeds`, the `gpuplane.io/gpu-speed` label) it gets time_limit / f, so
+the limit is stated once for a card of speed 1.0. A job still running at its limit is stopped
+and fails with a message saying so. The scheduler uses limits to backfill around node
+reservations and to weigh slow cards (`docs/architecture.md`).
 """
 
 from __future__ import annotations
@@ -20,12 +27,53 @@ from gpuplane.errors import ResourceError
 from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector, Slice
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(
+    r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$"
+)
+_UNIT_S = (86400.0, 3600.0, 60.0, 1.0)
+_DURATION_RULE = (
+    "must be a positive duration: seconds (7200) or a string like '2h', '90m', '1h30m', '45s'"
+)
 
 
 _NAME_RULE = (
     "'{value}' must be 1-63 lowercase letters, digits, '-', '_' or '.', "
     "starting and ending with a letter or digit"
 )
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number of seconds or a string like "2h", "90m", "1h30m", "1d", "45s" (a
+    bare number in a string is seconds); raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"{_DURATION_RULE}, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            match = _DURATION.match(text)
+            if not text or match is None:
+                raise ValueError(f"{_DURATION_RULE}, got {value!r}") from None
+            seconds = sum(float(g) * u for g, u in zip(match.groups(), _UNIT_S, strict=True) if g)
+    else:
+        raise ValueError(f"{_DURATION_RULE}, got {value!r}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{_DURATION_RULE}, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A duration the way `parse_duration` reads it: "2h", "1h30m", "45s", "1d2h"."""
+    left = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or f"{seconds:g}s"
 
 
 def check_name(what: str, value: str) -> str:
@@ -67,6 +115,14 @@ class JobSpec(_Spec):
     priority: int = 0
     resources: ResourcesSpec = ResourcesSpec()
     selector: SelectorSpec = SelectorSpec()
+    time_limit: float | None = Field(
+        default=None, description="most seconds it may run on a card of speed 1.0 (or '2h')"
+    )
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("name", "team")
     @classmethod
@@ -94,7 +150,7 @@ class JobSpec(_Spec):
 
     def to_request(self, job_id: str) -> Request:
         resources = self.to_resources()
-        return Request.from_resources(job_id, resources, self.to_selector())
+        return Request.from_resources(job_id, resources, self.to_selector(), self.time_limit)
 
 
 def parse_spec(data: Any) -> JobSpec:
@@ -109,6 +165,7 @@ def parse_spec(data: Any) -> JobSpec:
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"]) or "spec"
             msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+            msg = msg.removeprefix("Value error, ")
             parts.append(f"{loc}: {msg}")
         raise SpecError("invalid job spec: " + "; ".join(parts)) from None
     except ResourceError as exc:

@@ -36,6 +36,9 @@ class JobView(BaseModel):
     message: str | None = None
     exit_code: int | None = None
     attempts: int = 0
+    time_limit_s: float | None = Field(
+        default=None, description="most seconds it may run on a card of speed 1.0; none: no limit"
+    )
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None

@@ -58,7 +58,10 @@ class Inventory:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """One admitted job, as an adapter starts it: what to run and the devices it holds."""
+    """One admitted job, as an adapter starts it: what to run and the devices it holds.
+    `time_limit_s`: wall-clock seconds it may run (the spec's limit at its node's GPU speed);
+    past that `status` reports it TIMED_OUT (Kubernetes: `activeDeadlineSeconds`) and the
+    service's `release` stops it."""
 
     job_id: str
     name: str
@@ -70,6 +73,7 @@ class Workload:
     cpu_millis: int = 0
     memory_mib: int = 0
     fractional: bool = False
+    time_limit_s: float | None = None
 
 
 class WorkloadState(StrEnum):
@@ -77,6 +81,7 @@ class WorkloadState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     LOST = "lost"  # the backend no longer knows the workload (e.g. the service restarted)
+    TIMED_OUT = "timed_out"  # still running at its time limit: the service stops it
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ Inventory: this machine's GPUs from `nvidia-smi`; on a machine without one (or w
 `discover_gpus: false`), the nodes declared in the cluster's config, or else the embedded default
 of two 80 GiB cards. A job gets `CUDA_VISIBLE_DEVICES` (its card indices) and, for a vGPU slice,
 HAMi's environment: `CUDA_DEVICE_MEMORY_LIMIT` (e.g. `10240m`) and `CUDA_DEVICE_SM_LIMIT` (its
-compute share in percent). Output goes to a log file per job; the exit code is the job's.
+compute share in percent). Output goes to a log file per job; the exit code is the job's. A job
+with a time limit that is still running once it has run that long (from its start here) is
+reported TIMED_OUT by `status`; the service then records why and `release` stops it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterable
 from typing import IO, ClassVar
 
@@ -30,6 +33,7 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
     register,
 )
+from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,memory.total,uuid"
@@ -61,11 +65,15 @@ def hami_env(workload: Workload) -> dict[str, str]:
 
 
 class _Proc:
-    __slots__ = ("log", "popen")
+    __slots__ = ("deadline", "limit_s", "log", "popen")
 
-    def __init__(self, popen: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], log: IO[bytes], limit_s: float | None
+    ) -> None:
         self.popen = popen
         self.log = log
+        self.limit_s = limit_s
+        self.deadline = None if limit_s is None else time.monotonic() + limit_s
 
 
 @register
@@ -195,7 +203,7 @@ class LocalAdapter(ClusterAdapter):
                     f"job {workload.job_id}: cannot start {workload.command[0]!r}: {exc.strerror}; "
                     "check the command and workdir in the job spec"
                 ) from None
-            self._procs[workload.job_id] = _Proc(popen, log)
+            self._procs[workload.job_id] = _Proc(popen, log, workload.time_limit_s)
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
         out: dict[str, WorkloadStatus] = {}
@@ -208,7 +216,15 @@ class LocalAdapter(ClusterAdapter):
                     )
                     continue
                 code = proc.popen.poll()
-                if code is None:
+                if code is None and proc.deadline is not None and time.monotonic() >= proc.deadline:
+                    assert proc.limit_s is not None
+                    out[job_id] = WorkloadStatus(
+                        WorkloadState.TIMED_OUT,
+                        None,
+                        f"exceeded its time limit: still running after "
+                        f"{format_duration(proc.limit_s)} on this node; stopped",
+                    )
+                elif code is None:
                     out[job_id] = WorkloadStatus(WorkloadState.RUNNING)
                 elif code == 0:
                     out[job_id] = WorkloadStatus(WorkloadState.SUCCEEDED, 0)

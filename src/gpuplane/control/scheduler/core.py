@@ -6,14 +6,14 @@ Pure functions over a `Snapshot`: they never mutate it. Committing is the caller
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from types import MappingProxyType
 
 import numpy as np
 
 from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy
 from gpuplane.control.scheduler.explain import State, capacity_state, explain, free_state
-from gpuplane.control.scheduler.hold import Hold, held_state
+from gpuplane.control.scheduler.hold import Hold, expected_start, held_state
 from gpuplane.control.scheduler.snapshot import (
     MILLI_PER_GPU,
     BoolArray,
@@ -90,17 +90,27 @@ def _why_not(
     free = filter_nodes(snapshot, request, free_state(snapshot))
     if len(free) == 0:
         return reasons
-    holders = {h.node: h.request.job_id for h in holds}
+    held = {h.node: h for h in holds}
     blocked: dict[str, list[str]] = {}
+    timed: set[str] = set()  # clusters where a hold has an expected start
     for row in free.nodes:
         node = snapshot.nodes[int(row)]
-        blocked.setdefault(node.cluster, []).append(f"{node.name} (job {holders[node.name]})")
+        hold = held[node.name]
+        blocked.setdefault(node.cluster, []).append(f"{node.name} (job {hold.request.job_id})")
+        if hold.start_s is not None:
+            timed.add(node.cluster)
+    backfill = (
+        "; only jobs whose time limits end before the held jobs' expected starts may use "
+        "them meanwhile"
+    )
     out = [r for r in reasons if r.cluster not in blocked]
     out += [
         ClusterReason(
             cluster,
             ReasonCode.BLOCKED_BY_RESERVATION,
-            "fits only on nodes held for jobs that waited longer: " + ", ".join(nodes),
+            "fits only on nodes held for jobs that waited longer: "
+            + ", ".join(nodes)
+            + (backfill if cluster in timed else ""),
             MappingProxyType({"held_nodes": len(nodes)}),
         )
         for cluster, nodes in blocked.items()
@@ -149,24 +159,44 @@ def feasible(snapshot: Snapshot, request: Request) -> Decision:
     return Decision(request.job_id, placement, (), "")
 
 
-def reservation_node(snapshot: Snapshot, request: Request, taken: Set[str]) -> str | None:
+def reservation_node(
+    snapshot: Snapshot,
+    request: Request,
+    taken: Set[str],
+    ends: Mapping[str, float] | None = None,
+    now: float = 0.0,
+) -> str | None:
     """The node a reservation for `request` should hold: of the schedulable nodes where it fits
     when empty and that no other reservation holds, the one expected to drain first; None when
-    there is none. Without runtime estimates, every running job is taken to have the same
-    remaining work, so a node waits for the last of its k jobs (H(k) = 1 + 1/2 + ... + 1/k times
-    one job's, as for memoryless runtimes) at its GPU speed (`gpu_speed`: slower cards run the
-    same work longer): the lowest H(k) / speed wins, then the most wholly free cards, the most
-    free GPU compute, the earliest. Fewer jobs to wait for also means fewer cards left idle."""
+    there is none. Where the time limits of the node's jobs bound when it fits (`ends`: job id
+    -> wall-clock end; `hold.expected_start`), that bound is the expected start, and such nodes
+    come first, earliest first. Otherwise, without runtime estimates, every running job is taken
+    to have the same remaining work, so a node waits for the last of its k jobs (H(k) = 1 + 1/2
+    + ... + 1/k times one job's, as for memoryless runtimes) at its GPU speed (`gpu_speed`:
+    slower cards run the same work longer): the lowest H(k) / speed wins. Then the most wholly
+    free cards, the most free GPU compute, the earliest. Fewer jobs to wait for also means
+    fewer cards left idle."""
     rows = filter_when_empty(snapshot, request).nodes
     rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
     if len(rows) == 0:
         return None
-    jobs = np.zeros(len(snapshot.nodes), dtype=np.int64)
+    on_node: dict[str, list[Placement]] = {}
     for placement in snapshot.allocations.values():
-        jobs[snapshot.index[placement.node]] += 1
+        on_node.setdefault(placement.node, []).append(placement)
+    jobs = np.array([len(on_node.get(snapshot.nodes[int(i)].name, ())) for i in rows])
     harmonic = np.cumsum(np.concatenate(([0.0], 1.0 / np.arange(1, int(jobs.max()) + 1))))
-    drain = harmonic[jobs[rows]] / snapshot.gpu_speed[rows]
-    order = np.lexsort((rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain))
+    drain = harmonic[jobs] / snapshot.gpu_speed[rows]
+    unknown = np.ones(len(rows), dtype=bool)
+    if ends:
+        own = request.time_limit_s or 0.0
+        for k, i in enumerate(rows):
+            node = snapshot.nodes[int(i)].name
+            start = expected_start(snapshot, int(i), request, on_node.get(node, ()), ends, now)
+            if start is not None:  # with its own limit: when it would be done there
+                unknown[k], drain[k] = False, start + own / snapshot.gpu_speed[int(i)]
+    order = np.lexsort(
+        (rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain, unknown)
+    )
     return snapshot.nodes[int(rows[order[0]])].name
 
 

@@ -30,7 +30,10 @@ class Request:
     """What one job asks the scheduler for, in scheduler units.
 
     Exactly one GPU shape: `gpus >= 1` whole cards on one node, or a fractional share of one card
-    (`gpu_milli` compute and/or `gpu_mem_mib` memory), or neither (CPU-only).
+    (`gpu_milli` compute and/or `gpu_mem_mib` memory), or neither (CPU-only). `time_limit_s`:
+    the job's time limit in seconds on a card of speed 1.0 (`speed.wall_seconds` gives it on a
+    node), None when it has none; node reservations let a job whose limit ends before their
+    expected start use the node meanwhile (`hold.py`).
     """
 
     job_id: str
@@ -40,6 +43,7 @@ class Request:
     cpu_millis: int = 0
     memory_mib: int = 0
     selector: Selector = field(default_factory=Selector)
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpu_milli < 0 or self.cpu_millis < 0 or self.memory_mib < 0:
@@ -50,10 +54,16 @@ class Request:
             raise ResourceError(f"request {self.job_id}: gpu_milli must be <= {MILLI_PER_GPU}")
         if self.gpu_mem_mib is not None and self.gpu_mem_mib <= 0:
             raise ResourceError(f"request {self.job_id}: gpu_mem_mib must be > 0")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise ResourceError(f"request {self.job_id}: time_limit_s must be > 0")
 
     @classmethod
     def from_resources(
-        cls, job_id: str, resources: Resources, selector: Selector | None = None
+        cls,
+        job_id: str,
+        resources: Resources,
+        selector: Selector | None = None,
+        time_limit_s: float | None = None,
     ) -> Request:
         """Map the shared vocabulary (`gpuplane.resources`) to a scheduler request."""
         s = resources.slice
@@ -66,6 +76,7 @@ class Request:
             cpu_millis=resources.cpu_millis,
             memory_mib=resources.memory_mib,
             selector=selector or Selector(),
+            time_limit_s=time_limit_s,
         )
 
     @property
@@ -89,6 +100,7 @@ class Request:
             self.memory_mib,
             labels,
             sel.gpu_models,
+            self.time_limit_s,
         )
 
     @property

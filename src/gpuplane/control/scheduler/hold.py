@@ -2,35 +2,111 @@
 
 A job that has waited too long (the service's admission decides when) is given one node; every
 other request is then filtered against that node's free resources minus what the held job needs,
-so nothing new lands on what it waits for and the node drains as its jobs end. No runtime
-estimates are needed (Volcano's reservation and Slurm's drain work the same way). Pure: a hold is
-a mask over the filter's view (`held_state`), the snapshot itself never changes.
+so nothing new lands on what it waits for and the node drains as its jobs end (Volcano's
+reservation and Slurm's drain work the same way). Pure: a hold is a mask over the filter's view
+(`held_state`), the snapshot itself never changes.
 
 What a hold of request r on node i takes from the others:
 - CPU and memory: r's, off the node's free CPU and memory;
 - whole cards (k): k of the node's wholly free cards; while fewer than k are free, every card of
   the node (any of them may be the next to empty), and when exactly k are free, those;
 - a share: the card with the most free memory (then compute), the one closest to fitting it.
+
+Time limits make it EASY backfilling (Lifka 1995; Mu'alem & Feitelson 2001): when every job the
+node must wait for has a time limit, the hold has an expected start (`expected_start`: the jobs
+end by their limits, earliest first, until r fits), and a job whose own limit ends by then may
+use the node as if it were not held (`blocking`): it is gone before the held job could start, so
+the node's free cards do not idle while it drains. Without limits there is no expected start and
+nothing backfills onto a held node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpuplane.control.scheduler.decision import Request
+from gpuplane.control.scheduler.decision import Placement, Request
 from gpuplane.control.scheduler.explain import State, free_state
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, BoolArray, Snapshot
+from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, BoolArray, IntArray, Snapshot
+from gpuplane.control.scheduler.speed import wall_seconds
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Node `node` (a node name) is held for `request` (its job id says for whom)."""
+    """Node `node` (a node name) is held for `request` (its job id says for whom). `start_s`:
+    when the node is expected to fit it by the time limits of its jobs (`expected_start`), None
+    when a job it waits for has none."""
 
     node: str
     request: Request
+    start_s: float | None = None
+
+
+def expected_start(
+    snapshot: Snapshot,
+    row: int,
+    request: Request,
+    jobs: Iterable[Placement],
+    ends: Mapping[str, float],
+    now: float,
+) -> float | None:
+    """When `request` is expected to fit on node row `row`, whose running jobs are `jobs`: they
+    end by their time limits (`ends`: job id -> wall-clock end), earliest first, giving back what
+    they hold, and the first end after which it fits is the answer (`now` if it fits now); None
+    when it would need a job without a limit to end."""
+    milli = snapshot.dev_milli_free[row].copy()
+    mem = snapshot.dev_mem_free[row].copy()
+    cpu, memory = int(snapshot.cpu_free[row]), int(snapshot.mem_free[row])
+    if _fits(snapshot, row, request, milli, mem, cpu, memory):
+        return now
+    known = sorted((p for p in jobs if p.job_id in ends), key=lambda p: (ends[p.job_id], p.job_id))
+    for placement in known:
+        for grant in placement.devices:
+            milli[grant.index] += grant.gpu_milli
+            mem[grant.index] += grant.mem_mib
+        cpu += placement.cpu_millis
+        memory += placement.memory_mib
+        if _fits(snapshot, row, request, milli, mem, cpu, memory):
+            return max(ends[placement.job_id], now)
+    return None
+
+
+def _fits(
+    snapshot: Snapshot,
+    row: int,
+    r: Request,
+    milli: IntArray,
+    mem: IntArray,
+    cpu: int,
+    memory: int,
+) -> bool:
+    """Does `r` fit on node row `row` with these free cards, CPU and memory?"""
+    if cpu < r.cpu_millis or memory < r.memory_mib:
+        return False
+    if r.gpus:
+        return int(snapshot.wholly_free(row, milli, mem).sum()) >= r.gpus
+    if not r.is_fractional:
+        return True
+    need = [r.mem_on(int(c)) for c in snapshot.dev_mem_cap[row]]
+    fit = snapshot.dev_exists[row] & (milli >= r.gpu_milli) & (mem >= np.array(need))
+    return bool(fit.any())
+
+
+def blocking(snapshot: Snapshot, holds: Sequence[Hold], request: Request, now: float) -> list[Hold]:
+    """The holds `request` must respect: all but those whose expected start its own time limit
+    (in wall-clock seconds on the held node's cards) ends by (EASY backfilling)."""
+    limit = request.time_limit_s
+    if limit is None:
+        return list(holds)
+    speed = snapshot.gpu_speed
+    return [
+        h
+        for h in holds
+        if h.start_s is None
+        or now + wall_seconds(limit, float(speed[snapshot.index[h.node]])) > h.start_s
+    ]
 
 
 def held_state(snapshot: Snapshot, holds: Sequence[Hold]) -> State:

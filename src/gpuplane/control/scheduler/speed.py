@@ -68,6 +68,12 @@ def node_speeds(nodes: Sequence[NodeInfo], table: Mapping[str, float]) -> FloatA
     return out
 
 
+def wall_seconds(limit_s: float, speed: float) -> float:
+    """A time limit given on a card of speed 1.0, in wall-clock seconds on a card of `speed`
+    (a card half as fast gets twice as long; with no speed data every card is 1.0)."""
+    return limit_s / speed
+
+
 def speed_score(speeds: FloatArray) -> FloatArray | None:
     """0..MAX_NODE_SCORE per candidate (speed over the fastest candidate's), or None when all
     candidates are equally fast (the term would not change any decision)."""

@@ -1,0 +1,315 @@
+"""Job time limits: the spec, the store, enforcement by the service, and their use in admission
+(backfilling onto a node reservation, the node a reservation holds, delay scheduling)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from gpuplane.control import queries
+from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.estate import Estate
+from gpuplane.control.models import Event
+from gpuplane.control.quota import QuotaBook
+from gpuplane.control.scheduler import Request, Snapshot, make_policy, schedule
+from gpuplane.control.scheduler.core import reservation_node
+from gpuplane.control.service import ControlService
+from gpuplane.control.spec import SpecError, format_duration, parse_spec
+from gpuplane.resources import Selector
+from tests.control.svc_helpers import config, job, make_service, wait_state
+
+from .sched_helpers import node
+from .test_delay import estate as delay_estate
+from .test_delay import pending as delay_pending
+from .test_delay import run as delay_run
+from .test_delay import where as delay_where
+
+RESERVE = ReservePolicy(after_s=10.0, limit=1)
+SPEEDS = {"A100": 1.0, "A10": 0.5}
+
+
+# -- the spec --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [(7200, 7200.0), (90.5, 90.5), ("2h", 7200.0), ("90m", 5400.0), ("1h30m", 5400.0),
+     ("45s", 45.0), ("1d", 86400.0), ("1.5h", 5400.0), ("600", 600.0)],
+)  # fmt: skip
+def test_time_limit_takes_seconds_or_a_duration(given: object, seconds: float) -> None:
+    spec = parse_spec({"name": "a", "team": "t", "command": ["x"], "time_limit": given})
+    assert spec.time_limit == seconds
+    assert spec.to_request("j").time_limit_s == seconds
+
+
+@pytest.mark.parametrize("given", [0, -5, "0s", "2x", "h", "", "soon", True, [1]])
+def test_a_bad_time_limit_says_what_is_accepted(given: object) -> None:
+    with pytest.raises(SpecError, match=r"time_limit: must be a positive duration.*'90m'"):
+        parse_spec({"name": "a", "team": "t", "command": ["x"], "time_limit": given})
+
+
+def test_no_time_limit_is_no_limit_and_durations_print_as_they_are_read() -> None:
+    assert parse_spec({"name": "a", "team": "t", "command": ["x"]}).time_limit is None
+    assert [format_duration(s) for s in (45, 5400, 7200, 93600)] == ["45s", "1h30m", "2h", "1d2h"]
+
+
+# -- the store and the service ---------------------------------------------------------------
+
+
+def test_upgrading_a_store_gives_old_jobs_no_time_limit(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, text
+
+    from gpuplane.control.store import MIGRATIONS, Store
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    engine = create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0003")
+        conn.execute(text("INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)"))
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, name, team_name, state, priority, spec, reasons, "
+                "milli_gpus, gpu_mem_mib, cpu_millis, memory_mib, attempts, created_at) "
+                "VALUES ('j', 'j', 'old', 'succeeded', 0, '{}', '{}', 0, 0, 0, 0, 0, 1.0)"
+            )
+        )
+    engine.dispose()
+    store = Store.open(url)
+    try:
+        with store.engine.connect() as conn:
+            row = conn.execute(text("SELECT state, time_limit_s FROM jobs WHERE id = 'j'")).one()
+        assert tuple(row) == ("succeeded", None)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ControlService]:
+    svc = make_service(config(str(tmp_path)))
+    yield svc
+    svc.close()
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_fails_saying_why(
+    service: ControlService,
+) -> None:
+    jid = service.submit({**job("slow", gpus=1), "time_limit": "1s"})["id"]
+    popen = service.adapters["local"]._procs[jid].popen  # type: ignore[attr-defined]
+    row = wait_state(service, jid, "succeeded", "failed", "cancelled")
+    assert row.state == "failed"
+    assert row.time_limit_s == 1.0
+    assert "exceeded its time limit" in (row.message or "")
+    assert popen.poll() is not None  # the process was stopped
+    assert service.adapters["local"].workloads() == []
+    view = queries.get_job(service, jid)
+    assert view.time_limit_s == 1.0
+    with service.store.session() as session:
+        kinds = [e.kind for e in session.scalars(select(Event).where(Event.job_id == jid))]
+        messages = list(session.scalars(select(Event.message).where(Event.job_id == jid)))
+    assert kinds[-1] == "failed"
+    assert "exceeded its time limit" in messages[-1]
+    assert queries.list_clusters(service)[0].gpus_free == 2
+
+
+def test_a_job_within_its_time_limit_is_left_alone(service: ControlService) -> None:
+    quick = job("quick", command=["python", "-c", "print(1)"], gpus=1)
+    jid = service.submit({**quick, "time_limit": "1h"})["id"]
+    assert wait_state(service, jid, "succeeded", "failed").state == "succeeded"
+
+
+# -- admission: backfilling onto a reserved node ---------------------------------------------
+
+
+def pending(job_id: str, t: float, limit: float | None = None, **req: Any) -> PendingJob:
+    return PendingJob(job_id, "t", 0, t, Request(job_id, time_limit_s=limit, **req))
+
+
+def admit(e: Estate, jobs: dict[str, PendingJob], now: float) -> PassResult:
+    result = run_pass(e, list(jobs.values()), make_policy(), np.random.default_rng(0), now, RESERVE)
+    for a in result.admitted:
+        del jobs[a.job_id]
+    return result
+
+
+def reserved_node(speed_model: str = "A100") -> tuple[Estate, dict[str, PendingJob]]:
+    """One 4-card node (of `speed_model`): two cards run a job whose limit ends it at t=1000,
+    and a 4-card job that waited since t=1 holds the node from t=20 on."""
+    e = Estate.build(
+        Snapshot([node("a", cards=4, model=speed_model)], gpu_speeds=SPEEDS), QuotaBook(), []
+    )
+    jobs = {"x": pending("x", 0.0, 1000.0 * SPEEDS[speed_model], gpus=2)}
+    assert [a.job_id for a in admit(e, jobs, 0.0).admitted] == ["x"]
+    jobs["big"] = pending("big", 1.0, gpus=4)
+    admit(e, jobs, 20.0)
+    assert e.reserved["big"].start_s == 1000.0
+    return e, jobs
+
+
+def test_a_job_whose_limit_ends_before_the_reservation_starts_backfills_onto_its_node() -> None:
+    e, jobs = reserved_node()
+    jobs["short"] = pending("short", 21.0, 900.0, gpus=1)
+    result = admit(e, jobs, 30.0)  # ends at 930, before 1000
+    assert {a.job_id: a.placement.node for a in result.admitted} == {"short": "a"}
+    (held,) = result.reasons["big"]
+    assert held["code"] == "Reserved"
+    assert held["numbers"]["starts_in_s"] == 970
+    assert "jobs whose limits end by then may use the node" in held["message"]
+    assert e.reserved["big"].start_s == 1000.0  # the backfilled job does not delay it
+
+
+@pytest.mark.parametrize("limit", [1000.0, None])
+def test_a_job_whose_limit_ends_later_or_that_has_none_is_kept_off_the_reserved_node(
+    limit: float | None,
+) -> None:
+    e, jobs = reserved_node()
+    jobs["long"] = pending("long", 21.0, limit, gpus=1)
+    result = admit(e, jobs, 30.0)  # 30 + 1000 > 1000
+    assert result.admitted == []
+    (kept,) = result.reasons["long"]
+    assert kept["code"] == "BlockedByReservation"
+    assert "a (job big)" in kept["message"]
+    assert (
+        "only jobs whose time limits end before the held jobs' expected starts" in kept["message"]
+    )
+
+
+def test_backfilling_counts_the_limit_at_the_held_nodes_speed() -> None:
+    # on an A10 (speed 0.5) a limit of 600 s on an A100 is 1200 s of wall clock: past 1000
+    e, jobs = reserved_node("A10")
+    jobs["short"] = pending("short", 21.0, 600.0, gpus=1)
+    assert admit(e, jobs, 30.0).admitted == []
+    jobs["shorter"] = pending("shorter", 22.0, 400.0, gpus=1)
+    assert [a.job_id for a in admit(e, jobs, 31.0).admitted] == ["shorter"]
+
+
+def test_without_limits_on_the_node_there_is_no_expected_start_and_no_backfill() -> None:
+    e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
+    jobs = {"x": pending("x", 0.0, gpus=2)}
+    admit(e, jobs, 0.0)
+    jobs["big"] = pending("big", 1.0, gpus=4)
+    admit(e, jobs, 20.0)
+    assert e.reserved["big"].start_s is None
+    jobs["short"] = pending("short", 21.0, 1.0, gpus=1)
+    assert admit(e, jobs, 30.0).admitted == []
+
+
+def test_the_expected_start_comes_closer_as_the_nodes_jobs_end() -> None:
+    e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
+    jobs = {"x": pending("x", 0.0, 1000.0, gpus=2), "y": pending("y", 0.0, 500.0, gpus=1)}
+    admit(e, jobs, 0.0)
+    jobs["big"] = pending("big", 1.0, gpus=4)
+    admit(e, jobs, 20.0)
+    assert e.reserved["big"].start_s == 1000.0
+    e.release("x")  # ended early: now only y's limit stands between big and the node
+    admit(e, jobs, 100.0)
+    assert e.reserved["big"].start_s == 500.0
+
+
+def test_a_reservation_holds_the_node_its_jobs_limits_drain_first() -> None:
+    snap = Snapshot([node("one", cards=4, pool="one"), node("many", cards=4, pool="many")])
+    rng = np.random.default_rng(0)
+    ends = {}
+    running = (("o", "one", 5000.0), ("m1", "many", 100.0), ("m2", "many", 200.0))
+    for job_id, where, limit in running:
+        request = Request(job_id, gpus=1, selector=Selector({"pool": where}))
+        decision = schedule(snap, request, make_policy(), rng)
+        assert decision.placement is not None
+        snap.commit(decision.placement)
+        ends[job_id] = limit
+    big = Request("big", gpus=4)
+    assert reservation_node(snap, big, set()) == "one"  # without limits: one job to wait for
+    assert reservation_node(snap, big, set(), ends, 0.0) == "many"  # by limits: done at 200
+    del ends["m2"]  # a job without a limit: that node's start is a guess, ranked after
+    assert reservation_node(snap, big, set(), ends, 0.0) == "one"
+
+
+# -- admission: delay scheduling weighs a job by its own limit -------------------------------
+
+
+def test_a_short_job_takes_the_slow_card_and_a_long_one_waits_for_a_fast_one() -> None:
+    # four A100 cards busy with one-hour jobs; an A10 is free. Without a limit a job waits
+    # (test_delay); with a 10 min limit the A10 costs it at most 10 min, less than the wait
+    e = delay_estate()
+    assert delay_where(delay_run(e, [delay_pending("short", 10.0, time_limit_s=600.0)])) == {
+        "short": "slow"
+    }
+    e = delay_estate()
+    result = delay_run(e, [delay_pending("long", 10.0, time_limit_s=4 * 3600.0)])
+    (reason,) = result.reasons["long"]
+    assert reason["code"] == "WaitingForFasterGpu"
+    assert reason["numbers"] == {"wait_s": 900, "loss_s": 4 * 3600}
+
+
+def two_speeds() -> Estate:
+    """A 4-card A100 node and a 4-card A10 node (half as fast)."""
+    nodes = [node("fast", cards=4, pool="fast"), node("slow", cards=4, model="A10", pool="slow")]
+    return Estate.build(Snapshot(nodes, gpu_speeds=SPEEDS), QuotaBook(), [])
+
+
+def on(where: str) -> Selector:
+    return Selector({"pool": where})
+
+
+def test_a_reservation_holds_the_node_where_the_held_job_would_end_first() -> None:
+    e = two_speeds()
+    jobs = {
+        "x": pending("x", 0.0, 1000.0, gpus=2, selector=on("fast")),  # A100 free at 1000
+        "y": pending("y", 0.0, 250.0, gpus=2, selector=on("slow")),  # A10 free at 500
+    }
+    admit(e, jobs, 0.0)
+    snap, taken = e.snapshot, set[str]()
+    # by start alone the A10 drains first; a 2000 s job ends at 3000 on the A100, 4500 on it
+    assert reservation_node(snap, Request("b", gpus=4), taken, e.ends, 0.0) == "slow"
+    assert reservation_node(snap, Request("b", gpus=4, time_limit_s=2000.0), taken, e.ends) == (
+        "fast"
+    )
+
+
+@pytest.mark.parametrize(("limit", "placed"), [(2000.0, None), (200.0, "slow")])
+def test_a_held_job_takes_another_node_only_where_it_would_end_sooner(
+    limit: float, placed: str | None
+) -> None:
+    e = two_speeds()
+    jobs = {
+        "x": pending("x", 0.0, 1000.0, gpus=2, selector=on("fast")),
+        "y": pending("y", 0.0, 5000.0, gpus=2, selector=on("slow")),
+    }
+    admit(e, jobs, 0.0)
+    jobs["big"] = pending("big", 1.0, limit, gpus=4)
+    admit(e, jobs, 20.0)
+    assert e.reserved["big"].node == "fast"
+    e.release("y")  # the A10 node is empty now; the A100 node is expected to fit big at 1000
+    result = admit(e, jobs, 100.0)
+    # 2000 s: 100 + 4000 on the A10 is later than 1000 + 2000 on its A100: it keeps waiting;
+    # 200 s: 100 + 400 on the A10 beats 1000 + 200
+    assert {a.job_id: a.placement.node for a in result.admitted} == (
+        {} if placed is None else {"big": placed}
+    )
+    if placed is None:
+        assert result.reasons["big"][0]["code"] == "Reserved"
+
+
+def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> None:
+    # one free card; 1,200 card-seconds queued take the 4-card node 300 s: only the 1000 s job
+    # reaches past that, so it starts first although it is the newest
+    e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
+    jobs = {"busy": pending("busy", 0.0, 5000.0, gpus=3)}
+    admit(e, jobs, 0.0)
+    jobs = {
+        "old": pending("old", 1.0, 100.0, gpus=1),
+        "mid": pending("mid", 2.0, 100.0, gpus=1),
+        "long": pending("long", 3.0, 1000.0, gpus=1),
+    }
+    assert [a.job_id for a in admit(e, jobs, 10.0).admitted] == ["long"]
+    e.release("long")
+    assert [a.job_id for a in admit(e, jobs, 11.0).admitted] == ["old"]  # then fair share
