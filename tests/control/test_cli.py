@@ -206,3 +206,35 @@ def test_cancel_a_running_job_and_follow_logs(server: str, tmp_path: Path) -> No
     assert (code, out) == (0, "1\n2\n")
     code, out = cli(server, "job", "describe", job_id, "-o", "json")
     assert json.loads(out)["state"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_describe_shows_the_time_limit_and_why_a_job_was_stopped(
+    server: str, tmp_path: Path
+) -> None:
+    spec = tmp_path / "late.yaml"
+    spec.write_text(
+        "name: late\nteam: research\nresources: {gpu_mem_mib: 1024}\n"
+        "command: [sleep, '30']\ntime_limit: 1s\n"
+    )
+    code, out = cli(server, "job", "submit", str(spec), "-o", "json")
+    assert code == 0, out
+    job_id = json.loads(out)["id"]
+    job: dict[str, object] = {}
+    for _ in range(1200):
+        code, out = cli(server, "job", "describe", job_id, "-o", "json")
+        job = json.loads(out)
+        if job["state"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.1)
+    assert job["state"] == "failed"
+    assert job["time_limit_s"] == 1.0
+    code, out = cli(server, "job", "describe", job_id)
+    assert code == 0
+    assert "time limit  1s (on a card of speed 1.0)" in out
+    assert "exceeded its time limit" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "time_limit: soon\n")
+    code, out = cli(server, "job", "submit", str(bad))
+    assert code == 1
+    assert "time_limit: must be a positive duration" in out

@@ -250,55 +250,6 @@ def test_a_short_job_takes_the_slow_card_and_a_long_one_waits_for_a_fast_one() -
     assert reason["numbers"] == {"wait_s": 900, "loss_s": 4 * 3600}
 
 
-def two_speeds() -> Estate:
-    """A 4-card A100 node and a 4-card A10 node (half as fast)."""
-    nodes = [node("fast", cards=4, pool="fast"), node("slow", cards=4, model="A10", pool="slow")]
-    return Estate.build(Snapshot(nodes, gpu_speeds=SPEEDS), QuotaBook(), [])
-
-
-def on(where: str) -> Selector:
-    return Selector({"pool": where})
-
-
-def test_a_reservation_holds_the_node_where_the_held_job_would_end_first() -> None:
-    e = two_speeds()
-    jobs = {
-        "x": pending("x", 0.0, 1000.0, gpus=2, selector=on("fast")),  # A100 free at 1000
-        "y": pending("y", 0.0, 250.0, gpus=2, selector=on("slow")),  # A10 free at 500
-    }
-    admit(e, jobs, 0.0)
-    snap, taken = e.snapshot, set[str]()
-    # by start alone the A10 drains first; a 2000 s job ends at 3000 on the A100, 4500 on it
-    assert reservation_node(snap, Request("b", gpus=4), taken, e.ends, 0.0) == "slow"
-    assert reservation_node(snap, Request("b", gpus=4, time_limit_s=2000.0), taken, e.ends) == (
-        "fast"
-    )
-
-
-@pytest.mark.parametrize(("limit", "placed"), [(2000.0, None), (200.0, "slow")])
-def test_a_held_job_takes_another_node_only_where_it_would_end_sooner(
-    limit: float, placed: str | None
-) -> None:
-    e = two_speeds()
-    jobs = {
-        "x": pending("x", 0.0, 1000.0, gpus=2, selector=on("fast")),
-        "y": pending("y", 0.0, 5000.0, gpus=2, selector=on("slow")),
-    }
-    admit(e, jobs, 0.0)
-    jobs["big"] = pending("big", 1.0, limit, gpus=4)
-    admit(e, jobs, 20.0)
-    assert e.reserved["big"].node == "fast"
-    e.release("y")  # the A10 node is empty now; the A100 node is expected to fit big at 1000
-    result = admit(e, jobs, 100.0)
-    # 2000 s: 100 + 4000 on the A10 is later than 1000 + 2000 on its A100: it keeps waiting;
-    # 200 s: 100 + 400 on the A10 beats 1000 + 200
-    assert {a.job_id: a.placement.node for a in result.admitted} == (
-        {} if placed is None else {"big": placed}
-    )
-    if placed is None:
-        assert result.reasons["big"][0]["code"] == "Reserved"
-
-
 def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> None:
     # one free card; 1,200 card-seconds queued take the 4-card node 300 s: only the 1000 s job
     # reaches past that, so it starts first although it is the newest

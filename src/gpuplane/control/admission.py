@@ -44,7 +44,6 @@ from gpuplane.control.scheduler.snapshot import (
     Request,
     Snapshot,
 )
-from gpuplane.control.scheduler.speed import wall_seconds
 from gpuplane.resources import Selector
 
 
@@ -214,10 +213,7 @@ def decide(
     narrowed = request if len(allowed) == len(models) else _on_models(request, allowed)
     decision, why = _schedule(estate, narrowed, policy, rng, now)
     placement = decision.placement
-    hold = estate.reserved.get(job.job_id)
-    if placement is not None and hold is not None and _later(estate, hold, placement, now):
-        return Outcome(reasons=list(why), eligible=narrowed)  # its own node is done sooner
-    if placement is not None and faster is not None and hold is None:
+    if placement is not None and faster is not None and job.job_id not in estate.reserved:
         wait = faster.check(narrowed, _model_of(estate.snapshot, placement))
         # patience: a job waits at most as long as the slow card would lose on a long job
         if wait is not None and now - estate.delayed.get(job.job_id, now) <= wait.loss_s:
@@ -249,17 +245,6 @@ def decide(
             r for r in _quota_reasons(estate, refused, list(refused)) if r["cluster"] not in covered
         ]
     return Outcome(reasons=reasons, eligible=narrowed)
-
-
-def _later(estate: Estate, hold: Hold, placement: Placement, now: float) -> bool:
-    """Would the held job, started now at `placement` on another node, end later by its time
-    limit than on its held node from the hold's expected start? False when either is unknown."""
-    limit = hold.request.time_limit_s
-    if limit is None or hold.start_s is None or hold.start_s <= now:
-        return False
-    snap = estate.snapshot
-    here = now + wall_seconds(limit, float(snap.gpu_speed[snap.index[placement.node]]))
-    return here > hold.start_s + wall_seconds(limit, float(snap.gpu_speed[snap.index[hold.node]]))
 
 
 def _charge(estate: Estate, request: Request, model: str) -> Amount:

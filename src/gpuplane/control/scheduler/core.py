@@ -188,12 +188,11 @@ def reservation_node(
     drain = harmonic[jobs] / snapshot.gpu_speed[rows]
     unknown = np.ones(len(rows), dtype=bool)
     if ends:
-        own = request.time_limit_s or 0.0
         for k, i in enumerate(rows):
             node = snapshot.nodes[int(i)].name
             start = expected_start(snapshot, int(i), request, on_node.get(node, ()), ends, now)
-            if start is not None:  # with its own limit: when it would be done there
-                unknown[k], drain[k] = False, start + own / snapshot.gpu_speed[int(i)]
+            if start is not None:
+                unknown[k], drain[k] = False, start
     order = np.lexsort(
         (rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain, unknown)
     )
