@@ -21,19 +21,33 @@ default) unless `--speed-weight W` adds a unified run with it. Completions feed 
 history, so the pass's delay scheduling for faster GPUs (`control.delay`, the service's default
 `wait_for_faster_gpu`; `--wait-for-faster off` turns it off) works as in the service; in (a) every
 job has one GPU model, so it changes nothing there.
+
+Time limits (the job spec's `time_limit`, stated for a card of speed 1.0 and scaled by the
+node's speed): the same streams run again with the limits users would set. The model is the
+"f-model" of Mu'alem & Feitelson (IEEE TPDS 12(6), 2001, on EASY backfilling): a user's
+estimate is the job's run time times a factor drawn uniformly from [1, f] (`--limit-spread`,
+default f = 3), here rounded up to whole half hours (`--limit-round-h`), as users give round
+values (Tsafrir, Etsion & Feitelson, "Modeling user runtime estimates", JSSPP 2005). The run
+time is the job's work on an A100, so on every card it may use it ends within its limit: no job
+is killed (checked). With limits, (b) runs with node reservations (the service's default) and (a)
+with them too: in (a) limits only act through reservations (backfilling onto a held node; every
+job there has one GPU model, so the delay rule does nothing), and without reservations (a) with
+limits decides exactly as without. The ratio with limits is taken over the better (a).
 Reported: makespan (last completion), throughput (jobs / makespan), mean and p95 wait (start -
 submit), GPU utilisation (busy GPU-hours / (GPUs x makespan)). Goal: (b) >= 1.5x the throughput
 of (a), both with the service's default settings.
 
     .venv/bin/python benchmarks/unified_vs_isolated.py
-    .venv/bin/python benchmarks/unified_vs_isolated.py --seeds 11-15 --out /tmp/seeds.json
+    .venv/bin/python benchmarks/unified_vs_isolated.py --seeds 11-15 --workers 2 --out /tmp/s.json
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +149,19 @@ def job_stream(
     return jobs
 
 
+def user_limits(
+    jobs: list[Job], spread: float, round_h: float, rng: np.random.Generator
+) -> dict[str, float]:
+    """Each job's time limit in hours on an A100 (speed 1.0), as its user sets it: the f-model
+    (Mu'alem & Feitelson 2001), run time x U(1, `spread`), rounded up to `round_h`. Drawn from
+    its own generator, so the job stream is the same with and without limits."""
+    factors = rng.uniform(1.0, spread, len(jobs))
+    return {
+        j.request.job_id: math.ceil(j.work_h * f / round_h) * round_h
+        for j, f in zip(jobs, factors, strict=True)
+    }
+
+
 def simulate(
     jobs: list[Job],
     nodes: list[NodeInfo],
@@ -142,10 +169,12 @@ def simulate(
     reserve: ReservePolicy | None,
     speed_weight: float = 0.0,
     wait_for_faster: bool = ControlConfig().wait_for_faster_gpu,
+    limits: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Event-driven replay through the service's admission pass; returns makespan, throughput,
     waits and utilisation. Times are hours here and seconds inside the pass, as in the service.
-    The snapshot knows each model's speed; `speed_weight` 0 makes the core ignore it."""
+    The snapshot knows each model's speed; `speed_weight` 0 makes the core ignore it.
+    `limits`: each job's time limit (hours on an A100), carried in its request."""
     estate = Estate.build(Snapshot(nodes, gpu_speeds=SPEED), QuotaBook(), ())
     policy = make_policy("frag", speed_weight=speed_weight)
     rng = np.random.default_rng(0)
@@ -169,6 +198,8 @@ def simulate(
             if not unified:
                 home = TEAMS[job.team]
                 req = replace(req, selector=Selector(match_labels={LABEL_CLUSTER: home}))
+            if limits is not None:
+                req = replace(req, time_limit_s=limits[job_id] * HOUR)
             pending[job_id] = PendingJob(job_id, job.team, 0, job.submit_h * HOUR, req)
         if events and events[0][0] == now:
             continue  # settle simultaneous events first
@@ -182,6 +213,8 @@ def simulate(
             del pending[a.job_id]
             assert a.flavor is not None
             duration = job.work_h / SPEED[a.flavor]
+            # the limit model keeps every job within its limit on any card: nothing is killed
+            assert limits is None or duration <= limits[a.job_id] / SPEED[a.flavor]
             heapq.heappush(events, (now + duration, 0, a.job_id))
             waits.append(now - job.submit_h)
             busy_gpu_h += duration * job.request.gpu_demand_milli / 1000
@@ -190,6 +223,7 @@ def simulate(
     return {
         "mode": "unified" if unified else "isolated",
         "reservations": "off" if reserve is None else "on",
+        "time_limits": "off" if limits is None else "on",
         "speed_weight": speed_weight,
         "jobs": len(jobs),
         "makespan_h": round(end, 2),
@@ -207,43 +241,39 @@ def scenario(
     args: argparse.Namespace, nodes: list[NodeInfo], shares: list[float], seed: int
 ) -> dict[str, Any]:
     """One job stream: isolated (without node reservations: they only lengthen its backlog),
-    unified without and with them (and with the GPU-speed term when `--speed-weight` is given)."""
+    unified without and with them (and with the GPU-speed term when `--speed-weight` is given);
+    with time limits, isolated and unified with node reservations."""
     jobs = job_stream(args.jobs, nodes, args.load, shares, np.random.default_rng(seed))
     share = {t: sum(j.team == t for j in jobs) / len(jobs) for t in TEAMS}
-    print(
-        f"{sum(len(n.devices) for n in nodes)} GPUs in {len(CLUSTERS)} clusters, "
-        f"{len(jobs)} jobs (seed {seed}); "
-        + ", ".join(f"{t} {s:.0%} (home {TEAMS[t]})" for t, s in share.items())
-    )
     reserve = ReservePolicy(args.reserve_after_h * HOUR, args.max_reservations)
     wait = args.wait_for_faster == "on"
-    rows = [
-        simulate(jobs, nodes, unified=False, reserve=None, wait_for_faster=wait),
-        simulate(jobs, nodes, unified=True, reserve=None, wait_for_faster=wait),
-        simulate(jobs, nodes, unified=True, reserve=reserve, wait_for_faster=wait),
-    ]
-    if args.speed_weight:
-        rows.append(simulate(jobs, nodes, True, reserve, args.speed_weight, wait))
-    print(
-        f"{'mode':<9} {'reserve':>7} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7}"
-        f" {'mean wait h':>11} {'p95 wait h':>10} {'GPU util':>8}"
-    )
-    for r in rows:
-        print(
-            f"{r['mode']:<9} {r['reservations']:>7} {r['speed_weight']:>7.2f}"
-            f" {r['makespan_h']:>10.1f} {r['throughput_jobs_per_h']:>7.2f}"
-            f" {r['mean_wait_h']:>11.2f} {r['p95_wait_h']:>10.2f} {r['gpu_utilisation']:>8.1%}"
+    rows = []
+    ratios: dict[str, float] = {}
+    if args.limits in ("off", "both"):
+        rows += [
+            simulate(jobs, nodes, unified=False, reserve=None, wait_for_faster=wait),
+            simulate(jobs, nodes, unified=True, reserve=None, wait_for_faster=wait),
+            simulate(jobs, nodes, unified=True, reserve=reserve, wait_for_faster=wait),
+        ]
+        if args.speed_weight:
+            rows.append(simulate(jobs, nodes, True, reserve, args.speed_weight, wait))
+        isolated, off, on = (r["throughput_jobs_per_h"] for r in rows[:3])
+        ratios["throughput_ratio"] = round(on / isolated, 3)
+        ratios["throughput_ratio_no_reservation"] = round(off / isolated, 3)
+    if args.limits in ("on", "both"):
+        limits = user_limits(
+            jobs, args.limit_spread, args.limit_round_h, np.random.default_rng([seed, 1])
         )
-    isolated, off, on = (r["throughput_jobs_per_h"] for r in rows[:3])
-    ratios = {
-        "throughput_ratio": round(on / isolated, 3),
-        "throughput_ratio_no_reservation": round(off / isolated, 3),
-    }
-    print(
-        f"unified / isolated throughput: {ratios['throughput_ratio']:.3f}x with node "
-        f"reservations, {ratios['throughput_ratio_no_reservation']:.3f}x without "
-        "(goal >= 1.5x)\n"
-    )
+        limited = [
+            simulate(jobs, nodes, False, reserve, wait_for_faster=wait, limits=limits),
+            simulate(jobs, nodes, True, reserve, wait_for_faster=wait, limits=limits),
+        ]
+        rows += limited
+        # (a) with limits but no reservations decides exactly as (a) without limits
+        isolated = limited[0]["throughput_jobs_per_h"]
+        if args.limits == "both":
+            isolated = max(isolated, rows[0]["throughput_jobs_per_h"])
+        ratios["throughput_ratio_limits"] = round(limited[1]["throughput_jobs_per_h"] / isolated, 3)
     return {
         "shares": ",".join(f"{x:g}" for x in shares),
         "seed": seed,
@@ -251,6 +281,36 @@ def scenario(
         "results": rows,
         **ratios,
     }
+
+
+def show(sc: dict[str, Any], gpus: int, jobs: int) -> None:
+    """Print one scenario's rows and ratios."""
+    print(
+        f"{gpus} GPUs in {len(CLUSTERS)} clusters, {jobs} jobs (seed {sc['seed']}); "
+        + ", ".join(f"{t} {v['share']:.0%} (home {v['home']})" for t, v in sc["teams"].items())
+    )
+    print(
+        f"{'mode':<9} {'reserve':>7} {'limits':>6} {'speed w':>7} {'makespan h':>10} {'jobs/h':>7}"
+        f" {'mean wait h':>11} {'p95 wait h':>10} {'GPU util':>8}"
+    )
+    for r in sc["results"]:
+        print(
+            f"{r['mode']:<9} {r['reservations']:>7} {r['time_limits']:>6} {r['speed_weight']:>7.2f}"
+            f" {r['makespan_h']:>10.1f} {r['throughput_jobs_per_h']:>7.2f}"
+            f" {r['mean_wait_h']:>11.2f} {r['p95_wait_h']:>10.2f} {r['gpu_utilisation']:>8.1%}"
+        )
+    print("unified / isolated throughput (goal >= 1.5x):")
+    for key, label in RATIOS.items():
+        if key in sc:
+            print(f"  {sc[key]:.3f}x {label}")
+    print()
+
+
+RATIOS = {
+    "throughput_ratio": "without time limits, unified with node reservations",
+    "throughput_ratio_no_reservation": "without time limits, unified without node reservations",
+    "throughput_ratio_limits": "with time limits (over the better isolated run)",
+}
 
 
 def main() -> None:
@@ -295,14 +355,43 @@ def main() -> None:
         default="on" if defaults.wait_for_faster_gpu else "off",
         help="delay scheduling for faster GPUs (default: the service's)",
     )
+    ap.add_argument(
+        "--limits",
+        choices=("off", "on", "both"),
+        default="both",
+        help="run without job time limits (the rows before 2026-11-30), with them, or both",
+    )
+    ap.add_argument(
+        "--limit-spread",
+        type=float,
+        default=3.0,
+        help="f of the f-model: a user's limit is the run time x U(1, f) (default 3)",
+    )
+    ap.add_argument(
+        "--limit-round-h",
+        type=float,
+        default=0.5,
+        help="limits are rounded up to a multiple of this many hours (default 0.5)",
+    )
+    ap.add_argument(
+        "--workers", type=int, default=1, help="job streams simulated at once (processes)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     nodes = inventory(args.nodes_per_cluster)
-    scenarios = []
     seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
-    for text in args.shares.split(";"):
-        for seed in seeds:
-            scenarios.append(scenario(args, nodes, [float(x) for x in text.split(",")], seed))
+    streams = [
+        ([float(x) for x in text.split(",")], seed)
+        for text in args.shares.split(";")
+        for seed in seeds
+    ]
+    gpus = sum(len(n.devices) for n in nodes)
+    with ProcessPoolExecutor(args.workers) as pool:
+        futures = [pool.submit(scenario, args, nodes, sh, seed) for sh, seed in streams]
+        scenarios = []
+        for future in futures:  # in order, each as soon as it and those before it are done
+            scenarios.append(future.result())
+            show(scenarios[-1], gpus, args.jobs)
     summary = []
     if len(seeds) > 1:
         print("mean over seeds " + ",".join(map(str, seeds)))
@@ -311,12 +400,13 @@ def main() -> None:
             rows = [sc for sc in scenarios if sc["shares"] == key]
             means = {
                 f"mean_{k}": round(float(np.mean([sc[k] for sc in rows])), 3)
-                for k in ("throughput_ratio", "throughput_ratio_no_reservation")
+                for k in RATIOS
+                if k in rows[0]
             }
-            print(
-                f"  shares {text}: {means['mean_throughput_ratio']:.3f}x with node reservations, "
-                f"{means['mean_throughput_ratio_no_reservation']:.3f}x without"
-            )
+            print(f"  shares {text}:")
+            for key, label in RATIOS.items():
+                if key in rows[0]:
+                    print(f"    {means[f'mean_{key}']:.3f}x {label}")
             summary.append({"shares": text, **means})
     out = {
         "benchmark": "unified_vs_isolated",
@@ -332,6 +422,8 @@ def main() -> None:
         "max_reservations": args.max_reservations,
         "speed_weight": args.speed_weight,
         "wait_for_faster_gpu": args.wait_for_faster == "on",
+        "time_limits": args.limits,
+        "limit_model": {"f": args.limit_spread, "round_up_h": args.limit_round_h},
         "scenarios": scenarios,
         "mean_over_seeds": summary,
         "goal_ratio": 1.5,
