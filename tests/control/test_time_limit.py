@@ -134,8 +134,18 @@ def pending(job_id: str, t: float, limit: float | None = None, **req: Any) -> Pe
     return PendingJob(job_id, "t", 0, t, Request(job_id, time_limit_s=limit, **req))
 
 
-def admit(e: Estate, jobs: dict[str, PendingJob], now: float) -> PassResult:
-    result = run_pass(e, list(jobs.values()), make_policy(), np.random.default_rng(0), now, RESERVE)
+def admit(
+    e: Estate, jobs: dict[str, PendingJob], now: float, longest_first: bool = True
+) -> PassResult:
+    result = run_pass(
+        e,
+        list(jobs.values()),
+        make_policy(),
+        np.random.default_rng(0),
+        now,
+        RESERVE,
+        longest_first=longest_first,
+    )
     for a in result.admitted:
         del jobs[a.job_id]
     return result
@@ -264,3 +274,14 @@ def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> N
     assert [a.job_id for a in admit(e, jobs, 10.0).admitted] == ["long"]
     e.release("long")
     assert [a.job_id for a in admit(e, jobs, 11.0).admitted] == ["old"]  # then fair share
+
+
+def test_without_longest_first_the_queue_keeps_fair_share_order_whatever_the_limits() -> None:
+    e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
+    jobs = {"busy": pending("busy", 0.0, 5000.0, gpus=3)}
+    admit(e, jobs, 0.0)
+    jobs = {
+        "old": pending("old", 1.0, 100.0, gpus=1),
+        "long": pending("long", 3.0, 1000.0, gpus=1),
+    }
+    assert [a.job_id for a in admit(e, jobs, 10.0, longest_first=False).admitted] == ["old"]

@@ -101,10 +101,12 @@ def run_pass(
     now: float,
     reserve: ReservePolicy | None = None,
     wait_for_faster: bool = False,
+    longest_first: bool = True,
 ) -> PassResult:
     """Admit what fits, in queue order; mutates `estate` for every admission. With `reserve`,
     jobs that waited too long get node reservations (ended here once they leave the queue).
-    With `wait_for_faster`, a job may wait for a faster GPU model (`delay.py`)."""
+    With `wait_for_faster`, a job may wait for a faster GPU model (`delay.py`). With
+    `longest_first`, jobs whose time limit reaches past the backlog go first (`_queue`)."""
     jobs = {j.job_id: j for j in pending}
     snap = estate.snapshot
     for job_id, held in list(estate.reserved.items()):
@@ -116,7 +118,7 @@ def run_pass(
         del estate.delayed[job_id]
     if reserve is not None:
         _grant(estate, jobs.values(), reserve, policy, rng, now)
-    queue = _queue(estate, jobs)
+    queue = _queue(estate, jobs, longest_first)
     requeued: list[str] = []
     admitted: dict[str, Admitted] = {}
     reasons: dict[str, list[dict[str, Any]]] = {}
@@ -148,12 +150,13 @@ def run_pass(
     return PassResult(list(admitted.values()), reasons, requeued)
 
 
-def _queue(estate: Estate, jobs: Mapping[str, PendingJob]) -> Iterator[str]:
-    """The pass's order, per priority (highest first): the jobs whose time limit reaches past
-    the backlog's horizon, longest first (LPT: each of them would end last if it started
-    last), then the rest in `FairQueue`'s order (fair share, oldest). The horizon is how long
-    the estate needs for the queued work: each job's limit (or the mean completed work, for a
-    job without one) times its GPU demand, over the estate's speed-weighted cards."""
+def _queue(estate: Estate, jobs: Mapping[str, PendingJob], longest_first: bool) -> Iterator[str]:
+    """The pass's order, per priority (highest first): with `longest_first`, the jobs whose
+    time limit reaches past the backlog's horizon, longest first (LPT: each of them would end
+    last if it started last); then the rest in `FairQueue`'s order (fair share, oldest). The
+    horizon is how long the estate needs for the queued work: each job's limit (or the mean
+    completed work, for a job without one) times its GPU demand, over the estate's
+    speed-weighted cards."""
     snap = estate.snapshot
     rate = float((snap.n_devices * snap.gpu_speed)[snap.schedulable].sum()) * MILLI_PER_GPU
     mean = estate.work.mean_s
@@ -166,7 +169,9 @@ def _queue(estate: Estate, jobs: Mapping[str, PendingJob]) -> Iterator[str]:
         critical = [
             j
             for j in level
-            if j.request.time_limit_s is not None and j.request.time_limit_s >= horizon
+            if longest_first
+            and j.request.time_limit_s is not None
+            and j.request.time_limit_s >= horizon
         ]
         critical.sort(key=lambda j: (-(j.request.time_limit_s or 0.0), j.created_at, j.job_id))
         yield from (j.job_id for j in critical)

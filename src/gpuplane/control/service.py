@@ -258,6 +258,7 @@ class ControlService:
                 now,
                 self.reserve,
                 wait_for_faster=self.config.wait_for_faster_gpu,
+                longest_first=self.config.longest_first,
             )
             preempted = [v for a in result.admitted for v in a.preempted]
             if preempted:

@@ -125,6 +125,12 @@ class ControlConfig(_Section):
         "it may use when that is expected to free room for it before the slower card would "
         "finish it (no runtime estimates: from completed jobs and the queue ahead of it)",
     )
+    longest_first: bool = Field(
+        default=True,
+        description="within a priority, jobs whose time limit reaches past the backlog's "
+        "horizon start first, longest first (shortens the makespan; it trusts the limits users "
+        "state, so turn it off where they are inflated to jump the queue)",
+    )
     kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
     instance: str | None = Field(
         default=None,
