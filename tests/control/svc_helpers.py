@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, func, select, text
 
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.service import ControlService
@@ -17,9 +20,26 @@ from gpuplane.control.settings import (
     DeclaredNode,
     TeamConfig,
 )
+from gpuplane.control.store import MIGRATIONS
 
 A100 = "A100-80GB"
 SLEEP = ["sleep", "30"]
+
+
+def old_store(tmp_path: Path, revision: str, *rows: str) -> tuple[str, Config]:
+    """A SQLite store migrated only up to `revision`, holding `rows` (SQL inserts): what an
+    older gpuplane left behind. Returns its URL and the Alembic config that migrated it."""
+    url = f"sqlite:///{tmp_path}/old.db"
+    engine = create_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        for row in rows:
+            conn.execute(text(row))
+    engine.dispose()
+    return url, cfg
 
 
 def config(

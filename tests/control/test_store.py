@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select, update
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, select, text, update
 
 from gpuplane.control.models import Base, SchedulerLock
 from gpuplane.control.store import Store, StoreError
+from tests.control.svc_helpers import old_store
 
 
 @pytest.fixture
@@ -91,28 +93,13 @@ def test_an_unwritable_sqlite_file_is_refused_with_the_path(tmp_path: Path) -> N
 
 def test_upgrading_an_old_store_keeps_its_rows(tmp_path: Path) -> None:
     """A store created at the first migration is brought to head on open, data intact."""
-    from alembic import command
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-    from sqlalchemy import create_engine, text
-
-    from gpuplane.control.store import MIGRATIONS
-
-    url = f"sqlite:///{tmp_path}/old.db"
-    engine = create_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
-        conn.execute(text("INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)"))
-        conn.execute(
-            text(
-                "INSERT INTO quotas (team_name, flavor, nominal_milli_gpus) "
-                "VALUES ('old', 'A100-80GB', 2000)"
-            )
-        )
-    engine.dispose()
+    url, cfg = old_store(
+        tmp_path,
+        "0001",
+        "INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)",
+        "INSERT INTO quotas (team_name, flavor, nominal_milli_gpus) "
+        "VALUES ('old', 'A100-80GB', 2000)",
+    )
     store = Store.open(url)
     try:
         with store.engine.connect() as conn:

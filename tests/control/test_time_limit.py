@@ -21,7 +21,7 @@ from gpuplane.control.scheduler.core import reservation_node
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
 from gpuplane.resources import Selector
-from tests.control.svc_helpers import config, job, make_service, wait_state
+from tests.control.svc_helpers import config, job, make_service, old_store, wait_state
 
 from .sched_helpers import node
 from .test_delay import estate as delay_estate
@@ -62,28 +62,18 @@ def test_no_time_limit_is_no_limit_and_durations_print_as_they_are_read() -> Non
 
 
 def test_upgrading_a_store_gives_old_jobs_no_time_limit(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
 
-    from gpuplane.control.store import MIGRATIONS, Store
+    from gpuplane.control.store import Store
 
-    url = f"sqlite:///{tmp_path}/old.db"
-    engine = create_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0003")
-        conn.execute(text("INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)"))
-        conn.execute(
-            text(
-                "INSERT INTO jobs (id, name, team_name, state, priority, spec, reasons, "
-                "milli_gpus, gpu_mem_mib, cpu_millis, memory_mib, attempts, created_at) "
-                "VALUES ('j', 'j', 'old', 'succeeded', 0, '{}', '{}', 0, 0, 0, 0, 0, 1.0)"
-            )
-        )
-    engine.dispose()
+    url, _ = old_store(
+        tmp_path,
+        "0003",
+        "INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)",
+        "INSERT INTO jobs (id, name, team_name, state, priority, spec, reasons, "
+        "milli_gpus, gpu_mem_mib, cpu_millis, memory_mib, attempts, created_at) "
+        "VALUES ('j', 'j', 'old', 'succeeded', 0, '{}', '{}', 0, 0, 0, 0, 0, 1.0)",
+    )
     store = Store.open(url)
     try:
         with store.engine.connect() as conn:
