@@ -161,7 +161,8 @@ class ProxyCall:
         """Start watching the client (first time), cancel at the deadline, fail the attempt
         when the engine was silent too long; then set the timer for what is due next."""
         assert self._receive is not None
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if now >= self.expires_at:
             self._cancel(_Cancel.DEADLINE)
             return
@@ -170,9 +171,7 @@ class ProxyCall:
             self._cancel(_Cancel.ENGINE_SILENT)
             silent_since = None
         if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(
-                self._watch_client(self._receive)
-            )
+            self._watcher = loop.create_task(self._watch_client(self._receive))
         due = self.expires_at if silent_since is None else silent_since + self.idle_s
         self._set_timer(min(due, self.expires_at))
 

@@ -256,8 +256,7 @@ class ModelRouter:
 
     def report_success(self, instance_id: str) -> None:
         self._health[instance_id].consecutive_failures = 0
-        if not self.slots.get(instance_id).healthy:
-            self._set_healthy(instance_id, True)
+        self._set_healthy(instance_id, True)
 
     def report_failure(self, instance_id: str, kind: FailureKind) -> None:
         """Passive health: a refused connection marks the instance down at once; other failures
