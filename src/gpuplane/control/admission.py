@@ -15,6 +15,7 @@ one locked store transaction and writes what it returns.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -153,15 +154,9 @@ def run_pass(
 def _queue(estate: Estate, jobs: Mapping[str, PendingJob], longest_first: bool) -> Iterator[str]:
     """The pass's order, per priority (highest first): with `longest_first`, the jobs whose
     time limit reaches past the backlog's horizon, longest first (LPT: each of them would end
-    last if it started last); then the rest in `FairQueue`'s order (fair share, oldest). The
-    horizon is how long the estate needs for the queued work: each job's limit (or the mean
-    completed work, for a job without one) times its GPU demand, over the estate's
-    speed-weighted cards."""
-    snap = estate.snapshot
-    rate = float((snap.n_devices * snap.gpu_speed)[snap.schedulable].sum()) * MILLI_PER_GPU
-    mean = estate.work.mean_s
-    work = sum(j.request.gpu_demand_milli * (j.request.time_limit_s or mean) for j in jobs.values())
-    horizon = work / rate if rate else 0.0
+    last if it started last; `_horizon`); then the rest in `FairQueue`'s order (fair share,
+    oldest)."""
+    horizon = _horizon(estate, jobs.values()) if longest_first else math.inf
     levels: dict[int, list[PendingJob]] = {}
     for j in jobs.values():
         levels.setdefault(j.priority, []).append(j)
@@ -169,9 +164,7 @@ def _queue(estate: Estate, jobs: Mapping[str, PendingJob], longest_first: bool) 
         critical = [
             j
             for j in level
-            if longest_first
-            and j.request.time_limit_s is not None
-            and j.request.time_limit_s >= horizon
+            if j.request.time_limit_s is not None and j.request.time_limit_s >= horizon
         ]
         critical.sort(key=lambda j: (-(j.request.time_limit_s or 0.0), j.created_at, j.job_id))
         yield from (j.job_id for j in critical)
@@ -182,6 +175,17 @@ def _queue(estate: Estate, jobs: Mapping[str, PendingJob], longest_first: bool) 
             if j.job_id not in first
         )
         yield from (q.job_id for q in FairQueue(rest, estate.share))
+
+
+def _horizon(estate: Estate, jobs: Iterable[PendingJob]) -> float:
+    """How long the estate needs for the queued work, in seconds: each job's limit (or the
+    mean completed work, for a job without one) times its GPU demand, over the estate's
+    speed-weighted cards."""
+    snap = estate.snapshot
+    rate = float((snap.n_devices * snap.gpu_speed)[snap.schedulable].sum()) * MILLI_PER_GPU
+    mean = estate.work.mean_s
+    work = sum(j.request.gpu_demand_milli * (j.request.time_limit_s or mean) for j in jobs)
+    return work / rate if rate else 0.0
 
 
 def decide(
