@@ -306,7 +306,9 @@ class ProxyCall:
         return None
 
     async def _failed(self, send: Send, failure: UpstreamFailure) -> UpstreamFailure:
-        """An attempt failed: mid-answer, end the stream with an error event."""
+        """An attempt failed: mid-answer, end the stream with an error event (the engine is
+        done with: writing to a slow client must not count as its silence)."""
+        self.silent_since = None
         if self.status:
             event = sse_error_event(f"the engine failed mid-stream: {failure}", "upstream_error")
             await self._finish(send, event)
