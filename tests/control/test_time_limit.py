@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from gpuplane.control import queries
 from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
@@ -20,6 +20,7 @@ from gpuplane.control.scheduler import Request, Snapshot, make_policy, schedule
 from gpuplane.control.scheduler.core import reservation_node
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
+from gpuplane.control.store import Store
 from gpuplane.resources import Selector
 from tests.control.svc_helpers import config, job, make_service, old_store, wait_state
 
@@ -62,10 +63,6 @@ def test_no_time_limit_is_no_limit_and_durations_print_as_they_are_read() -> Non
 
 
 def test_upgrading_a_store_gives_old_jobs_no_time_limit(tmp_path: Path) -> None:
-    from sqlalchemy import text
-
-    from gpuplane.control.store import Store
-
     url, _ = old_store(
         tmp_path,
         "0003",
@@ -250,28 +247,26 @@ def test_a_short_job_takes_the_slow_card_and_a_long_one_waits_for_a_fast_one() -
     assert reason["numbers"] == {"wait_s": 900, "loss_s": 4 * 3600}
 
 
-def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> None:
-    # one free card; 1,200 card-seconds queued take the 4-card node 300 s: only the 1000 s job
-    # reaches past that, so it starts first although it is the newest
+def queued_behind_a_busy_node() -> tuple[Estate, dict[str, PendingJob]]:
+    """One free card on a 4-card node; queued: two 100 s jobs, then the newest, of 1000 s.
+    Their 1,200 card-seconds take the node 300 s: only the 1000 s job reaches past that."""
     e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
-    jobs = {"busy": pending("busy", 0.0, 5000.0, gpus=3)}
-    admit(e, jobs, 0.0)
+    admit(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0)
     jobs = {
         "old": pending("old", 1.0, 100.0, gpus=1),
         "mid": pending("mid", 2.0, 100.0, gpus=1),
         "long": pending("long", 3.0, 1000.0, gpus=1),
     }
+    return e, jobs
+
+
+def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> None:
+    e, jobs = queued_behind_a_busy_node()
     assert [a.job_id for a in admit(e, jobs, 10.0).admitted] == ["long"]
     e.release("long")
     assert [a.job_id for a in admit(e, jobs, 11.0).admitted] == ["old"]  # then fair share
 
 
 def test_without_longest_first_the_queue_keeps_fair_share_order_whatever_the_limits() -> None:
-    e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
-    jobs = {"busy": pending("busy", 0.0, 5000.0, gpus=3)}
-    admit(e, jobs, 0.0)
-    jobs = {
-        "old": pending("old", 1.0, 100.0, gpus=1),
-        "long": pending("long", 3.0, 1000.0, gpus=1),
-    }
+    e, jobs = queued_behind_a_busy_node()
     assert [a.job_id for a in admit(e, jobs, 10.0, longest_first=False).admitted] == ["old"]
