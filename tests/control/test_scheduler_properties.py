@@ -77,7 +77,8 @@ def named(job: str, req: Request) -> Request:
 
 
 def assert_consistent(snap: Snapshot) -> None:
-    """Free = capacity - what the committed placements hold, and never below zero."""
+    """Free = capacity - what the committed placements hold, and never below zero; each node
+    lists its own placements."""
     cpu = snap.cpu_cap.copy()
     mem = snap.mem_cap.copy()
     dev_milli = snap.dev_milli_cap.copy()
@@ -104,6 +105,10 @@ def assert_consistent(snap: Snapshot) -> None:
     # aggregates agree with the cards
     full = (snap.dev_milli_free == snap.dev_milli_cap) & (snap.dev_mem_free == snap.dev_mem_cap)
     assert ((full & snap.dev_exists).sum(axis=1) == snap.full_free).all()
+    # the per-node index lists exactly the committed placements
+    for n in snap.nodes:
+        on = [p for p in snap.allocations.values() if p.node == n.name]
+        assert snap.placements_on(n.name) == on
 
 
 @settings(max_examples=200, deadline=None)

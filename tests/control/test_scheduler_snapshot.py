@@ -94,6 +94,8 @@ def test_copy_is_independent_and_versions_track_changes() -> None:
     other.commit(share("a", 0, 10, 100))
     assert snap.dev_milli_free[0, 0] == 1000
     assert "a" not in snap.allocations
+    assert snap.placements_on("n1") == []
+    assert [p.job_id for p in other.placements_on("n1")] == ["a"]
     assert other.token is not snap.token
     assert other.node_version[0] > version[0]
     assert other.node_version[1] == version[1]
@@ -113,6 +115,8 @@ def test_replace_nodes_keeps_the_allocations_that_still_fit() -> None:
     dropped = snap.replace_nodes([node("n1", cards=2), node("n2", cards=1)])
     assert [p.job_id for p in dropped] == ["b"]
     assert set(snap.allocations) == {"a"}
+    assert [p.job_id for p in snap.placements_on("n1")] == ["a"]
+    assert snap.placements_on("n2") == []
 
 
 def test_cordoned_nodes_keep_their_allocations() -> None:

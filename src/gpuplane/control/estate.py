@@ -92,7 +92,7 @@ class Estate:
         """A hold of `node` for `request`, with its expected start by the time limits of the
         node's jobs (`hold.expected_start`)."""
         snap = self.snapshot
-        jobs = [p for p in snap.allocations.values() if p.node == node]
+        jobs = snap.placements_on(node)
         start = expected_start(snap, snap.index[node], request, jobs, self.ends, now)
         return Hold(node, request, start)
 

@@ -180,17 +180,14 @@ def reservation_node(
     rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
     if len(rows) == 0:
         return None
-    on_node: dict[str, list[Placement]] = {}
-    for placement in snapshot.allocations.values():
-        on_node.setdefault(placement.node, []).append(placement)
-    jobs = np.array([len(on_node.get(snapshot.nodes[int(i)].name, ())) for i in rows])
+    placed = [snapshot.placements_on(snapshot.nodes[int(i)].name) for i in rows]
+    jobs = np.array([len(p) for p in placed])
     harmonic = np.cumsum(np.concatenate(([0.0], 1.0 / np.arange(1, int(jobs.max()) + 1))))
     drain = harmonic[jobs] / snapshot.gpu_speed[rows]
     unknown = np.ones(len(rows), dtype=bool)
     if ends:
         for k, i in enumerate(rows):
-            node = snapshot.nodes[int(i)].name
-            start = expected_start(snapshot, int(i), request, on_node.get(node, ()), ends, now)
+            start = expected_start(snapshot, int(i), request, placed[k], ends, now)
             if start is not None:
                 unknown[k], drain[k] = False, start
     order = np.lexsort(

@@ -145,6 +145,7 @@ class Snapshot:
         gpu_speeds: Mapping[str, float] | None = None,
     ) -> None:
         self._allocations: dict[str, Placement] = {}
+        self._on_node: dict[str, dict[str, Placement]] = {}  # node -> job id -> placement
         self.generation = 0
         self.gpu_speeds: Mapping[str, float] = MappingProxyType(dict(check_table(gpu_speeds)))
         self._build(list(nodes))
@@ -231,6 +232,10 @@ class Snapshot:
         """Committed placements by job id (read-only view)."""
         return MappingProxyType(self._allocations)
 
+    def placements_on(self, node: str) -> list[Placement]:
+        """The committed placements on `node` (a node name), oldest first."""
+        return list(self._on_node.get(node, {}).values())
+
     def selector_mask(self, selector: Selector) -> BoolArray:
         """Nodes whose labels satisfy `selector` (cached per selector; do not mutate)."""
         key = (tuple(sorted(selector.match_labels.items())), selector.gpu_models)
@@ -248,6 +253,7 @@ class Snapshot:
         for name in _MUTABLE_ARRAYS:
             setattr(other, name, getattr(self, name).copy())
         other._allocations = dict(self._allocations)
+        other._on_node = {node: dict(jobs) for node, jobs in self._on_node.items()}
         other._selector_cache = dict(self._selector_cache)
         other.token = object()
         return other
@@ -309,12 +315,14 @@ class Snapshot:
             raise SchedulingConflict(reason.message)
         self._apply(placement, sign=-1)
         self._allocations[placement.job_id] = placement
+        self._on_node.setdefault(placement.node, {})[placement.job_id] = placement
 
     def release(self, job_id: str) -> Placement | None:
         """Give back `job_id`'s resources. Idempotent: a second call returns None, never raises."""
         placement = self._allocations.pop(job_id, None)
         if placement is not None:
             self._apply(placement, sign=+1)
+            del self._on_node[placement.node][job_id]
         return placement
 
     def _apply(self, placement: Placement, sign: int) -> None:
@@ -343,7 +351,7 @@ class Snapshot:
         kept = list(self._allocations.values())
         if gpu_speeds is not None:
             self.gpu_speeds = MappingProxyType(dict(check_table(gpu_speeds)))
-        self._allocations = {}
+        self._allocations, self._on_node = {}, {}
         self._build(list(nodes))
         dropped: list[Placement] = []
         for placement in kept:
