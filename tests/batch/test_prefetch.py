@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -48,12 +49,12 @@ def test_prefetcher_never_holds_more_than_its_bounds() -> None:
         return size
 
     sizes = [100, 80, 120, 60, 90, 100, 30, 40] * 3
-    done = []
+    done: list[int] = []
     consumer_q: list[int] = []
 
     def produce() -> None:
         for s in sizes:
-            fut = pf.submit(s, lambda s=s: load(s), timeout=10)
+            fut = pf.submit(s, functools.partial(load, s), timeout=10)
             consumer_q.append(fut.result())
 
     t = threading.Thread(target=produce)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ def ray_cluster() -> Iterator[str]:
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 4, "num_gpus": 1, "resources": {GPU_MEM_RESOURCE: 81920}}
+    node: dict[str, Any] = {"num_cpus": 4, "num_gpus": 1, "resources": {GPU_MEM_RESOURCE: 81920}}
     cluster = Cluster(
         initialize_head=True,
         head_node_args={**node, "include_dashboard": False, "object_store_memory": 80 << 20},

@@ -6,6 +6,7 @@ import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -108,7 +109,7 @@ def test_concurrent_submits_through_two_services_on_postgres(db: str, tmp_path: 
 )
 @given(jobs=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), shapes), min_size=4, max_size=12))
 def test_property_no_over_allocation_on_postgres(
-    pg: str, tmp_path: Path, jobs: list[tuple[str, dict[str, int]]]
+    pg: str, tmp_path: Path, jobs: list[tuple[str, dict[str, Any]]]
 ) -> None:
     url = create_database(pg, f"p{next(_names)}")
     cfg = config(str(tmp_path / url.rsplit("/", 1)[1]), url, nodes=2, gpus=2, teams=TEAMS)

@@ -232,11 +232,11 @@ def test_queued_jobs_share_the_cards_by_team_weight(tmp_path: Path) -> None:
 def test_a_pass_is_skipped_while_nothing_changed(service: ControlService) -> None:
     blocker = service.submit(job("blocker", gpus=2))["id"]
     waiting = service.submit(job("waiting", gpus=1))["id"]
-    passes = service.metrics.pass_seconds.collect()[0].samples
+    passes = next(iter(service.metrics.pass_seconds.collect())).samples
     count = next(s.value for s in passes if s.name.endswith("_count"))
     for _ in range(3):
         service.tick()  # binding the blocker does not make room: no pass runs
-    passes = service.metrics.pass_seconds.collect()[0].samples
+    passes = next(iter(service.metrics.pass_seconds.collect())).samples
     assert next(s.value for s in passes if s.name.endswith("_count")) == count
     service.cancel(blocker)  # room: the next tick runs a pass and admits the waiting job
     service.tick()

@@ -82,7 +82,7 @@ shapes = st.one_of(
 )
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), shapes), min_size=4, max_size=14))
 def test_property_no_device_over_allocated_and_no_quota_exceeded(
-    jobs: list[tuple[str, dict[str, int]]],
+    jobs: list[tuple[str, dict[str, Any]]],
 ) -> None:
     specs = [job(f"p{i}", team=team, **res) for i, (team, res) in enumerate(jobs)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ def wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 180) -> 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(
-                f"{proc.args} exited early: {proc.stdout.read() if proc.stdout else ''}"
+                f"{proc.args!r} exited early: {proc.stdout.read() if proc.stdout else ''}"
             )
         try:
             if httpx.get(url, timeout=1).status_code == 200:

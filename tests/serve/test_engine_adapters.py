@@ -64,7 +64,7 @@ def test_capacity_comes_from_each_engines_own_setting() -> None:
     vllm_config = "model='m', scheduler_config=SchedulerConfig(max_num_seqs=96, ...)"
     assert VllmAdapter().parse_capacity({"vllm_config": vllm_config}) == 96
     assert SglangAdapter().parse_capacity({"max_running_requests": 64}) == 64
-    nested = {"internal_states": [{"max_running_requests": 32}]}
+    nested: dict[str, object] = {"internal_states": [{"max_running_requests": 32}]}
     assert SglangAdapter().parse_capacity(nested) == 32
     labels = backend_config_labels(sample("lmdeploy_metrics.txt"))
     assert LmdeployAdapter().parse_capacity(labels) == 128

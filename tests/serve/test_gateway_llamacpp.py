@@ -115,7 +115,7 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
             instance = r.headers["x-gpuplane-instance"]
             proc = next(p for p in engines.processes if p.url == instance)
             killed.update(pid=proc.pid, restarts=proc.restarts)
-            lines = []
+            lines: list[str] = []
             async for line in r.aiter_lines():
                 if line.startswith("data: {") and len(lines) == 2:
                     os.kill(proc.pid or 0, signal.SIGKILL)

@@ -11,7 +11,7 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable, Generator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -51,7 +51,7 @@ class CorkedTransport:
         self._flush()
         self._transport.close()
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
 
