@@ -30,7 +30,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(
     r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$"
 )
-_UNIT_S = (86400.0, 3600.0, 60.0, 1.0)
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))  # the order _DURATION reads them
 _DURATION_RULE = (
     "must be a positive duration: seconds (7200) or a string like '2h', '90m', '1h30m', '45s'"
 )
@@ -57,7 +57,8 @@ def parse_duration(value: object) -> float:
             match = _DURATION.match(text)
             if not text or match is None:
                 raise ValueError(f"{_DURATION_RULE}, got {value!r}") from None
-            seconds = sum(float(g) * u for g, u in zip(match.groups(), _UNIT_S, strict=True) if g)
+            groups = zip(match.groups(), _UNITS, strict=True)
+            seconds = sum(float(g) * size for g, (_, size) in groups if g)
     else:
         raise ValueError(f"{_DURATION_RULE}, got {value!r}")
     if not seconds > 0 or seconds == float("inf"):
@@ -69,7 +70,7 @@ def format_duration(seconds: float) -> str:
     """A duration the way `parse_duration` reads it: "2h", "1h30m", "45s", "1d2h"."""
     left = round(seconds)
     parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+    for unit, size in _UNITS:
         count, left = divmod(left, size)
         if count:
             parts.append(f"{count}{unit}")
