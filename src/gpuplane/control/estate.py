@@ -99,7 +99,7 @@ class Estate:
     def admitted(self, placement: Placement, time_limit_s: float | None, now: float) -> None:
         """Note when a job just placed at `placement` ends by its time limit, if it has one."""
         if time_limit_s is not None:
-            speed = float(self.snapshot.gpu_speed[self.snapshot.index[placement.node]])
+            speed = self.snapshot.speed_of(placement.node)
             self.ends[placement.job_id] = now + wall_seconds(time_limit_s, speed)
 
     def release(self, job_id: str, ended_at: float | None = None) -> None:
@@ -107,8 +107,7 @@ class Estate:
         job completed then (its run time and cards' speed feed `work`)."""
         running, placement = self.running.get(job_id), self.snapshot.allocations.get(job_id)
         if ended_at is not None and running is not None and placement is not None:
-            speed = float(self.snapshot.gpu_speed[self.snapshot.index[placement.node]])
-            self.work.observe(ended_at - running.started_at, speed)
+            self.work.observe(ended_at - running.started_at, self.snapshot.speed_of(placement.node))
         held = self.book.reservation(job_id)
         if held is not None:
             self.shares.pop(held[0], None)

@@ -40,8 +40,7 @@ def _bind_admitted(svc: ControlService) -> None:
         spec = JobSpec.model_validate(job.spec)
         limit = None
         if spec.time_limit is not None:  # stated for a card of speed 1.0: scaled to this node's
-            speed = float(estate.snapshot.gpu_speed[estate.snapshot.index[placement.node]])
-            limit = wall_seconds(spec.time_limit, speed)
+            limit = wall_seconds(spec.time_limit, estate.snapshot.speed_of(placement.node))
         binds.append(
             (
                 str(job.cluster_name),

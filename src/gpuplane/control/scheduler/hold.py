@@ -100,12 +100,10 @@ def blocking(snapshot: Snapshot, holds: Sequence[Hold], request: Request, now: f
     limit = request.time_limit_s
     if limit is None:
         return list(holds)
-    speed = snapshot.gpu_speed
     return [
         h
         for h in holds
-        if h.start_s is None
-        or now + wall_seconds(limit, float(speed[snapshot.index[h.node]])) > h.start_s
+        if h.start_s is None or now + wall_seconds(limit, snapshot.speed_of(h.node)) > h.start_s
     ]
 
 

@@ -232,6 +232,10 @@ class Snapshot:
         """Committed placements by job id (read-only view)."""
         return MappingProxyType(self._allocations)
 
+    def speed_of(self, node: str) -> float:
+        """The relative GPU speed of `node` (a node name)."""
+        return float(self.gpu_speed[self.index[node]])
+
     def placements_on(self, node: str) -> list[Placement]:
         """The committed placements on `node` (a node name), oldest first."""
         return list(self._on_node.get(node, {}).values())
