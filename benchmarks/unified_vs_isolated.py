@@ -177,6 +177,7 @@ def simulate(
     `limits`: each job's time limit (hours on an A100), carried in its request."""
     estate = Estate.build(Snapshot(nodes, gpu_speeds=SPEED), QuotaBook(), ())
     policy = make_policy("frag", speed_weight=speed_weight)
+    longest_first = ControlConfig().longest_first  # the service's default, as for the others
     rng = np.random.default_rng(0)
     events: list[tuple[float, int, str]] = [(j.submit_h, 1, j.request.job_id) for j in jobs]
     heapq.heapify(events)  # (time, kind 0 = completion first, 1 = arrival, job id)
@@ -204,7 +205,14 @@ def simulate(
         if events and events[0][0] == now:
             continue  # settle simultaneous events first
         result = run_pass(
-            estate, pending.values(), policy, rng, now * HOUR, reserve, wait_for_faster
+            estate,
+            pending.values(),
+            policy,
+            rng,
+            now * HOUR,
+            reserve,
+            wait_for_faster,
+            longest_first=longest_first,
         )
         passes += 1
         reserved.update(estate.reserved)
