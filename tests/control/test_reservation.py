@@ -29,9 +29,17 @@ def job(job_id: str, t: float, team: str = "t", **req: Any) -> PendingJob:
 
 
 def run(
-    e: Estate, jobs: dict[str, PendingJob], now: float, reserve: ReservePolicy | None
+    e: Estate,
+    jobs: dict[str, PendingJob],
+    now: float,
+    reserve: ReservePolicy | None,
+    longest_first: bool = True,
 ) -> PassResult:
-    result = run_pass(e, list(jobs.values()), make_policy(), np.random.default_rng(0), now, reserve)
+    """One pass over `jobs`; the admitted leave `jobs`."""
+    rng = np.random.default_rng(0)
+    result = run_pass(
+        e, list(jobs.values()), make_policy(), rng, now, reserve, longest_first=longest_first
+    )
     for a in result.admitted:
         del jobs[a.job_id]
     return result

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, text
 
 from gpuplane.control import queries
-from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
+from gpuplane.control.admission import PendingJob, ReservePolicy
 from gpuplane.control.estate import Estate
 from gpuplane.control.models import Event
 from gpuplane.control.quota import QuotaBook
@@ -29,6 +29,8 @@ from .test_delay import estate as delay_estate
 from .test_delay import pending as delay_pending
 from .test_delay import run as delay_run
 from .test_delay import where as delay_where
+from .test_reservation import job as queued_job
+from .test_reservation import run
 
 RESERVE = ReservePolicy(after_s=10.0, limit=1)
 SPEEDS = {"A100": 1.0, "A10": 0.5}
@@ -118,24 +120,7 @@ def test_a_job_within_its_time_limit_is_left_alone(service: ControlService) -> N
 
 
 def pending(job_id: str, t: float, limit: float | None = None, **req: Any) -> PendingJob:
-    return PendingJob(job_id, "t", 0, t, Request(job_id, time_limit_s=limit, **req))
-
-
-def admit(
-    e: Estate, jobs: dict[str, PendingJob], now: float, longest_first: bool = True
-) -> PassResult:
-    result = run_pass(
-        e,
-        list(jobs.values()),
-        make_policy(),
-        np.random.default_rng(0),
-        now,
-        RESERVE,
-        longest_first=longest_first,
-    )
-    for a in result.admitted:
-        del jobs[a.job_id]
-    return result
+    return queued_job(job_id, t, time_limit_s=limit, **req)
 
 
 def reserved_node(speed_model: str = "A100") -> tuple[Estate, dict[str, PendingJob]]:
@@ -145,9 +130,9 @@ def reserved_node(speed_model: str = "A100") -> tuple[Estate, dict[str, PendingJ
         Snapshot([node("a", cards=4, model=speed_model)], gpu_speeds=SPEEDS), QuotaBook(), []
     )
     jobs = {"x": pending("x", 0.0, 1000.0 * SPEEDS[speed_model], gpus=2)}
-    assert [a.job_id for a in admit(e, jobs, 0.0).admitted] == ["x"]
+    assert [a.job_id for a in run(e, jobs, 0.0, RESERVE).admitted] == ["x"]
     jobs["big"] = pending("big", 1.0, gpus=4)
-    admit(e, jobs, 20.0)
+    run(e, jobs, 20.0, RESERVE)
     assert e.reserved["big"].start_s == 1000.0
     return e, jobs
 
@@ -155,7 +140,7 @@ def reserved_node(speed_model: str = "A100") -> tuple[Estate, dict[str, PendingJ
 def test_a_job_whose_limit_ends_before_the_reservation_starts_backfills_onto_its_node() -> None:
     e, jobs = reserved_node()
     jobs["short"] = pending("short", 21.0, 900.0, gpus=1)
-    result = admit(e, jobs, 30.0)  # ends at 930, before 1000
+    result = run(e, jobs, 30.0, RESERVE)  # ends at 930, before 1000
     assert {a.job_id: a.placement.node for a in result.admitted} == {"short": "a"}
     (held,) = result.reasons["big"]
     assert held["code"] == "Reserved"
@@ -170,7 +155,7 @@ def test_a_job_whose_limit_ends_later_or_that_has_none_is_kept_off_the_reserved_
 ) -> None:
     e, jobs = reserved_node()
     jobs["long"] = pending("long", 21.0, limit, gpus=1)
-    result = admit(e, jobs, 30.0)  # 30 + 1000 > 1000
+    result = run(e, jobs, 30.0, RESERVE)  # 30 + 1000 > 1000
     assert result.admitted == []
     (kept,) = result.reasons["long"]
     assert kept["code"] == "BlockedByReservation"
@@ -184,31 +169,31 @@ def test_backfilling_counts_the_limit_at_the_held_nodes_speed() -> None:
     # on an A10 (speed 0.5) a limit of 600 s on an A100 is 1200 s of wall clock: past 1000
     e, jobs = reserved_node("A10")
     jobs["short"] = pending("short", 21.0, 600.0, gpus=1)
-    assert admit(e, jobs, 30.0).admitted == []
+    assert run(e, jobs, 30.0, RESERVE).admitted == []
     jobs["shorter"] = pending("shorter", 22.0, 400.0, gpus=1)
-    assert [a.job_id for a in admit(e, jobs, 31.0).admitted] == ["shorter"]
+    assert [a.job_id for a in run(e, jobs, 31.0, RESERVE).admitted] == ["shorter"]
 
 
 def test_without_limits_on_the_node_there_is_no_expected_start_and_no_backfill() -> None:
     e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
     jobs = {"x": pending("x", 0.0, gpus=2)}
-    admit(e, jobs, 0.0)
+    run(e, jobs, 0.0, RESERVE)
     jobs["big"] = pending("big", 1.0, gpus=4)
-    admit(e, jobs, 20.0)
+    run(e, jobs, 20.0, RESERVE)
     assert e.reserved["big"].start_s is None
     jobs["short"] = pending("short", 21.0, 1.0, gpus=1)
-    assert admit(e, jobs, 30.0).admitted == []
+    assert run(e, jobs, 30.0, RESERVE).admitted == []
 
 
 def test_the_expected_start_comes_closer_as_the_nodes_jobs_end() -> None:
     e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
     jobs = {"x": pending("x", 0.0, 1000.0, gpus=2), "y": pending("y", 0.0, 500.0, gpus=1)}
-    admit(e, jobs, 0.0)
+    run(e, jobs, 0.0, RESERVE)
     jobs["big"] = pending("big", 1.0, gpus=4)
-    admit(e, jobs, 20.0)
+    run(e, jobs, 20.0, RESERVE)
     assert e.reserved["big"].start_s == 1000.0
     e.release("x")  # ended early: now only y's limit stands between big and the node
-    admit(e, jobs, 100.0)
+    run(e, jobs, 100.0, RESERVE)
     assert e.reserved["big"].start_s == 500.0
 
 
@@ -251,7 +236,7 @@ def queued_behind_a_busy_node() -> tuple[Estate, dict[str, PendingJob]]:
     """One free card on a 4-card node; queued: two 100 s jobs, then the newest, of 1000 s.
     Their 1,200 card-seconds take the node 300 s: only the 1000 s job reaches past that."""
     e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
-    admit(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0)
+    run(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0, RESERVE)
     jobs = {
         "old": pending("old", 1.0, 100.0, gpus=1),
         "mid": pending("mid", 2.0, 100.0, gpus=1),
@@ -262,11 +247,11 @@ def queued_behind_a_busy_node() -> tuple[Estate, dict[str, PendingJob]]:
 
 def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> None:
     e, jobs = queued_behind_a_busy_node()
-    assert [a.job_id for a in admit(e, jobs, 10.0).admitted] == ["long"]
+    assert [a.job_id for a in run(e, jobs, 10.0, RESERVE).admitted] == ["long"]
     e.release("long")
-    assert [a.job_id for a in admit(e, jobs, 11.0).admitted] == ["old"]  # then fair share
+    assert [a.job_id for a in run(e, jobs, 11.0, RESERVE).admitted] == ["old"]  # then fair share
 
 
 def test_without_longest_first_the_queue_keeps_fair_share_order_whatever_the_limits() -> None:
     e, jobs = queued_behind_a_busy_node()
-    assert [a.job_id for a in admit(e, jobs, 10.0, longest_first=False).admitted] == ["old"]
+    assert [a.job_id for a in run(e, jobs, 10.0, RESERVE, longest_first=False).admitted] == ["old"]
