@@ -218,21 +218,13 @@ def filter_nodes(snapshot: Snapshot, request: Request, state: State) -> Candidat
     rows: IntArray = np.flatnonzero(ok)
     if not request.is_fractional or len(rows) == 0:
         return Candidates(snapshot, request, rows)
-    card_mem = _card_mem(snapshot, request, rows)
+    card_mem = request.mem_on(snapshot.dev_mem_cap[rows])
     fit = snapshot.dev_exists[rows] & (state.dev_milli[rows] >= request.gpu_milli)
     fit &= state.dev_mem[rows] >= card_mem
     keep = fit.any(axis=1)
     if not keep.all():
         rows, fit, card_mem = rows[keep], fit[keep], card_mem[keep]
     return Candidates(snapshot, request, rows, fit, card_mem)
-
-
-def _card_mem(snapshot: Snapshot, request: Request, rows: IntArray) -> IntArray:
-    """GPU memory the fractional `request` takes on each card of `rows`."""
-    if request.gpu_mem_mib is not None:
-        return np.full((len(rows), snapshot.max_devices), request.gpu_mem_mib, dtype=np.int64)
-    need: IntArray = snapshot.dev_mem_cap[rows] * request.gpu_milli // MILLI_PER_GPU
-    return need
 
 
 def _whole_cards(snapshot: Snapshot, state: State, row: int, count: int) -> tuple[DeviceGrant, ...]:

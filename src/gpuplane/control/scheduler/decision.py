@@ -15,11 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuplane.errors import ResourceError
 from gpuplane.resources import Resources, Selector
 
 MILLI_PER_GPU = 1000
+IntArray = npt.NDArray[np.int64]
 
 # ---------------------------------------------------------------------------------------------
 # Request and placement
@@ -108,13 +113,20 @@ class Request:
         """GPU demand in milli-GPU, as the trace protocol counts it (num_gpu * gpu_milli)."""
         return self.gpus * MILLI_PER_GPU if self.gpus else self.gpu_milli
 
-    def mem_on(self, card_mem_mib: int) -> int:
-        """GPU memory this request takes on a card of `card_mem_mib` (whole cards: all of it)."""
+    @overload
+    def mem_on(self, card_mem_mib: int) -> int: ...
+    @overload
+    def mem_on(self, card_mem_mib: IntArray) -> IntArray: ...
+    def mem_on(self, card_mem_mib: int | IntArray) -> int | IntArray:
+        """GPU memory this request takes on a card of `card_mem_mib`, or on each card of an
+        array of card sizes (whole cards: all of it)."""
         if self.gpus:
             return card_mem_mib
-        if self.gpu_mem_mib is not None:
-            return self.gpu_mem_mib
-        return self.gpu_milli * card_mem_mib // MILLI_PER_GPU
+        if self.gpu_mem_mib is None:
+            return card_mem_mib * self.gpu_milli // MILLI_PER_GPU
+        if isinstance(card_mem_mib, np.ndarray):
+            return np.full_like(card_mem_mib, self.gpu_mem_mib)
+        return self.gpu_mem_mib
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,20 +134,13 @@ def _cluster_reason(
     return None
 
 
-def _card_need(s: Snapshot, r: Request) -> IntArray:
-    if r.gpu_mem_mib is not None:
-        return np.full_like(s.dev_mem_cap, r.gpu_mem_mib)
-    need: IntArray = s.dev_mem_cap * r.gpu_milli // MILLI_PER_GPU
-    return need
-
-
 def _fits_static(s: Snapshot, r: Request) -> BoolArray:
     """Nodes whose *capacity* could host `r` (CPU, memory and cards), nothing running."""
     ok = (s.cpu_cap >= r.cpu_millis) & (s.mem_cap >= r.memory_mib)
     if r.gpus:
         ok &= s.n_devices >= r.gpus
     elif r.is_fractional:
-        ok &= (s.dev_exists & (s.dev_mem_cap >= _card_need(s, r))).any(axis=1)
+        ok &= (s.dev_exists & (s.dev_mem_cap >= r.mem_on(s.dev_mem_cap))).any(axis=1)
     return ok
 
 
@@ -164,7 +157,7 @@ def _capacity_reason(s: Snapshot, r: Request, cluster: str, sel: BoolArray) -> C
             max_per_node=int(s.n_devices[sel].max()),
         )
     if r.is_fractional:
-        need = int(_card_need(s, r)[sel].min()) if r.gpu_mem_mib is not None else 0
+        need = int(r.mem_on(s.dev_mem_cap)[sel].min()) if r.gpu_mem_mib is not None else 0
         if need and not (s.max_card_mem[sel] >= need).any():
             return _reason(
                 cluster,
@@ -196,7 +189,7 @@ def _gpu_fits(s: Snapshot, r: Request, st: State) -> BoolArray:
     if r.gpus:
         ok: BoolArray = st.full_free >= r.gpus
         return ok
-    fit = s.dev_exists & (st.dev_milli >= r.gpu_milli) & (st.dev_mem >= _card_need(s, r))
+    fit = s.dev_exists & (st.dev_milli >= r.gpu_milli) & (st.dev_mem >= r.mem_on(s.dev_mem_cap))
     return np.asarray(fit.any(axis=1), dtype=bool)
 
 
@@ -231,7 +224,7 @@ def _gpu_reason(s: Snapshot, r: Request, cluster: str, sel: BoolArray, st: State
             **numbers,
         )
     exists = s.dev_exists & sel[:, None]
-    need = _card_need(s, r)
+    need = r.mem_on(s.dev_mem_cap)
     mem_ok = exists & (st.dev_mem >= need)
     milli_ok = exists & (st.dev_milli >= r.gpu_milli)
     free_mem, free_milli = st.dev_mem[exists], st.dev_milli[exists]

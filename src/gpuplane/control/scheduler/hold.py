@@ -89,8 +89,8 @@ def _fits(
         return int(snapshot.wholly_free(row, milli, mem).sum()) >= r.gpus
     if not r.is_fractional:
         return True
-    need = [r.mem_on(int(c)) for c in snapshot.dev_mem_cap[row]]
-    fit = snapshot.dev_exists[row] & (milli >= r.gpu_milli) & (mem >= np.array(need))
+    need = r.mem_on(snapshot.dev_mem_cap[row])
+    fit = snapshot.dev_exists[row] & (milli >= r.gpu_milli) & (mem >= need)
     return bool(fit.any())
 
 

@@ -41,6 +41,7 @@ from gpuplane.control.scheduler.decision import (
     ClusterReason,
     Decision,
     DeviceGrant,
+    IntArray,
     Placement,
     ReasonCode,
     Request,
@@ -65,7 +66,6 @@ __all__ = [
     "Snapshot",
 ]
 
-IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
