@@ -281,9 +281,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        for k in ("cold_speedup", "rerun_speedup", "rerun_device_seconds_ratio",
-                  "cold_device_seconds_ratio"):  # fmt: skip
-            print(f"{k}: {result[k]:.2f}")
+        for key in ("cold_speedup", "rerun_speedup", "rerun_device_seconds_ratio",
+                    "cold_device_seconds_ratio"):  # fmt: skip
+            print(f"{key}: {result[key]:.2f}")
         print(f"written to {args.results}")
 
 

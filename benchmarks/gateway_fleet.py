@@ -260,7 +260,7 @@ async def open_loop(
 
 def engine_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
     def d(key: str) -> float:
-        return sum(a[key] - b[key] for a, b in zip(after, before, strict=True))
+        return float(sum(a[key] - b[key] for a, b in zip(after, before, strict=True)))
 
     prompt = d("prompt_tokens")
     return {
@@ -479,12 +479,13 @@ async def sustained_count(bases: list[str], seconds: float, clients: int = 32) -
     async def worker(k: int) -> None:
         nonlocal done
         url = httpx.URL(bases[k % len(bases)])
+        port = url.port or 80
         head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         raw = head.encode() + body
-        _, conn = await loop.create_connection(_RawConnection, url.host, url.port)
+        _, conn = await loop.create_connection(_RawConnection, url.host, port)
         try:
             while time.perf_counter() < end:
                 if await conn.request(raw) == 200:

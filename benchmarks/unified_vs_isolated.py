@@ -137,7 +137,8 @@ def job_stream(
     rate = load * capacity / (mean_gpus * mean_work)  # jobs per hour
     team_names = list(TEAMS)
     team_p = np.array(shares) / sum(shares)
-    jobs, t = [], 0.0
+    jobs: list[Job] = []
+    t = 0.0
     while len(jobs) < n:
         t += rng.exponential(1 / rate)
         team = team_names[int(rng.choice(len(team_names), p=team_p))]
