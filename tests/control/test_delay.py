@@ -137,6 +137,18 @@ def test_work_history_is_a_mean_of_run_time_times_speed() -> None:
     assert history.mean_s == 3600.0
 
 
+def test_work_history_learns_what_share_of_their_time_limits_jobs_use() -> None:
+    history = WorkHistory()
+    for _ in range(MIN_WORK_SAMPLES - 1):
+        history.observe(3600.0, 0.5, limit_run_s=14_400.0)  # 1 h of a 4 h limit
+    history.observe(3600.0, 0.5)  # without a limit: not counted
+    assert history.limit_fill() == 1.0  # too few yet: limits are taken at their word
+    history.observe(3600.0, 0.5, limit_run_s=14_400.0)
+    assert history.limit_fill() == 0.25
+    history.observe(14_400.0, 0.5, limit_run_s=7200.0)  # past its limit: never above 1
+    assert 0.25 < history.limit_fill() <= 1.0
+
+
 def test_a_completed_job_teaches_the_estate_its_work() -> None:
     e = estate(fast_busy=0, samples=0)
     run(e, [pending("j", 0.0, models=("A10",))])
@@ -144,6 +156,10 @@ def test_a_completed_job_teaches_the_estate_its_work() -> None:
     assert (e.work.samples, e.work.mean_s) == (1, 3600.0)
     e.release("j", ended_at=1e9)  # idempotent: already released, nothing learned
     assert e.work.samples == 1
+    assert e.work.limited == 0
+    run(e, [pending("k", 0.0, models=("A10",), time_limit_s=4 * 3600.0)])
+    e.release("k", ended_at=100.0 + 3600.0)  # 4 h of A100 time: 8 h on an A10; it ran 1 h
+    assert (e.work.limited, e.work.limited_work_s, e.work.limited_limit_s) == (1, 1800.0, 14_400.0)
 
 
 def _two_speed_config(tmp: str) -> Any:

@@ -13,6 +13,7 @@ from sqlalchemy import select, text
 
 from gpuplane.control import queries
 from gpuplane.control.admission import PendingJob, ReservePolicy
+from gpuplane.control.delay import MIN_WORK_SAMPLES
 from gpuplane.control.estate import Estate
 from gpuplane.control.models import Event
 from gpuplane.control.quota import QuotaBook
@@ -250,6 +251,23 @@ def test_jobs_whose_limit_reaches_past_the_backlog_go_first_longest_first() -> N
     assert [a.job_id for a in run(e, jobs, 10.0, RESERVE).admitted] == ["long"]
     e.release("long")
     assert [a.job_id for a in run(e, jobs, 11.0, RESERVE).admitted] == ["old"]  # then fair share
+
+
+def test_once_jobs_are_seen_to_use_half_their_limits_a_shorter_limit_reaches_past_the_backlog() -> (
+    None
+):
+    # ten 100 s jobs and a 250 s one queue for a 4-card node: by their limits they take it
+    # 312 s, and 250 s does not reach past that. Once completed jobs are seen to use half
+    # their limits, the backlog is expected to take 156 s, and the 250 s job goes first.
+    for learned in (False, True):
+        e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
+        run(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0, RESERVE)
+        jobs = {f"q{i}": pending(f"q{i}", 1.0 + i, 100.0, gpus=1) for i in range(10)}
+        jobs["long"] = pending("long", 20.0, 250.0, gpus=1)
+        for _ in range(MIN_WORK_SAMPLES if learned else 0):
+            e.work.observe(1800.0, 1.0, limit_run_s=3600.0)
+        admitted = [a.job_id for a in run(e, jobs, 30.0, RESERVE).admitted]
+        assert admitted == (["long"] if learned else ["q0"])
 
 
 def test_without_longest_first_the_queue_keeps_fair_share_order_whatever_the_limits() -> None:

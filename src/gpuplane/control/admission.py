@@ -178,13 +178,20 @@ def _queue(estate: Estate, jobs: Mapping[str, PendingJob], longest_first: bool) 
 
 
 def _horizon(estate: Estate, jobs: Iterable[PendingJob]) -> float:
-    """How long the estate needs for the queued work, in seconds: each job's limit (or the
-    mean completed work, for a job without one) times its GPU demand, over the estate's
-    speed-weighted cards."""
+    """How long the estate is expected to need for the queued work, in seconds: each job's
+    limit times the share of their limits that completed jobs used (`WorkHistory.limit_fill`;
+    or the mean completed work, for a job without one), times its GPU demand, over the estate's
+    speed-weighted cards. Against this a job's own limit is its longest possible run: taken
+    at face value, limits would push the horizon out by as much as users overstate them, and
+    a long job would be put first only once it is late."""
     snap = estate.snapshot
     rate = float((snap.n_devices * snap.gpu_speed)[snap.schedulable].sum()) * MILLI_PER_GPU
-    mean = estate.work.mean_s
-    work = sum(j.request.gpu_demand_milli * (j.request.time_limit_s or mean) for j in jobs)
+    mean, fill = estate.work.mean_s, estate.work.limit_fill()
+    work = sum(
+        j.request.gpu_demand_milli
+        * (mean if j.request.time_limit_s is None else j.request.time_limit_s * fill)
+        for j in jobs
+    )
     return work / rate if rate else 0.0
 
 

@@ -27,7 +27,8 @@ pass keeps when each job first waited: `Estate.delayed`), so a job the faster mo
 still starts on the slow card.
 
 Pure: times are passed in, no I/O. `WorkHistory` lives in the `Estate` (fed by `Estate.release`
-when a job ends); `FasterGpuWait` is one admission pass's scratch.
+when a job ends; the admission's queue order also reads its `limit_fill`); `FasterGpuWait` is one
+admission pass's scratch.
 """
 
 from __future__ import annotations
@@ -50,22 +51,40 @@ RECENT_WORK = 1024  # completed jobs the quantile is taken over
 @dataclass(slots=True)
 class WorkHistory:
     """Completed jobs' work in reference-card seconds (run seconds x their cards' speed): the
-    mean and the recent ones (for `long_s`); and which GPU models each request shape can ever
-    run on (cached per inventory)."""
+    mean and the recent ones (for `long_s`); how much of their time limits the jobs that had one
+    used (`limit_fill`); and which GPU models each request shape can ever run on (cached per
+    inventory)."""
 
     mean_s: float = 0.0
     samples: int = 0
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_WORK))
+    limited: int = 0  # completed jobs that had a time limit
+    limited_work_s: float = 0.0  # their work and their limits, averaged alike
+    limited_limit_s: float = 0.0
     _models: dict[tuple[object, ...], frozenset[str]] = field(default_factory=dict)
     _inventory: object = None
 
-    def observe(self, run_s: float, speed: float) -> None:
-        """One job completed after `run_s` seconds on cards of relative `speed`."""
+    def observe(self, run_s: float, speed: float, limit_run_s: float | None = None) -> None:
+        """One job completed after `run_s` seconds on cards of relative `speed`; its time limit
+        allowed it `limit_run_s` seconds there (None: it had none)."""
         self.samples += 1
-        weight = max(WORK_EWMA_MIN_WEIGHT, 1 / self.samples)
         work = max(run_s, 0.0) * speed
-        self.mean_s += weight * (work - self.mean_s)
+        self.mean_s += _weight(self.samples) * (work - self.mean_s)
         self.recent.append(work)
+        if limit_run_s is not None and limit_run_s > 0:
+            self.limited += 1
+            weight = _weight(self.limited)
+            self.limited_work_s += weight * (work - self.limited_work_s)
+            self.limited_limit_s += weight * (limit_run_s * speed - self.limited_limit_s)
+
+    def limit_fill(self) -> float:
+        """The share of their time limits that completed jobs used: users overstate run times
+        (by 2x on average when they give 1-3x, as in Mu'alem & Feitelson's f-model), so a sum
+        of limits overstates the work by 1 / this. 1.0 until `MIN_WORK_SAMPLES` jobs with a
+        limit completed."""
+        if self.limited < MIN_WORK_SAMPLES or self.limited_limit_s <= 0:
+            return 1.0
+        return min(1.0, self.limited_work_s / self.limited_limit_s)
 
     def long_s(self) -> float:
         """The work of a long job: the `WORK_QUANTILE` of the recent completions."""
@@ -86,6 +105,12 @@ class WorkHistory:
             found = frozenset(snapshot.nodes[int(i)].gpu_model for i in rows)
             self._models[key] = found
         return found
+
+
+def _weight(n: int) -> float:
+    """The weight of the n-th sample: a plain mean of the first 1 / `WORK_EWMA_MIN_WEIGHT`,
+    then an EWMA that follows a drifting workload."""
+    return max(WORK_EWMA_MIN_WEIGHT, 1 / n)
 
 
 @dataclass(frozen=True, slots=True)

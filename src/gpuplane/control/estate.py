@@ -104,10 +104,15 @@ class Estate:
 
     def release(self, job_id: str, ended_at: float | None = None) -> None:
         """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
-        job completed then (its run time and cards' speed feed `work`)."""
+        job completed then (its run time, cards' speed and time limit feed `work`)."""
         running, placement = self.running.get(job_id), self.snapshot.allocations.get(job_id)
         if ended_at is not None and running is not None and placement is not None:
-            self.work.observe(ended_at - running.started_at, self.snapshot.speed_of(placement.node))
+            limit_end = self.ends.get(job_id)
+            self.work.observe(
+                ended_at - running.started_at,
+                self.snapshot.speed_of(placement.node),
+                None if limit_end is None else limit_end - running.started_at,
+            )
         held = self.book.reservation(job_id)
         if held is not None:
             self.shares.pop(held[0], None)
