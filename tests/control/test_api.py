@@ -171,3 +171,6 @@ def test_metrics_say_how_full_each_cluster_is_and_why_jobs_wait(client: TestClie
     )
     assert "gpuplane_control_admitted_jobs_total 1.0" in text
     assert "gpuplane_control_admission_pass_seconds_count" in text
+    # nothing completed yet: no work learned, limits taken at their word
+    assert "gpuplane_control_completed_job_work_seconds 0.0" in text
+    assert "gpuplane_control_time_limit_used_ratio 1.0" in text

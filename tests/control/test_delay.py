@@ -177,10 +177,14 @@ def test_the_service_learns_from_completed_jobs_and_waits_for_the_fast_card(tmp_
     service: ControlService = make_service(_two_speed_config(str(tmp_path)))
     try:
         for k in range(MIN_WORK_SAMPLES):  # completed jobs: what the service learns from
-            out = service.submit(job(f"done{k}", command=["true"], gpus=1))
+            spec = job(f"done{k}", command=["true"], gpus=1)
+            if k == 0:  # with a limit: the share of it the job used is learned too
+                spec["time_limit"] = "1h"
+            out = service.submit(spec)
             assert wait_state(service, out["id"], "succeeded").state == "succeeded"
         estate, _ = service.estate()
         assert estate.work.samples == MIN_WORK_SAMPLES
+        assert (estate.work.limited, estate.work.limited_limit_s) == (1, 3600.0)
         spec = {**job("busy", gpus=1), "selector": {"gpu_models": ["A100"]}}
         busy = service.submit(spec)["id"]
         assert wait_state(service, busy, "running").cluster_name == "fast"

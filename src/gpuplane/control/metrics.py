@@ -1,7 +1,8 @@
 """Prometheus metrics of the control plane, named `gpuplane_control_<thing>_<unit>`.
 
 Pass durations and admission counts are recorded by the service; gauges (jobs per state, why
-jobs wait, how full each cluster is) are read at scrape time, so admission pays nothing for them.
+jobs wait, how full each cluster is, team shares, what admission learned from completed jobs) are
+read at scrape time, so admission pays nothing for them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,20 @@ class _StateCollector(Collector):
         )
         for team, value in sorted(s["shares"].items()):
             share.add_metric([team], value)
-        yield from (jobs, waiting, gpus, used, share)
+        mean_work, limit_fill = s["work"]
+        work = GaugeMetricFamily(
+            "gpuplane_control_completed_job_work_seconds",
+            "Mean work of completed jobs (run seconds x their cards' speed), as delay "
+            "scheduling learns it",
+            value=mean_work,
+        )
+        fill = GaugeMetricFamily(
+            "gpuplane_control_time_limit_used_ratio",
+            "Share of their time limits that completed jobs used, as the queue order learns it "
+            "(1 until 8 jobs with a limit completed)",
+            value=limit_fill,
+        )
+        yield from (jobs, waiting, gpus, used, share, work, fill)
 
 
 class ControlMetrics:

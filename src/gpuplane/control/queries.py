@@ -277,7 +277,8 @@ def as_dicts(items: list[Any]) -> list[dict[str, Any]]:
 
 
 def metrics_state(service: ControlService) -> dict[str, Any]:
-    """What the scrape-time gauges read: jobs per state, why jobs wait, usage per cluster."""
+    """What the scrape-time gauges read: jobs per state, why jobs wait, usage per cluster, team
+    shares, and what admission learned from completed jobs."""
     estate, _ = service.estate()
     snap = estate.snapshot
     with service.store.session() as session:
@@ -292,4 +293,5 @@ def metrics_state(service: ControlService) -> dict[str, Any]:
         "reasons": dict(service.waiting),
         "clusters": clusters,
         "shares": {t: estate.share(t) for t in estate.book.teams},
+        "work": (estate.work.mean_s, estate.work.limit_fill()),
     }
