@@ -63,6 +63,27 @@ def test_a_job_waits_for_a_fast_card_expected_to_free_in_time() -> None:
     assert reason["numbers"] == {"wait_s": 900, "loss_s": 3600}
 
 
+def limited_estate(limit_s: float, fill: float = 1.0) -> Estate:
+    """`estate()` with the four A100 jobs given time limits of `limit_s`, admitted at 100 s;
+    completed jobs used `fill` of their limits (1.0: too few yet to tell)."""
+    e = estate(fast_busy=0)
+    for k in range(4):
+        run(e, [pending(f"r{k}", 0.0, models=("A100",), time_limit_s=limit_s)])
+    if fill < 1.0:
+        for _ in range(MIN_WORK_SAMPLES):
+            e.work.observe(3600.0 * fill, 1.0, limit_run_s=3600.0)
+    return e
+
+
+def test_running_jobs_with_time_limits_free_the_fast_cards_when_their_limits_say() -> None:
+    # the A10 would cost a job one hour: it waits only if an A100 job is expected to end by then
+    assert where(run(limited_estate(10 * 3600.0), [pending("j", 10.0)])) == {"j": "slow"}
+    assert run(limited_estate(1800.0), [pending("j", 10.0)]).admitted == []
+    # a 2 h limit of which jobs are seen to use a quarter: expected to end after 30 min
+    assert where(run(limited_estate(7200.0), [pending("j", 10.0)])) == {"j": "slow"}
+    assert run(limited_estate(7200.0, fill=0.25), [pending("j", 10.0)]).admitted == []
+
+
 def test_when_the_wait_is_long_the_slow_card_is_taken() -> None:
     # four busy A100 cards free four within the hour an A10 would lose: the first four jobs in
     # the queue wait for them, the fifth would wait longer and starts on an A10 now

@@ -126,7 +126,7 @@ def run_pass(
     faster = None
     if wait_for_faster:
         longest = max((j.request.time_limit_s or 0.0 for j in jobs.values()), default=0.0)
-        faster = FasterGpuWait(snap, estate.work, longest)
+        faster = FasterGpuWait(snap, estate.work, longest, estate.expected_ends(), now)
     for job_id in queue:
         job = jobs[job_id]
         outcome = decide(estate, job, policy, rng, now, commit=True, faster=faster)

@@ -6,12 +6,18 @@ a card of speed s, that may also run on faster models, waits for them when they 
 free room for it before the slow card would have gained anything. Without runtime estimates every
 running job is taken to have w of work left, w a job's mean work (run seconds x its cards' speed,
 learned from completed jobs), so busy cards of speed f free at busy_f x f / w milli-GPU per second
-(Little's law); the jobs ahead of it in the queue that may use them go first. The faster models
+(Little's law). A running job with a time limit is expected to end at its start plus the share
+of its limit that completed jobs used (`Estate.expected_ends`); its cards count as freed in the
+window when it is expected to end within it, not by the rate. The jobs ahead of it in the queue
+that may use the faster models go first. The faster models
 are pooled, fastest first (an A10 job waits for an A100 or an L40S, whichever frees first), and
 the window is what a long job loses on the slow card: W/s - W/f_min, W the `WORK_QUANTILE` of the
 work history, f_min the pool's slowest speed. The rule:
 
     ahead + own demand <= sum(busy_f x f) x (1/s - 1/f_min) x W/w
+
+(busy_f: the cards of jobs without a limit; plus those of limited jobs expected to end within
+W/s - W/f_min.)
 
 The percentile, not the mean, because a pool's finish time is that of its longest jobs: with
 unknown, heavy-tailed runtimes the risk of a slow card is a long job landing on it. A job with a
@@ -34,13 +40,21 @@ admission pass's scratch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gpuplane.control.scheduler.core import filter_when_empty
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, ReasonCode, Request, Snapshot
+from gpuplane.control.scheduler.snapshot import (
+    MILLI_PER_GPU,
+    IntArray,
+    ReasonCode,
+    Request,
+    Snapshot,
+)
+from gpuplane.control.scheduler.speed import FloatArray
 
 MIN_WORK_SAMPLES = 8  # completed jobs before a job may wait for a faster model
 WORK_EWMA_MIN_WEIGHT = 0.02  # a plain mean of the first 50 jobs, then an EWMA
@@ -145,11 +159,19 @@ class FasterGpuWait:
     member still gains over the slow card, the room of the jobs ahead that may use the pool."""
 
     def __init__(
-        self, snapshot: Snapshot, history: WorkHistory, longest_limit_s: float = 0.0
+        self,
+        snapshot: Snapshot,
+        history: WorkHistory,
+        longest_limit_s: float = 0.0,
+        ends: Mapping[str, Sequence[tuple[float, int]]] | None = None,
+        now: float = 0.0,
     ) -> None:
-        """`longest_limit_s`: the longest time limit of the pass's jobs (0: none has one)."""
+        """`longest_limit_s`: the longest time limit of the pass's jobs (0: none has one).
+        `ends`: per GPU model, when each running job with a time limit is expected to end and
+        the milli-GPUs it holds (`Estate.expected_ends`); the rest free by Little's law."""
         self.snapshot = snapshot
         self.history = history
+        self.now = now
         self.speed: dict[str, float] = {}
         self.busy: dict[str, int] = {}
         busy = snapshot.n_devices * MILLI_PER_GPU - snapshot.gpu_milli_free
@@ -159,6 +181,18 @@ class FasterGpuWait:
             model = node.gpu_model
             self.speed[model] = max(self.speed.get(model, 0.0), float(snapshot.gpu_speed[i]))
             self.busy[model] = self.busy.get(model, 0) + int(busy[i])
+        # per model: the known ends, sorted, and the milli-GPUs freed by each of them cumulated;
+        # `unknown`: the busy milli-GPUs of jobs without a limit
+        self.ends: dict[str, tuple[FloatArray, IntArray]] = {}
+        self.unknown = dict(self.busy)
+        for model, known in (ends or {}).items():
+            if model not in self.busy or not known:
+                continue
+            at = np.array([e for e, _ in known])
+            order = np.argsort(at, kind="stable")
+            milli = np.array([m for _, m in known], dtype=np.int64)[order]
+            self.ends[model] = (at[order], np.cumsum(milli))
+            self.unknown[model] = max(self.busy[model] - int(milli.sum()), 0)
         self.stretch = 1.0  # the work W a job is weighed by, over the mean work w
         widest = self.stretch  # the largest W / w of the pass's jobs
         if history.ready and history.mean_s > 0:
@@ -212,15 +246,24 @@ class FasterGpuWait:
         return FasterGpu(tuple(pool), placed_model, (ahead + own) / rate, loss)
 
     def _frees(self, pool: list[str], slow: float, stretch: float) -> float:
-        """Milli-GPUs `pool` frees (in units of w: the mean work cancels) within the time its
-        slowest model still gains over a card of speed `slow` on work `stretch` x w."""
+        """Milli-GPUs `pool` frees within the time its slowest model still gains over a card of
+        speed `slow` on work `stretch` x w: the jobs expected to end by then, and for the busy
+        cards whose jobs have no limit, Little's law (in units of w: the mean work cancels)."""
         if not pool:
             return 0.0
         fast = min(self.speed[m] for m in pool)
         if fast <= slow:
             return 0.0
         gain = stretch * (1 / slow - 1 / fast)
-        return sum(self.busy[m] * self.speed[m] for m in pool) * gain
+        by_then = self.now + gain * self.history.mean_s
+        total = 0.0
+        for m in pool:
+            total += self.unknown[m] * self.speed[m] * gain
+            if m in self.ends:
+                at, freed = self.ends[m]
+                k = int(np.searchsorted(at, by_then, side="right"))
+                total += int(freed[k - 1]) if k else 0
+        return total
 
     def _sum_ahead(self) -> None:
         """Add the jobs queued since the last call to `ahead`, by the fastest model each may

@@ -102,6 +102,22 @@ class Estate:
             speed = self.snapshot.speed_of(placement.node)
             self.ends[placement.job_id] = now + wall_seconds(time_limit_s, speed)
 
+    def expected_ends(self) -> dict[str, list[tuple[float, int]]]:
+        """Per GPU model, when each running job with a time limit is expected to end and the
+        milli-GPUs it holds: its start plus the share of its limit that completed jobs used
+        (`WorkHistory.limit_fill`)."""
+        fill = self.work.limit_fill()
+        snap = self.snapshot
+        out: dict[str, list[tuple[float, int]]] = {}
+        for job_id, end in self.ends.items():
+            running, placement = self.running.get(job_id), snap.allocations.get(job_id)
+            if running is None or placement is None:
+                continue
+            model = snap.nodes[snap.index[placement.node]].gpu_model
+            at = running.started_at + fill * (end - running.started_at)
+            out.setdefault(model, []).append((at, sum(g.gpu_milli for g in placement.devices)))
+        return out
+
     def release(self, job_id: str, ended_at: float | None = None) -> None:
         """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
         job completed then (its run time, cards' speed and time limit feed `work`)."""
