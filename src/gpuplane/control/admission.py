@@ -43,7 +43,6 @@ from gpuplane.control.scheduler.snapshot import (
     Placement,
     ReasonCode,
     Request,
-    Snapshot,
 )
 from gpuplane.resources import Selector
 
@@ -230,7 +229,7 @@ def decide(
     decision, why = _schedule(estate, narrowed, policy, rng, now)
     placement = decision.placement
     if placement is not None and faster is not None and job.job_id not in estate.reserved:
-        wait = faster.check(narrowed, _model_of(estate.snapshot, placement))
+        wait = faster.check(narrowed, estate.snapshot.model_of(placement.node))
         # patience: a job waits at most as long as the slow card would lose on a long job
         if wait is not None and now - estate.delayed.get(job.job_id, now) <= wait.loss_s:
             faster_only = _on_models(request, list(wait.models))
@@ -240,7 +239,7 @@ def decide(
                     estate.delayed.setdefault(job.job_id, now)
                 return Outcome(reasons=[wait.reason(estate.clusters_of)], eligible=narrowed)
     if placement is not None:
-        model = _model_of(estate.snapshot, placement)
+        model = estate.snapshot.model_of(placement.node)
         amount = _charge(estate, request, model)
         return _finish(estate, job, placement, model, amount, (), now, commit)
     for model in allowed if team.cohort is not None else ():
@@ -437,10 +436,6 @@ def _reserved(
 def _on_models(request: Request, models: list[str]) -> Request:
     selector = Selector(request.selector.match_labels, frozenset(models))
     return replace(request, selector=selector)
-
-
-def _model_of(snapshot: Snapshot, placement: Placement) -> str:
-    return snapshot.nodes[snapshot.index[placement.node]].gpu_model
 
 
 def _quota_reasons(

@@ -113,9 +113,8 @@ class Estate:
             running, placement = self.running.get(job_id), snap.allocations.get(job_id)
             if running is None or placement is None:
                 continue
-            model = snap.nodes[snap.index[placement.node]].gpu_model
             at = running.started_at + fill * (end - running.started_at)
-            out.setdefault(model, []).append((at, sum(g.gpu_milli for g in placement.devices)))
+            out.setdefault(snap.model_of(placement.node), []).append((at, placement.gpu_milli))
         return out
 
     def release(self, job_id: str, ended_at: float | None = None) -> None:

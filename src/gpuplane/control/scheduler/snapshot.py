@@ -236,6 +236,10 @@ class Snapshot:
         """The relative GPU speed of `node` (a node name)."""
         return float(self.gpu_speed[self.index[node]])
 
+    def model_of(self, node: str) -> str:
+        """The GPU model of `node` (a node name)."""
+        return self.nodes[self.index[node]].gpu_model
+
     def placements_on(self, node: str) -> list[Placement]:
         """The committed placements on `node` (a node name), oldest first."""
         return list(self._on_node.get(node, {}).values())
