@@ -162,9 +162,9 @@ class FasterGpuWait:
         self,
         snapshot: Snapshot,
         history: WorkHistory,
-        longest_limit_s: float = 0.0,
-        ends: Mapping[str, Sequence[tuple[float, int]]] | None = None,
-        now: float = 0.0,
+        longest_limit_s: float,
+        ends: Mapping[str, Sequence[tuple[float, int]]],
+        now: float,
     ) -> None:
         """`longest_limit_s`: the longest time limit of the pass's jobs (0: none has one).
         `ends`: per GPU model, when each running job with a time limit is expected to end and
@@ -185,7 +185,7 @@ class FasterGpuWait:
         # `unknown`: the busy milli-GPUs of jobs without a limit
         self.ends: dict[str, tuple[FloatArray, IntArray]] = {}
         self.unknown = dict(self.busy)
-        for model, known in (ends or {}).items():
+        for model, known in ends.items():
             if model not in self.busy or not known:
                 continue
             at = np.array([e for e, _ in known])
