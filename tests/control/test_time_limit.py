@@ -233,11 +233,17 @@ def test_a_short_job_takes_the_slow_card_and_a_long_one_waits_for_a_fast_one() -
     assert reason["numbers"] == {"wait_s": 900, "loss_s": 4 * 3600}
 
 
-def queued_behind_a_busy_node() -> tuple[Estate, dict[str, PendingJob]]:
-    """One free card on a 4-card node; queued: two 100 s jobs, then the newest, of 1000 s.
-    Their 1,200 card-seconds take the node 300 s: only the 1000 s job reaches past that."""
+def busy_node() -> Estate:
+    """A 4-card node with three cards taken by a job with a 5000 s limit: one card free."""
     e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
     run(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0, RESERVE)
+    return e
+
+
+def queued_behind_a_busy_node() -> tuple[Estate, dict[str, PendingJob]]:
+    """`busy_node`; queued: two 100 s jobs, then the newest, of 1000 s. Their 1,200
+    card-seconds take the node 300 s: only the 1000 s job reaches past that."""
+    e = busy_node()
     jobs = {
         "old": pending("old", 1.0, 100.0, gpus=1),
         "mid": pending("mid", 2.0, 100.0, gpus=1),
@@ -260,8 +266,7 @@ def test_once_jobs_are_seen_to_use_half_their_limits_a_shorter_limit_reaches_pas
     # 312 s, and 250 s does not reach past that. Once completed jobs are seen to use half
     # their limits, the backlog is expected to take 156 s, and the 250 s job goes first.
     for learned in (False, True):
-        e = Estate.build(Snapshot([node("a", cards=4)]), QuotaBook(), [])
-        run(e, {"busy": pending("busy", 0.0, 5000.0, gpus=3)}, 0.0, RESERVE)
+        e = busy_node()
         jobs = {f"q{i}": pending(f"q{i}", 1.0 + i, 100.0, gpus=1) for i in range(10)}
         jobs["long"] = pending("long", 20.0, 250.0, gpus=1)
         for _ in range(MIN_WORK_SAMPLES if learned else 0):
