@@ -59,3 +59,24 @@ def run_toy(tmp_path: Path, clips: Path) -> RunFn:
         return drv.run(list_clips(str(clip_dir or clips)))
 
     return run
+
+
+def children(pid: int | str = "self") -> list[int]:
+    """The child processes of `pid` (of every thread of it), read from /proc. A thread that
+    ends while they are read had none left: it is skipped."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Is process `pid` running (neither gone nor a zombie)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

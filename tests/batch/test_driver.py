@@ -14,7 +14,7 @@ from gpuplane.batch.journal import Journal, read_records
 from gpuplane.batch.pipeline import BatchError, load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
-from tests.batch.conftest import TOY, RunFn, write_clips
+from tests.batch.conftest import TOY, RunFn, alive, children, write_clips
 
 
 def expected(clips: Path) -> dict[str, dict[str, int]]:
@@ -33,15 +33,13 @@ def outputs(run_dir: Path) -> dict[str, dict[str, int]]:
 def _stage_workers() -> list[int]:
     """Live child processes of this test process, multiprocessing's resource tracker aside."""
     out = []
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:
-                continue
-            if b"resource_tracker" not in cmd and state != "Z":
-                out.append(int(pid))
+    for pid in children():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"resource_tracker" not in cmd and alive(pid):
+            out.append(pid)
     return out
 
 

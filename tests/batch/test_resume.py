@@ -14,23 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpuplane.batch.journal import read_records
-from tests.batch.conftest import TOY, write_clips
+from tests.batch.conftest import TOY, alive, children, write_clips
 from tests.batch.test_driver import expected
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(x) for x in (task / "children").read_text().split()]
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -56,15 +41,15 @@ def test_sigkilled_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> Non
             time.sleep(0.05)
         else:
             raise AssertionError("the first run never finished 3 clips")
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         assert workers  # the local runner's process pool
         os.kill(proc.pid, signal.SIGKILL)  # only the driver, as an OOM killer would
         proc.wait()
         # orphaned workers notice their driver is gone and exit on their own
         deadline = time.monotonic() + 60
-        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in workers if _alive(p)]
+        assert not [p for p in workers if alive(p)]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group we started
