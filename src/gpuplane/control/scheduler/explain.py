@@ -157,7 +157,7 @@ def _capacity_reason(s: Snapshot, r: Request, cluster: str, sel: BoolArray) -> C
             max_per_node=int(s.n_devices[sel].max()),
         )
     if r.is_fractional:
-        need = int(r.mem_on(s.dev_mem_cap)[sel].min()) if r.gpu_mem_mib is not None else 0
+        need = r.gpu_mem_mib or 0  # a fixed amount on every card; a share of a card fits any
         if need and not (s.max_card_mem[sel] >= need).any():
             return _reason(
                 cluster,
