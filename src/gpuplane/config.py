@@ -80,6 +80,12 @@ class QueueConfig(_Section):
         description="how many turns a tenant may be passed over so that a freed slot goes to a "
         "waiter whose prompt prefix that instance holds",
     )
+    max_passes: int = Field(
+        default=3,
+        ge=0,
+        description="how many times a waiter may be passed over by a later one of its tenant "
+        "whose prompt prefix the freed instance holds (0: strict FIFO within a tenant)",
+    )
 
 
 class PlacementConfig(_Section):

@@ -39,8 +39,10 @@ def test_index_matches_the_longest_prefix_per_instance() -> None:
     idx.record(a, "i1")
     other = chat(SYSTEM[: len(SYSTEM) // 2] + "x" * 400, "q2")
     idx.record(other, "i2")
-    match = idx.match(chat(SYSTEM, "q3"))
+    q3 = chat(SYSTEM, "q3")
+    match = idx.match(q3)
     assert match["i1"] > match.get("i2", 0) > 0
+    assert [idx.depth_on(q3, i) for i in ("i1", "i2", "i3")] == [match["i1"], match["i2"], 0]
 
 
 def test_index_is_bounded_and_forgets_instances() -> None:

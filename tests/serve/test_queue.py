@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from gpuplane.serve.queue import FairQueue
+from gpuplane.serve.queue import LOOKAHEAD, FairQueue
 
 
 def drain(q: FairQueue[str]) -> list[str]:
@@ -79,6 +79,41 @@ def test_prefer_bends_fairness_only_within_the_slack() -> None:
     # b's requests are preferred, but b may run at most `slack` turns ahead of a
     order = [q.pop(prefer=lambda item: 1.0 if item.startswith("b") else 0.0) for _ in range(6)]
     assert order == ["b0", "b1", "a0", "b2", "a1", "a2"]
+
+
+def hit(item: str) -> float:
+    return 1.0 if item.startswith("hit") else 0.0
+
+
+def test_prefer_bends_a_tenants_fifo_past_each_item_at_most_max_passes_times() -> None:
+    q: FairQueue[str] = FairQueue(100, max_passes=2)
+    for name in ("a0", "a1", "hit2", "hit3", "hit4"):
+        q.push(name, "a")
+    assert q.pop(prefer=hit) == "hit2"
+    assert q.pop(prefer=hit) == "hit3"
+    # a0 and a1 were passed over twice: hit4 may not go before them
+    assert [q.pop(prefer=hit) for _ in range(3)] == ["a0", "a1", "hit4"]
+
+
+def test_a_preferred_head_or_no_max_passes_keeps_fifo() -> None:
+    strict: FairQueue[str] = FairQueue(100)
+    for name in ("a0", "hit1"):
+        strict.push(name, "a")
+    assert strict.pop(prefer=hit) == "a0"  # max_passes 0: FIFO within a tenant
+    q: FairQueue[str] = FairQueue(100, max_passes=1)
+    for name in ("hit0", "a1", "hit2"):
+        q.push(name, "a")
+    assert q.pop(prefer=hit) == "hit0"  # the head scores as high: no one is passed over
+    assert q.pop(prefer=hit) == "hit2"
+    assert q.pop(prefer=hit) == "a1"
+
+
+def test_bending_looks_only_lookahead_items_into_a_tenants_fifo() -> None:
+    q: FairQueue[str] = FairQueue(100, max_passes=1)
+    for i in range(LOOKAHEAD):
+        q.push(f"a{i}", "a")
+    q.push("hit", "a")
+    assert q.pop(prefer=hit) == "a0"
 
 
 def test_position_counts_earlier_and_higher_priority() -> None:

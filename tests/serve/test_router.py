@@ -95,6 +95,35 @@ async def test_freed_slot_prefers_a_waiter_whose_prefix_it_holds() -> None:
     assert (await wait_b).lease.instance_id == on_1.lease.instance_id
 
 
+@pytest.mark.parametrize(("max_passes", "first"), [(3, "a"), (0, "b1")])
+async def test_freed_slot_goes_past_a_tenants_earlier_waiters_at_most_max_passes(
+    max_passes: int, first: str
+) -> None:
+    router, _ = make_router([1, 1], queue={"max_passes": max_passes})
+    a_blocks = block_hashes("system prompt A " * 30, 64)
+    b_blocks = block_hashes("system prompt B " * 30, 64)
+    on_a = await router.acquire(a_blocks)
+    on_b = await router.acquire(b_blocks)
+    served: list[str] = []
+
+    async def client(name: str, blocks: list[int]) -> None:
+        admission = await router.acquire(blocks)
+        served.append(name)
+        assert admission.lease.instance_id == on_a.lease.instance_id
+
+    # one tenant: b1 and b2 wait before a, and the instance holding A's prefix frees a slot
+    tasks = [asyncio.create_task(client(n, b_blocks)) for n in ("b1", "b2")]
+    tasks.append(asyncio.create_task(client("a", a_blocks)))
+    await asyncio.sleep(0)
+    router.release(on_a)
+    await asyncio.sleep(0)
+    assert served == [first]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    router.release(on_b)
+
+
 async def test_reaper_frees_only_leases_past_their_ttl() -> None:
     clock = Clock()
     router, reaped = make_router([2], clock, request_timeout_s=10, lease_ttl_s=20)

@@ -165,6 +165,18 @@ class PrefixIndex:
                 recency[iid] = rank
         return dict(sorted(depth.items(), key=lambda kv: (-kv[1], recency[kv[0]])))
 
+    def depth_on(self, hashes: Sequence[int], instance_id: str) -> int:
+        """How many leading blocks of `hashes` `instance_id` recently served (`match` for one
+        instance, without ranking the others)."""
+        blocks = self._blocks
+        n = 0
+        for h in hashes:
+            holders = blocks.get(h)
+            if holders is None or instance_id not in holders:
+                break
+            n += 1
+        return n
+
     def record(self, hashes: Sequence[int], instance_id: str) -> None:
         """`instance_id` now holds this prefix: it becomes the most recent holder of each block."""
         blocks = self._blocks

@@ -6,7 +6,9 @@ its requests advances it by 1/weight, and the backlogged tenant with the lowest 
 tenant that returns after being idle starts at the current virtual time, so idling earns no
 credit. `pop(prefer=...)` may pick a tenant up to `slack` turns ahead of its fair turn when the
 caller prefers its request (gpuplane uses this to hand a freed slot to a waiter whose prompt
-prefix that instance holds); the slack bounds how far fairness can bend.
+prefix that instance holds); the slack bounds how far fairness can bend. Within the tenant it
+picks, a preferred request among the first `LOOKAHEAD` may go before those ahead of it, each of
+which may be passed over at most `max_passes` times; that bounds how far FIFO can bend.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+# How far into a tenant's FIFO `pop` looks for a preferred item.
+LOOKAHEAD = 32
+
 
 @dataclass(slots=True, eq=False)
 class Ticket(Generic[T]):
@@ -30,6 +35,7 @@ class Ticket(Generic[T]):
     priority: int
     seq: int
     removed: bool = False
+    passed: int = 0  # times a later item of its tenant went first
 
 
 @dataclass(slots=True)
@@ -41,9 +47,10 @@ class _Tenant(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, max_size: int, slack: float = 0.0) -> None:
+    def __init__(self, max_size: int, slack: float = 0.0, max_passes: int = 0) -> None:
         self.max_size = max_size
         self.slack = slack
+        self.max_passes = max_passes
         self._tenants: dict[str, _Tenant[T]] = {}
         self._vtime = 0.0
         self._size = 0
@@ -105,7 +112,9 @@ class FairQueue(Generic[T]):
         it in its tenant's FIFO go ahead (a request waiting for the busy instance holding its
         prefix does not hold back the requests after it). With `prefer`, among tenants within
         `slack` of the fairest turn, the one whose next item scores highest goes first (ties
-        keep fair order).
+        keep fair order); then, within that tenant, the item that scores highest among its
+        first `LOOKAHEAD` eligible ones goes, if it scores higher than the first and every item
+        before it has been passed over fewer than `max_passes` times (ties keep FIFO order).
         """
         heads = self._heads(eligible)
         if not heads:
@@ -123,6 +132,8 @@ class FairQueue(Generic[T]):
                     chosen, best = head, score
         state, ticket = chosen
         waiting = state.waiting[ticket.priority]
+        if prefer is not None and self.max_passes > 0:
+            ticket = self._bend(waiting, ticket, prefer, eligible)
         if waiting[0] is ticket:
             waiting.popleft()
         else:
@@ -133,6 +144,38 @@ class FairQueue(Generic[T]):
         self._vtime = max(self._vtime, state.pass_)
         state.pass_ += 1.0 / state.weight
         return ticket.item
+
+    def _bend(
+        self,
+        waiting: deque[Ticket[T]],
+        head: Ticket[T],
+        prefer: Callable[[T], float],
+        eligible: Callable[[T], bool] | None,
+    ) -> Ticket[T]:
+        """Among the first `LOOKAHEAD` eligible tickets from `head` on, the first that scores
+        highest, reached only past tickets that may still be passed over (each passed one
+        counts it); else `head`."""
+        live = itertools.islice(
+            (
+                t
+                for t in itertools.dropwhile(lambda t: t is not head, waiting)
+                if not t.removed and (eligible is None or eligible(t.item))
+            ),
+            LOOKAHEAD,
+        )
+        ahead: list[Ticket[T]] = []
+        best, best_ahead, best_score = head, 0, prefer(head.item)
+        for ticket in live:
+            if ahead:
+                if ahead[-1].passed >= self.max_passes:
+                    break
+                score = prefer(ticket.item)
+                if score > best_score:
+                    best, best_ahead, best_score = ticket, len(ahead), score
+            ahead.append(ticket)
+        for passed in ahead[:best_ahead]:
+            passed.passed += 1
+        return best
 
     def _heads(self, eligible: Callable[[T], bool] | None) -> list[tuple[_Tenant[T], Ticket[T]]]:
         """Each tenant's first live, eligible ticket at the highest priority that has one."""

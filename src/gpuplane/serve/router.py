@@ -115,7 +115,9 @@ class ModelRouter:
             (inst.id, inst.url.rstrip("/"), cap)
             for inst, cap in zip(model.instances, capacities, strict=True)
         )
-        self.queue: FairQueue[_Waiter] = FairQueue(cfg.queue.max_size, cfg.queue.fairness_slack)
+        self.queue: FairQueue[_Waiter] = FairQueue(
+            cfg.queue.max_size, cfg.queue.fairness_slack, cfg.queue.max_passes
+        )
         per_instance = (
             model.cached_prefix_chars // cfg.placement.prefix_block_chars
             if model.cached_prefix_chars
@@ -348,12 +350,14 @@ class ModelRouter:
             waiter.preferred = None
 
     def _dispatch(self, freed: str | None) -> None:
-        """Hand free slots to waiters: fair order, bent within the slack toward a waiter whose
-        prefix the freed instance holds; a waiter still waiting for its busy holder is skipped."""
+        """Hand free slots to waiters: fair order, bent toward a waiter whose prefix the freed
+        instance holds (across tenants within `queue.fairness_slack` turns; within a tenant past
+        waiters passed over fewer than `queue.max_passes` times); a waiter still waiting for its
+        busy holder is skipped."""
         while len(self.queue) and self.slots.available():
             prefer = None
             if freed is not None and self.policy.uses_prefix:
-                prefer = functools.partial(self._affinity_to, freed)
+                prefer = functools.partial(self._hits_on, freed)
             waiter = self.queue.pop(prefer, self._eligible)
             freed = None
             if waiter is None:
@@ -366,8 +370,10 @@ class ModelRouter:
             self._stop_preferring(waiter)
             waiter.future.set_result(admission)
 
-    def _affinity_to(self, instance_id: str, waiter: _Waiter) -> float:
-        return float(self.index.match(waiter.blocks).get(instance_id, 0))
+    def _hits_on(self, instance_id: str, waiter: _Waiter) -> float:
+        """1 when the instance holds enough of the waiter's prefix for a hit, else 0."""
+        held = self.index.depth_on(waiter.blocks, instance_id)
+        return float(held > 0 and held >= LOCALITY_MIN_SHARE * len(waiter.blocks))
 
     def _expire(self, waiter: _Waiter, timeout: float) -> None:
         if waiter.future.done() or waiter.ticket is None:
