@@ -81,7 +81,7 @@ class QueueConfig(_Section):
         "waiter whose prompt prefix that instance holds",
     )
     max_passes: int = Field(
-        default=3,
+        default=1,
         ge=0,
         description="how many times a waiter may be passed over by a later one of its tenant "
         "whose prompt prefix the freed instance holds (0: strict FIFO within a tenant)",
