@@ -60,13 +60,18 @@ class Admission:
     @property
     def cached(self) -> bool:
         """Placed where most of its prompt's prefix is (as far as the index knows)."""
-        return bool(self.blocks) and (
-            self.choice.matched_blocks >= LOCALITY_MIN_SHARE * len(self.blocks)
-        )
+        return is_hit(self.choice.matched_blocks, self.blocks)
 
 
 # A prefix worth waiting for covers at least this share of the prompt's blocks.
 LOCALITY_MIN_SHARE = 0.5
+
+
+def is_hit(matched: int, blocks: Sequence[int]) -> bool:
+    """Do `matched` leading blocks of a prompt's `blocks` make a cache hit worth placing for?"""
+    return bool(blocks) and matched >= LOCALITY_MIN_SHARE * len(blocks)
+
+
 # Hold times measured before the router trusts its estimate of how fast slots free.
 MIN_HOLD_SAMPLES = 8
 
@@ -313,7 +318,7 @@ class ModelRouter:
             return None
         best = next(iter(affinity))  # `PrefixIndex.match` orders the best holder first
         inst = self.slots.get(best)
-        if affinity[best] < LOCALITY_MIN_SHARE * len(blocks) or not inst.healthy or inst.free:
+        if not is_hit(affinity[best], blocks) or not inst.healthy or inst.free:
             return None
         if not self._frees_in_time(inst, patience):
             return None
@@ -372,8 +377,7 @@ class ModelRouter:
 
     def _hits_on(self, instance_id: str, waiter: _Waiter) -> float:
         """1 when the instance holds enough of the waiter's prefix for a hit, else 0."""
-        held = self.index.depth_on(waiter.blocks, instance_id)
-        return float(held > 0 and held >= LOCALITY_MIN_SHARE * len(waiter.blocks))
+        return float(is_hit(self.index.depth_on(waiter.blocks, instance_id), waiter.blocks))
 
     def _expire(self, waiter: _Waiter, timeout: float) -> None:
         if waiter.future.done() or waiter.ticket is None:
