@@ -125,6 +125,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def gateway_config(
+    policy: str, urls: list[str], caps: list[int], **queue: object
+) -> dict[str, Any]:
+    """The gateway's settings for the fleet: one model `sim` over `urls`, a queue deep and
+    patient enough that no request is refused, `queue` overriding its other fields."""
+    return {
+        "gateway": {
+            "queue": {"max_size": 4096, "timeout_s": 120.0, **queue},
+            "placement": {"policy": policy},
+        },
+        "models": [
+            {
+                "name": "sim",
+                "engine": "sim",
+                "instances": [
+                    {"url": u, "max_concurrency": c} for u, c in zip(urls, caps, strict=True)
+                ],
+            }
+        ],
+    }
+
+
 def contender_argv(
     kind: str, policy: str, urls: list[str], caps: list[int], port: int
 ) -> list[str]:
@@ -146,23 +168,8 @@ def contender_argv(
             "--prometheus-port",
             str(free_port()),
         ]
-    config = {
-        "gateway": {
-            "host": "127.0.0.1",
-            "port": port,
-            "queue": {"max_size": 4096, "timeout_s": 120.0},
-            "placement": {"policy": policy},
-        },
-        "models": [
-            {
-                "name": "sim",
-                "engine": "sim",
-                "instances": [
-                    {"url": u, "max_concurrency": c} for u, c in zip(urls, caps, strict=True)
-                ],
-            }
-        ],
-    }
+    config = gateway_config(policy, urls, caps)
+    config["gateway"] |= {"host": "127.0.0.1", "port": port}
     path = Path(tempfile.mkdtemp(prefix="gpuplane-bench-")) / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     code = (

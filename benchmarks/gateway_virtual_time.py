@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _results import save
-from gateway_fleet import CAPS, GROUPS, OUTPUT_TOKENS, PER_GROUP, SIM, nominal_capacity, pct
+from gateway_fleet import (
+    CAPS,
+    CONTENDERS,
+    GROUPS,
+    OUTPUT_TOKENS,
+    PER_GROUP,
+    SIM,
+    gateway_config,
+    nominal_capacity,
+    pct,
+)
 from gateway_fleet import workload as make_workload
 from gpuplane.config import Settings, parse_settings
 from gpuplane.serve.engines.base import get_adapter
@@ -115,20 +125,11 @@ class Engine:
 
 
 def settings(contender: str) -> Settings:
-    policy, _, passes = contender.partition(":")
-    queue: dict[str, Any] = {"max_size": 4096, "timeout_s": 120.0}
-    if passes:
-        queue["max_passes"] = int(passes)
-    instances = [{"url": f"http://sim{i}", "max_concurrency": c} for i, c in enumerate(CAPS)]
-    return parse_settings(
-        {
-            "gateway": {
-                "queue": queue,
-                "placement": {"policy": "slots_prefix" if policy == "gpuplane" else policy},
-            },
-            "models": [{"name": "sim", "engine": "sim", "instances": instances}],
-        }
-    )
+    """The fleet benchmark's gateway settings for `contender` (`name` or `gpuplane:N`)."""
+    name, _, passes = contender.partition(":")
+    queue = {"max_passes": int(passes)} if passes else {}
+    urls = [f"http://sim{i}" for i in range(len(CAPS))]
+    return parse_settings(gateway_config(CONTENDERS[name][1], urls, CAPS, **queue))
 
 
 async def rate_run(
@@ -289,12 +290,19 @@ if __name__ == "__main__":
             "gpuplane:1",
             "gpuplane:3",
         ],
-        help="policy names, gpuplane, or gpuplane:N (queue.max_passes N); the first is the "
-        "reference",
+        help="the fleet benchmark's gateway contenders (round_robin, least_connections, "
+        "power_of_two, gpuplane) or gpuplane:N (queue.max_passes N); the first is the reference",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gateway_virtual_time.json")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = parser.parse_args()
+    gateways = [name for name, (kind, _) in CONTENDERS.items() if kind == "gateway"]
+    for contender in args.contenders:
+        name, _, passes = contender.partition(":")
+        if name not in gateways or (passes and (name != "gpuplane" or not passes.isdigit())):
+            parser.error(
+                f"unknown contender '{contender}'; use {', '.join(gateways)} or gpuplane:N"
+            )
     started = time.perf_counter()
     results = compare(args.contenders, args.schedules)
     print(table(results, args.contenders, args.schedules))
