@@ -98,9 +98,10 @@ class PlacementConfig(_Section):
     locality_wait_s: float | None = Field(
         default=None,
         ge=0,
-        description="cap on how long a request waits for the busy instance holding its "
-        "prompt's prefix (the wait itself is learned: uncached minus cached time to first "
-        "token); 0 turns waiting off; unset: half of queue.timeout_s",
+        description="cap on how long a request waits for busy instances much quicker to its "
+        "first token than a free one: holding its prompt's prefix, or on faster cards (the wait "
+        "itself is learned: the time to first token they save); 0 turns waiting off; unset: "
+        "half of queue.timeout_s",
     )
     max_imbalance: float = Field(
         default=0.5,

@@ -235,7 +235,7 @@ async def test_waits_for_a_holder_that_frees_slots_in_time_while_others_go_elsew
     assert not len(router.queue)
 
 
-async def test_learned_patience_is_the_time_a_cached_prefix_saves() -> None:
+async def test_learns_the_time_to_first_token_of_cached_and_uncached_prompts() -> None:
     router, _ = make_router([1, 1], placement={"locality_wait_s": 30})
     system = block_hashes("the shared system prompt " * 30, 64)
     cold = await router.acquire(system)
@@ -245,9 +245,83 @@ async def test_learned_patience_is_the_time_a_cached_prefix_saves() -> None:
     assert warm.cached
     router.observe_first_byte(warm, 0.5)
     router.release(warm)
-    assert router.patience_s() == pytest.approx(7.5)
+    iid = warm.lease.instance_id
+    assert router.first_byte_s(iid, hit=False) == pytest.approx(8.0)
+    assert router.first_byte_s(iid, hit=True) == pytest.approx(0.5)
     # a "cached" placement that comes back at cold speed means the engine evicted it
     again = await router.acquire(system)
     router.observe_first_byte(again, 8.0)
     router.release(again)
     assert router.index.match(system).get(again.lease.instance_id, 0) == 0
+
+
+SLOW = "http://i2"
+
+
+async def fleet_with_a_slow_card(hold_s: float, policy: str = "slots_prefix") -> ModelRouter:
+    """Three one-slot instances; i2 takes three times as long to a first token as the others,
+    and every generation held its slot `hold_s`."""
+    clock = Clock()
+    router, _ = make_router([1, 1, 1], clock, placement={"policy": policy})
+    ids = frozenset(i.id for i in router.instances)
+    for _ in range(4):
+        for iid in sorted(ids):
+            admission = await router.acquire([], avoid=ids - {iid})
+            router.observe_first_byte(admission, 0.3 if iid == SLOW else 0.1)
+            clock.now += hold_s
+            router.release(admission)
+    return router
+
+
+async def test_learns_how_much_slower_an_instance_is_and_keeps_cold_prompts_off_it() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)  # nothing frees soon: no waiting
+    assert router.speed(SLOW) > 2.5 * router.speed("http://i0")
+    assert router.first_byte_s(SLOW, hit=False) > 2.5 * router.first_byte_s("http://i1", False)
+    quick = [await router.acquire([]) for _ in range(2)]
+    assert {a.lease.instance_id for a in quick} == {"http://i0", "http://i1"}
+    # the quick ones are full and free nothing in time: the slow card now beats waiting
+    slow = await asyncio.wait_for(router.acquire([]), 1)
+    assert slow.lease.instance_id == SLOW
+    for admission in [*quick, slow]:
+        router.release(admission)
+    assert router.slots.in_flight == 0
+
+
+async def test_a_cold_prompt_waits_for_a_quicker_card_expected_to_free_in_time() -> None:
+    router = await fleet_with_a_slow_card(hold_s=0.01)  # slots free every 10 ms
+    quick = [await router.acquire([]) for _ in range(2)]
+    waiter = asyncio.create_task(router.acquire([]))
+    await asyncio.sleep(0)
+    assert len(router.queue) == 1  # the slow card is free, but a quick one frees sooner
+    assert router.slots.get(SLOW).in_flight == 0
+    router.release(quick[0])
+    got = await waiter
+    assert got.lease.instance_id == quick[0].lease.instance_id
+    # with nothing freed, patience (what the quick card saves, ~0.2 s) runs out: the slow card
+    late = await asyncio.wait_for(router.acquire([]), 5)
+    assert late.lease.instance_id == SLOW
+    for admission in [quick[1], got, late]:
+        router.release(admission)
+    assert router.slots.in_flight == 0
+    assert not len(router.queue)
+
+
+async def test_a_prompt_cached_on_the_slow_card_goes_there() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)
+    system = block_hashes("the shared system prompt " * 30, 64)
+    ids = frozenset(i.id for i in router.instances)
+    seeded = await router.acquire(system, avoid=ids - {SLOW})
+    router.release(seeded)
+    warm = await router.acquire(system)  # 3x a hit beats a cold prefill on a quick card
+    assert warm.lease.instance_id == SLOW
+    assert warm.cached
+    router.release(warm)
+
+
+async def test_baseline_policies_place_on_the_slow_card_as_peer_routers_do() -> None:
+    router = await fleet_with_a_slow_card(hold_s=0.01, policy="least_connections")
+    placed = [await asyncio.wait_for(router.acquire([]), 1) for _ in range(3)]
+    assert {a.lease.instance_id for a in placed} == {"http://i0", "http://i1", SLOW}
+    assert not len(router.queue)
+    for admission in placed:
+        router.release(admission)

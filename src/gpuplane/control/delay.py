@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuplane.averages import sample_weight
 from gpuplane.control.scheduler.core import filter_when_empty
 from gpuplane.control.scheduler.snapshot import (
     MILLI_PER_GPU,
@@ -83,11 +84,11 @@ class WorkHistory:
         allowed it `limit_run_s` seconds there (None: it had none)."""
         self.samples += 1
         work = max(run_s, 0.0) * speed
-        self.mean_s += _weight(self.samples) * (work - self.mean_s)
+        self.mean_s += sample_weight(self.samples, WORK_EWMA_MIN_WEIGHT) * (work - self.mean_s)
         self.recent.append(work)
         if limit_run_s is not None and limit_run_s > 0:
             self.limited += 1
-            weight = _weight(self.limited)
+            weight = sample_weight(self.limited, WORK_EWMA_MIN_WEIGHT)
             self.limited_work_s += weight * (work - self.limited_work_s)
             self.limited_limit_s += weight * (limit_run_s * speed - self.limited_limit_s)
 
@@ -119,12 +120,6 @@ class WorkHistory:
             found = frozenset(snapshot.nodes[int(i)].gpu_model for i in rows)
             self._models[key] = found
         return found
-
-
-def _weight(n: int) -> float:
-    """The weight of the n-th sample: a plain mean of the first 1 / `WORK_EWMA_MIN_WEIGHT`,
-    then an EWMA that follows a drifting workload."""
-    return max(WORK_EWMA_MIN_WEIGHT, 1 / n)
 
 
 @dataclass(frozen=True, slots=True)

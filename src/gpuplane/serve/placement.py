@@ -26,7 +26,8 @@ class Choice:
 
 
 class PlacementPolicy(Protocol):
-    uses_prefix: bool
+    uses_prefix: bool  # the router keeps a prefix index and passes `affinity`
+    uses_speed: bool  # the router leaves out candidates much slower to a first token
 
     def choose(
         self,
@@ -58,7 +59,9 @@ def least_utilised(candidates: Sequence[InstanceSlots], rng: random.Random) -> I
 
 class SlotsPolicy:
     """gpuplane's policy: prefix affinity unless that instance is much busier, else least
-    utilised."""
+    utilised; among candidates the router found quick enough to a first token."""
+
+    uses_speed = True
 
     def __init__(self, use_prefix: bool = True, max_imbalance: float = 0.5) -> None:
         self.uses_prefix = use_prefix
@@ -94,7 +97,7 @@ class RoundRobinPolicy:
     sends a request to a full instance; it just ignores load and prefixes.
     """
 
-    uses_prefix = False
+    uses_prefix = uses_speed = False
 
     def __init__(self) -> None:
         self._last: str | None = None
@@ -116,7 +119,7 @@ class RoundRobinPolicy:
 class LeastConnectionsPolicy:
     """The candidate with the fewest requests in flight (not relative to capacity)."""
 
-    uses_prefix = False
+    uses_prefix = uses_speed = False
 
     def choose(
         self,
@@ -133,7 +136,7 @@ class LeastConnectionsPolicy:
 class PowerOfTwoPolicy:
     """Two candidates drawn at random; the one with fewer requests in flight wins."""
 
-    uses_prefix = False
+    uses_prefix = uses_speed = False
 
     def choose(
         self,

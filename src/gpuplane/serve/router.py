@@ -9,16 +9,16 @@ next waiter.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NoReturn
 
+from gpuplane.averages import RunningMean
 from gpuplane.config import GatewayConfig, ModelConfig
 from gpuplane.serve.placement import Choice, make_policy
 from gpuplane.serve.prefix import PrefixIndex
@@ -74,6 +74,11 @@ def is_hit(matched: int, blocks: Sequence[int]) -> bool:
 
 # Hold times measured before the router trusts its estimate of how fast slots free.
 MIN_HOLD_SAMPLES = 8
+# An instance is much quicker for a prompt when it is expected to reach the first token in at
+# most this share of the time another would: worth waiting for, and the other is left out of
+# placement while a quicker one has room (between instances of one speed, only a cached prefix
+# makes that difference).
+MUCH_QUICKER = 0.5
 
 
 @dataclass(slots=True)
@@ -82,7 +87,7 @@ class _Waiter:
     future: asyncio.Future[Admission]
     ticket: Ticket[_Waiter] | None = None
     timer: asyncio.TimerHandle | None = None
-    preferred: str | None = None  # a busy instance it waits for (delay scheduling)
+    preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
 
 
@@ -138,11 +143,18 @@ class ModelRouter:
         self.locality_wait_s = locality_wait_s
         self._clock = clock
         self._rng = rng or random.Random()
-        self._health = {i.id: _Health() for i in self.slots.instances}
-        self._hold_ewma_s = 0.0  # mean time a lease is held; a plain mean of the first ten
-        self._holds = 0  # releases measured
-        self._waiting_for: collections.Counter[str] = collections.Counter()  # by busy holder
-        self._first_byte_ewma_s: dict[bool, float] = {}  # by `Admission.cached`
+        ids = [i.id for i in self.slots.instances]
+        self._health = {i: _Health() for i in ids}
+        # how long a lease is held, over the fleet and per instance (a slower card holds longer)
+        self._hold = RunningMean(0.1)
+        self._holds = {i: RunningMean(0.1) for i in ids}
+        # the waiters' demand on busy instances: one per waiter, shared among those it waits for
+        self._waiting_for: dict[str, float] = {}
+        # time to first token over the fleet by `Admission.cached`, and per instance relative
+        # to the fleet's (3.0: a card three times slower)
+        self._first_byte = {True: RunningMean(0.2), False: RunningMean(0.2)}
+        self._speed = {i: RunningMean(0.1) for i in ids}
+        self._speeds_differ = False  # some instance is much quicker than another
 
     @property
     def instances(self) -> list[InstanceSlots]:
@@ -175,7 +187,7 @@ class ModelRouter:
                 "unhealthy; retry later or check the engines",
             )
         affinity = self._affinity(blocks)
-        preferred = None if avoid else self._busy_holder(blocks, affinity)
+        preferred = None if avoid else self._quicker_busy(blocks, affinity)
         if not len(self.queue) and preferred is None:
             admission = self._place(blocks, affinity, avoid) or (
                 self._place(blocks, affinity) if avoid else None
@@ -189,13 +201,14 @@ class ModelRouter:
                 f"({self.queue.max_size} waiting); retry later",
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future(), preferred=preferred)
+        waiter = _Waiter(blocks, loop.create_future())
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
         if preferred is not None:
-            self._waiting_for[preferred] += 1
-            waiter.patience = loop.call_later(self.patience_s(), self._lose_patience, waiter)
+            waiter.preferred, patience = preferred
+            self._add_demand(waiter.preferred, 1.0)
+            waiter.patience = loop.call_later(patience, self._lose_patience, waiter)
         self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
         try:
             return await waiter.future
@@ -219,36 +232,44 @@ class ModelRouter:
         lease = admission.lease
         if self.slots.release(lease):
             held = self._clock() - lease.acquired_at
-            self._holds += 1
-            self._hold_ewma_s += max(0.1, 1 / self._holds) * (held - self._hold_ewma_s)
+            self._hold.add(held)
+            self._holds[lease.instance_id].add(held)
             self._dispatch(lease.instance_id)
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
-        """Learn how long a cached vs an uncached prompt takes to its first token, and correct
-        the index when a prefix it placed as cached came back at uncached speed (the engine had
-        evicted it)."""
-        learned = self._first_byte_ewma_s
-        if admission.cached and False in learned:
-            warm = learned.get(True, 0.0)
-            if seconds > (learned[False] + warm) / 2:
-                matched = admission.blocks[: admission.choice.matched_blocks]
-                self.index.forget_prefix(matched, admission.lease.instance_id)
-                return
-        key = admission.cached
-        old = learned.get(key)
-        learned[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        """Learn how long a cached and an uncached prompt take to their first token, and how
+        much slower each instance is than the fleet; correct the index when a prefix it placed
+        as cached came back at uncached speed (the engine had evicted it)."""
+        iid = admission.lease.instance_id
+        cold, warm = self._first_byte[False], self._first_byte[True]
+        evicted = seconds / self.speed(iid) > (cold.value + warm.value) / 2
+        if admission.cached and cold.samples and evicted:
+            matched = admission.blocks[: admission.choice.matched_blocks]
+            self.index.forget_prefix(matched, iid)
+            return
+        fleet = self._first_byte[admission.cached]
+        if fleet.samples and fleet.value > 0:
+            self._speed[iid].add(seconds / fleet.value)
+            self._speeds_differ = self.policy.uses_speed and self._much_quicker_exists()
+        fleet.add(seconds)
 
-    def patience_s(self) -> float:
-        """How long a request waits for the busy instance holding its prefix: what a cache hit
-        saves (learned: uncached minus cached time to first token), else the engine's default;
-        never more than `placement.locality_wait_s` when that is set."""
-        learned = self._first_byte_ewma_s
-        if True in learned and False in learned:
-            wait = max(0.0, learned[False] - learned[True])
-        else:
-            wait = self.locality_wait_s
-        cap = self.cfg.placement.locality_wait_s
-        return min(wait, cap if cap is not None else self.cfg.queue.timeout_s / 2)
+    def speed(self, instance_id: str) -> float:
+        """How many times longer the instance takes to a first token than the fleet's mean
+        (1.0 until measured)."""
+        mean = self._speed[instance_id]
+        return mean.value if mean.samples else 1.0
+
+    def first_byte_s(self, instance_id: str, hit: bool) -> float:
+        """Expected time to first token on the instance for a prompt whose prefix it holds
+        (`hit`) or not: the fleet's measured time times the instance's `speed`. Before anything
+        was measured: the engine's default wait for an uncached prompt, and 0 for a cached one."""
+        mean = self._first_byte[hit]
+        unmeasured = 0.0 if hit else self.locality_wait_s
+        return (mean.value if mean.samples else unmeasured) * self.speed(instance_id)
+
+    def _much_quicker_exists(self) -> bool:
+        speeds = [mean.value for mean in self._speed.values() if mean.samples]
+        return bool(speeds) and min(speeds) < MUCH_QUICKER * max(speeds)
 
     def reap(self) -> int:
         """Release leases past the TTL; each one is a leak and is reported."""
@@ -298,6 +319,7 @@ class ModelRouter:
         candidates = self.slots.available()
         if avoid:
             candidates = [c for c in candidates if c.id not in avoid]
+        candidates = self._quick_enough(candidates, blocks, affinity)
         choice = self.policy.choose(candidates, affinity, self._rng)
         if choice is None:
             return None
@@ -307,52 +329,108 @@ class ModelRouter:
         self.events.placed(self.name, choice)
         return Admission(lease, self.slots.get(choice.instance_id).url, choice, blocks)
 
-    def _busy_holder(self, blocks: Sequence[int], affinity: dict[str, int]) -> str | None:
-        """A healthy instance with no free slot that holds most of this prompt's prefix and is
-        expected to free one for this request within what a hit saves: worth waiting
-        `patience_s()` for, since a cold prefill costs more (delay scheduling)."""
-        if not affinity:
-            return None
-        patience = self.patience_s()
-        if patience <= 0:
-            return None
-        best = next(iter(affinity))  # `PrefixIndex.match` orders the best holder first
-        inst = self.slots.get(best)
-        if not is_hit(affinity[best], blocks) or not inst.healthy or inst.free:
-            return None
-        if not self._frees_in_time(inst, patience):
-            return None
-        return best
+    def _cost(self, inst: InstanceSlots, blocks: Sequence[int], affinity: dict[str, int]) -> float:
+        """Expected time to this prompt's first token on `inst`."""
+        return self.first_byte_s(inst.id, is_hit(affinity.get(inst.id, 0), blocks))
 
-    def _frees_in_time(self, inst: InstanceSlots, seconds: float) -> bool:
-        """Is the busy `inst` expected to free a slot for one more waiter within `seconds`? Its
-        slots free at capacity / mean hold time per second, and the waiters already waiting for
-        it take the first ones. No until `MIN_HOLD_SAMPLES` hold times were measured.
+    def _quick_enough(
+        self, candidates: Sequence[InstanceSlots], blocks: Sequence[int], affinity: dict[str, int]
+    ) -> Sequence[InstanceSlots]:
+        """The candidates not much slower to this prompt's first token than an uncached prefill
+        on the quickest of them (all, while every instance runs at about one speed)."""
+        if not self._speeds_differ or len(candidates) < 2:
+            return candidates
+        cold = min(self.first_byte_s(c.id, False) for c in candidates)
+        kept = [c for c in candidates if MUCH_QUICKER * self._cost(c, blocks, affinity) <= cold]
+        return kept or candidates
+
+    def _quicker_busy(
+        self, blocks: Sequence[int], affinity: dict[str, int]
+    ) -> tuple[frozenset[str], float] | None:
+        """Busy healthy instances much quicker to this prompt's first token than any free one
+        (they hold its prefix, or run on faster cards), expected to free a slot for it within
+        what they save; with how long to wait for them (delay scheduling). With nothing free,
+        the alternative is an uncached prefill on the quickest instance."""
+        if self._speeds_differ:
+            pool = self.slots.instances
+        elif affinity:  # at one speed, only a cached prefix makes an instance much quicker
+            pool = [self.slots.get(iid) for iid in affinity]
+        else:
+            return None
+        busy = [i for i in pool if i.healthy and not i.free]
+        if not busy:
+            return None
+        free = self._quick_enough(self.slots.available(), blocks, affinity)
+        if free:
+            alternative = min(self._cost(c, blocks, affinity) for c in free)
+        else:
+            alternative = min(self.first_byte_s(i.id, False) for i in self.instances if i.healthy)
+        costs = {
+            i.id: cost
+            for i in busy
+            if (cost := self._cost(i, blocks, affinity)) <= MUCH_QUICKER * alternative
+        }
+        if not costs:
+            return None
+        patience = self._patience_s(alternative - max(costs.values()))
+        if patience <= 0 or not self._frees_in_time(costs, patience):
+            return None
+        return frozenset(costs), patience
+
+    def _patience_s(self, saving_s: float) -> float:
+        """How long a request waits for quicker busy instances: what they save, never more than
+        `placement.locality_wait_s` (unset: half the queue timeout)."""
+        cap = self.cfg.placement.locality_wait_s
+        return min(saving_s, cap if cap is not None else self.cfg.queue.timeout_s / 2)
+
+    def _frees_in_time(self, instance_ids: Collection[str], seconds: float) -> bool:
+        """Are the busy instances expected to free a slot for one more waiter within `seconds`?
+        Each frees its slots at capacity / mean hold time per second (its own mean once
+        `MIN_HOLD_SAMPLES` were measured, the fleet's before), and the waiters already waiting
+        for them take the first ones. No until `MIN_HOLD_SAMPLES` hold times were measured.
 
         With vLLM-like engines a hit saves tens of ms against generations of seconds: waiting
         rarely pays and a failed wait costs the TTFT tail. On a CPU llama.cpp a hit saves
-        seconds of prefill, about a generation: waiting usually pays.
+        seconds of prefill, about a generation: waiting usually pays. A card three times slower
+        loses twice an uncached prefill, which a fleet of tens of fast slots often frees in.
         """
-        if self._holds < MIN_HOLD_SAMPLES:
+        if self._hold.samples < MIN_HOLD_SAMPLES:
             return False
-        releases = inst.capacity * seconds / max(self._hold_ewma_s, 1e-9)
-        return releases >= self._waiting_for[inst.id] + 1
+        rate = 0.0
+        for iid in instance_ids:
+            own = self._holds[iid]
+            hold = own.value if own.samples >= MIN_HOLD_SAMPLES else self._hold.value
+            rate += self.slots.get(iid).capacity / max(hold, 1e-9)
+        demand = sum(self._waiting_for.get(iid, 0.0) for iid in instance_ids)
+        return rate * seconds >= demand + 1
 
     def _eligible(self, waiter: _Waiter) -> bool:
-        """May this waiter take any free slot now? Not while it still waits for its holder."""
-        if waiter.preferred is None:
+        """May this waiter take a free slot now? Not while every busy instance it waits for is
+        still full."""
+        if not waiter.preferred:
             return True
-        return self.slots.can_acquire(waiter.preferred) is not SlotRefusal.FULL
+        full = SlotRefusal.FULL
+        return any(self.slots.can_acquire(iid) is not full for iid in waiter.preferred)
 
     def _lose_patience(self, waiter: _Waiter) -> None:
         self._stop_preferring(waiter)
         self._dispatch(None)
 
     def _stop_preferring(self, waiter: _Waiter) -> None:
-        """The waiter no longer waits for its busy holder (idempotent)."""
-        if waiter.preferred is not None:
-            self._waiting_for[waiter.preferred] -= 1
-            waiter.preferred = None
+        """The waiter no longer waits for busy instances (idempotent)."""
+        if waiter.preferred:
+            self._add_demand(waiter.preferred, -1.0)
+            waiter.preferred = frozenset()
+
+    def _add_demand(self, instance_ids: frozenset[str], sign: float) -> None:
+        """Add (sign 1) or remove (-1) one waiter's demand, shared among `instance_ids`."""
+        share = sign / len(instance_ids)
+        for iid in instance_ids:
+            left = self._waiting_for.get(iid, 0.0) + share
+            if left > 1e-9:
+                self._waiting_for[iid] = left
+            else:
+                self._waiting_for.pop(iid, None)
 
     def _dispatch(self, freed: str | None) -> None:
         """Hand free slots to waiters: fair order, bent toward a waiter whose prefix the freed
@@ -384,7 +462,7 @@ class ModelRouter:
             return
         self.queue.remove(waiter.ticket)
         capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self._hold_ewma_s))
+        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self._hold.value))
         self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
         waiter.future.set_exception(
             Rejected(
