@@ -9,7 +9,14 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.serve.prefix import block_hashes
-from gpuplane.serve.router import FailureKind, ModelRouter, Rejected, Rejection, RouterEvents
+from gpuplane.serve.router import (
+    MIN_SPEED_SAMPLES,
+    FailureKind,
+    ModelRouter,
+    Rejected,
+    Rejection,
+    RouterEvents,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -264,7 +271,7 @@ async def fleet_with_a_slow_card(hold_s: float, policy: str = "slots_prefix") ->
     clock = Clock()
     router, _ = make_router([1, 1, 1], clock, placement={"policy": policy})
     ids = frozenset(i.id for i in router.instances)
-    for _ in range(4):
+    for _ in range(MIN_SPEED_SAMPLES + 1):  # the first answer has no fleet mean to compare
         for iid in sorted(ids):
             admission = await router.acquire([], avoid=ids - {iid})
             router.observe_first_byte(admission, 0.3 if iid == SLOW else 0.1)

@@ -74,6 +74,9 @@ def is_hit(matched: int, blocks: Sequence[int]) -> bool:
 
 # Hold times measured before the router trusts its estimate of how fast slots free.
 MIN_HOLD_SAMPLES = 8
+# Times to first token measured on an instance before its speed counts (one slow answer on a
+# busy machine must not mark it slow: placement would then send it too little to learn better).
+MIN_SPEED_SAMPLES = 2
 # An instance is much quicker for a prompt when it is expected to reach the first token in at
 # most this share of the time another would: worth waiting for, and the other is left out of
 # placement while a quicker one has room (between instances of one speed, only a cached prefix
@@ -255,9 +258,9 @@ class ModelRouter:
 
     def speed(self, instance_id: str) -> float:
         """How many times longer the instance takes to a first token than the fleet's mean
-        (1.0 until measured)."""
+        (1.0 until `MIN_SPEED_SAMPLES` were measured)."""
         mean = self._speed[instance_id]
-        return mean.value if mean.samples else 1.0
+        return mean.value if mean.samples >= MIN_SPEED_SAMPLES else 1.0
 
     def first_byte_s(self, instance_id: str, hit: bool) -> float:
         """Expected time to first token on the instance for a prompt whose prefix it holds
@@ -268,7 +271,7 @@ class ModelRouter:
         return (mean.value if mean.samples else unmeasured) * self.speed(instance_id)
 
     def _much_quicker_exists(self) -> bool:
-        speeds = [mean.value for mean in self._speed.values() if mean.samples]
+        speeds = [m.value for m in self._speed.values() if m.samples >= MIN_SPEED_SAMPLES]
         return bool(speeds) and min(speeds) < MUCH_QUICKER * max(speeds)
 
     def reap(self) -> int:
