@@ -107,6 +107,21 @@ def test_forget_prefix_drops_one_instance_only() -> None:
     assert idx.match(blocks) == {"i2": len(blocks)}
 
 
+@pytest.mark.parametrize("per_request_cache", [False, True])
+def test_an_evicted_prefix_takes_what_was_used_before_it_along(per_request_cache: bool) -> None:
+    # an engine evicts least recently used first: if b is gone from i1, so is a, not c
+    a, b, c = (chat(s * 640, "q") for s in "ABC")
+    idx = PrefixIndex(10_000, blocks_per_instance=10 * len(a), per_request_cache=per_request_cache)
+    for prompt in (a, b, c):
+        idx.record(prompt, "i1")
+        idx.record(prompt, "i2")
+    idx.forget_prefix(b, "i1")
+    assert "i1" not in idx.match(a)
+    assert "i1" not in idx.match(b)
+    assert idx.match(c)["i1"] == len(c)
+    assert idx.match(a) == {"i2": len(a)}
+
+
 def test_per_request_cache_model_evicts_like_llama_cpp() -> None:
     # room for two saved requests; alternating two prompts touches, re-saves and evicts
     t1, t2 = chat("A" * 640, "q"), chat("B" * 640, "q")

@@ -9,6 +9,7 @@ its bound. `match` answers, per instance, how many leading blocks of a prompt it
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,23 +48,70 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     return out
 
 
-class _BlockLRU:
-    """An engine cache that keeps blocks (vLLM, SGLang): least recently used blocks go first."""
+class _CacheModel(ABC):
+    """The index's model of one engine's prefix cache, which evicts oldest first; `capacity`
+    in blocks (None: unbounded)."""
 
     def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
+
+    @abstractmethod
+    def add(self, hashes: Sequence[int]) -> list[int]:
+        """Hold these blocks; return the blocks evicted to make room."""
+
+    @abstractmethod
+    def discard(self, h: int) -> None: ...
+
+    @abstractmethod
+    def blocks(self) -> list[int]: ...
+
+    @abstractmethod
+    def __contains__(self, h: int) -> bool: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def _pop_oldest(self) -> list[int]:
+        """Drop the least recently used entry; return the blocks no longer held."""
+
+    def evict_through(self, hashes: Sequence[int]) -> list[int]:
+        """The engine evicted these blocks, and so everything it used less recently: drop all
+        of it and return the blocks no longer held."""
+        pending = {h for h in hashes if h in self}
+        evicted: list[int] = []
+        while pending and len(self):
+            gone = self._pop_oldest()
+            evicted += gone
+            pending.difference_update(gone)
+        return evicted
+
+
+class _BlockLRU(_CacheModel):
+    """An engine cache that keeps blocks (vLLM, SGLang): least recently used blocks go first."""
+
+    def __init__(self, capacity: int | None) -> None:
+        super().__init__(capacity)
         self._held: OrderedDict[int, None] = OrderedDict()
 
     def add(self, hashes: Sequence[int]) -> list[int]:
-        """Hold these blocks; return the blocks evicted to make room."""
         held = self._held
         for h in hashes:
             held[h] = None
             held.move_to_end(h)
         evicted = []
         while self.capacity is not None and len(held) > self.capacity:
-            evicted.append(held.popitem(last=False)[0])
+            evicted.extend(self._pop_oldest())
         return evicted
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def _pop_oldest(self) -> list[int]:
+        return [self._held.popitem(last=False)[0]]
 
     def discard(self, h: int) -> None:
         self._held.pop(h, None)
@@ -72,13 +120,13 @@ class _BlockLRU:
         return list(self._held)
 
 
-class _RequestLRU:
+class _RequestLRU(_CacheModel):
     """An engine cache that keeps one saved state per request (llama.cpp's RAM prompt cache):
     a lookup touches the entry sharing the longest prefix, every request adds an entry, and the
     oldest entries go when their total size passes the capacity."""
 
     def __init__(self, capacity: int | None) -> None:
-        self.capacity = capacity
+        super().__init__(capacity)
         self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._refs: dict[int, int] = {}
         self._size = 0
@@ -98,14 +146,25 @@ class _RequestLRU:
             self._refs[h] = self._refs.get(h, 0) + 1
         evicted = []
         while self.capacity is not None and self._entries and self._size > self.capacity:
-            _, old = self._entries.popitem(last=False)
-            self._size -= len(old)
-            for h in old:
-                left = self._refs.get(h, 0) - 1
-                if left > 0:
-                    self._refs[h] = left
-                elif self._refs.pop(h, None) is not None:
-                    evicted.append(h)
+            evicted.extend(self._pop_oldest())
+        return evicted
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._refs
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _pop_oldest(self) -> list[int]:
+        _, old = self._entries.popitem(last=False)
+        self._size -= len(old)
+        evicted = []
+        for h in old:
+            left = self._refs.get(h, 0) - 1
+            if left > 0:
+                self._refs[h] = left
+            elif self._refs.pop(h, None) is not None:
+                evicted.append(h)
         return evicted
 
     def discard(self, h: int) -> None:
@@ -138,11 +197,9 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.instances_per_block = instances_per_block
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()
-        self._cache_kind: type[_BlockLRU | _RequestLRU] = (
-            _RequestLRU if per_request_cache else _BlockLRU
-        )
+        self._cache_kind: type[_CacheModel] = _RequestLRU if per_request_cache else _BlockLRU
         self._blocks_per_instance = blocks_per_instance
-        self._held: dict[str, _BlockLRU | _RequestLRU] = {}
+        self._held: dict[str, _CacheModel] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -204,11 +261,11 @@ class PrefixIndex:
                 self._held[iid].discard(h)
 
     def forget_prefix(self, hashes: Sequence[int], instance_id: str) -> None:
-        """`instance_id` no longer holds these blocks (its engine evicted them)."""
+        """`instance_id` no longer holds these blocks: its engine evicted them, and with them
+        what it had used less recently."""
         held = self._held.get(instance_id)
-        for h in hashes:
-            if held is not None:
-                held.discard(h)
+        evicted = held.evict_through(hashes) if held is not None else []
+        for h in (*hashes, *evicted):
             self._drop(h, instance_id)
 
     def forget(self, instance_id: str) -> None:
