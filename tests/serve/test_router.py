@@ -280,6 +280,16 @@ async def fleet_with_a_slow_card(hold_s: float, policy: str = "slots_prefix") ->
     return router
 
 
+async def test_an_answer_at_the_other_kinds_speed_teaches_no_speed() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)
+    before = router.speed("http://i0")
+    # placed as uncached, answered as fast as a hit: the engine held the prefix after all
+    surprise = await router.acquire([], avoid=frozenset({"http://i1", SLOW}))
+    router.observe_first_byte(surprise, 0.001)
+    router.release(surprise)
+    assert router.speed("http://i0") == before
+
+
 async def test_learns_how_much_slower_an_instance_is_and_keeps_cold_prompts_off_it() -> None:
     router = await fleet_with_a_slow_card(hold_s=100.0)  # nothing frees soon: no waiting
     assert router.speed(SLOW) > 2.5 * router.speed("http://i0")

@@ -74,8 +74,9 @@ def is_hit(matched: int, blocks: Sequence[int]) -> bool:
 
 # Hold times measured before the router trusts its estimate of how fast slots free.
 MIN_HOLD_SAMPLES = 8
-# Times to first token measured on an instance before its speed counts (one slow answer on a
-# busy machine must not mark it slow: placement would then send it too little to learn better).
+# Uncached prompts' times to first token measured on an instance before its speed counts (one
+# slow answer on a busy machine must not mark it slow: placement would then send it too little
+# to learn better).
 MIN_SPEED_SAMPLES = 2
 # An instance is much quicker for a prompt when it is expected to reach the first token in at
 # most this share of the time another would: worth waiting for, and the other is left out of
@@ -241,15 +242,20 @@ class ModelRouter:
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
         """Learn how long a cached and an uncached prompt take to their first token, and how
-        much slower each instance is than the fleet; correct the index when a prefix it placed
-        as cached came back at uncached speed (the engine had evicted it)."""
+        much slower each instance is than the fleet. An answer that came at the other kind's
+        speed teaches neither: a prefix placed as cached that came back at uncached speed was
+        evicted by the engine (the index forgets it there), and an uncached one that came back
+        at cached speed was held by the engine without the index knowing."""
         iid = admission.lease.instance_id
         cold, warm = self._first_byte[False], self._first_byte[True]
-        evicted = seconds / self.speed(iid) > (cold.value + warm.value) / 2
-        if admission.cached and cold.samples and evicted:
-            matched = admission.blocks[: admission.choice.matched_blocks]
-            self.index.forget_prefix(matched, iid)
-            return
+        if cold.samples:  # (before a cached answer was measured, the midpoint is half of cold)
+            looks_cached = seconds / self.speed(iid) < (cold.value + warm.value) / 2
+            if admission.cached and not looks_cached:
+                matched = admission.blocks[: admission.choice.matched_blocks]
+                self.index.forget_prefix(matched, iid)
+                return
+            if looks_cached and not admission.cached:
+                return
         fleet = self._first_byte[admission.cached]
         if fleet.samples and fleet.value > 0:
             self._speed[iid].add(seconds / fleet.value)
