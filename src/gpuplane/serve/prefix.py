@@ -69,11 +69,22 @@ class _CacheModel(ABC):
     def __contains__(self, h: int) -> bool: ...
 
     @abstractmethod
-    def __len__(self) -> int: ...
+    def __len__(self) -> int:
+        """Entries held (blocks, or saved requests)."""
+
+    @abstractmethod
+    def _size(self) -> int:
+        """Blocks held, as `capacity` counts them."""
 
     @abstractmethod
     def _pop_oldest(self) -> list[int]:
         """Drop the least recently used entry; return the blocks no longer held."""
+
+    def _evict_to_capacity(self) -> list[int]:
+        evicted: list[int] = []
+        while self.capacity is not None and len(self) and self._size() > self.capacity:
+            evicted += self._pop_oldest()
+        return evicted
 
     def evict_through(self, hashes: Sequence[int]) -> list[int]:
         """The engine evicted these blocks, and so everything it used less recently: drop all
@@ -99,15 +110,15 @@ class _BlockLRU(_CacheModel):
         for h in hashes:
             held[h] = None
             held.move_to_end(h)
-        evicted = []
-        while self.capacity is not None and len(held) > self.capacity:
-            evicted.extend(self._pop_oldest())
-        return evicted
+        return self._evict_to_capacity()
 
     def __contains__(self, h: int) -> bool:
         return h in self._held
 
     def __len__(self) -> int:
+        return len(self._held)
+
+    def _size(self) -> int:
         return len(self._held)
 
     def _pop_oldest(self) -> list[int]:
@@ -129,7 +140,7 @@ class _RequestLRU(_CacheModel):
         super().__init__(capacity)
         self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._refs: dict[int, int] = {}
-        self._size = 0
+        self._blocks = 0
         self._ids = itertools.count()
 
     def add(self, hashes: Sequence[int]) -> list[int]:
@@ -141,13 +152,10 @@ class _RequestLRU(_CacheModel):
         if best is not None:
             self._entries.move_to_end(best)
         self._entries[next(self._ids)] = tuple(hashes)
-        self._size += len(hashes)
+        self._blocks += len(hashes)
         for h in hashes:
             self._refs[h] = self._refs.get(h, 0) + 1
-        evicted = []
-        while self.capacity is not None and self._entries and self._size > self.capacity:
-            evicted.extend(self._pop_oldest())
-        return evicted
+        return self._evict_to_capacity()
 
     def __contains__(self, h: int) -> bool:
         return h in self._refs
@@ -155,9 +163,12 @@ class _RequestLRU(_CacheModel):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _size(self) -> int:
+        return self._blocks
+
     def _pop_oldest(self) -> list[int]:
         _, old = self._entries.popitem(last=False)
-        self._size -= len(old)
+        self._blocks -= len(old)
         evicted = []
         for h in old:
             left = self._refs.get(h, 0) - 1
