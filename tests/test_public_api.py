@@ -11,6 +11,7 @@ def test_public_surface_is_exactly_all() -> None:
         "control",
         "cli",
         "logs",
+        "averages",
     }
     assert public <= set(gpuplane.__all__)
     for name in gpuplane.__all__:
