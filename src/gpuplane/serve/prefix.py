@@ -72,9 +72,9 @@ class _CacheModel(ABC):
     def __len__(self) -> int:
         """Entries held (blocks, or saved requests)."""
 
-    @abstractmethod
     def _size(self) -> int:
-        """Blocks held, as `capacity` counts them."""
+        """Blocks held, as `capacity` counts them: one per entry unless an entry holds more."""
+        return len(self)
 
     @abstractmethod
     def _pop_oldest(self) -> list[int]:
@@ -116,9 +116,6 @@ class _BlockLRU(_CacheModel):
         return h in self._held
 
     def __len__(self) -> int:
-        return len(self._held)
-
-    def _size(self) -> int:
         return len(self._held)
 
     def _pop_oldest(self) -> list[int]:
