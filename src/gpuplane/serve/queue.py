@@ -109,8 +109,8 @@ class FairQueue(Generic[T]):
         """The next item by priority and fair share; None when nothing (eligible) waits.
 
         `eligible` filters items: one that may not go now keeps its place while the items behind
-        it in its tenant's FIFO go ahead (a request waiting for the busy instance holding its
-        prefix does not hold back the requests after it). With `prefer`, among tenants within
+        it in its tenant's FIFO go ahead (a request waiting for a busy instance much quicker
+        for it does not hold back the requests after it). With `prefer`, among tenants within
         `slack` of the fairest turn, the one whose next item scores highest goes first (ties
         keep fair order); then, within that tenant, the item that scores highest among its
         first `LOOKAHEAD` eligible ones goes, if it scores higher than the first and every item

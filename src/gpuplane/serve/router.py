@@ -74,9 +74,8 @@ def is_hit(matched: int, blocks: Sequence[int]) -> bool:
 
 # Hold times measured before the router trusts its estimate of how fast slots free.
 MIN_HOLD_SAMPLES = 8
-# Uncached prompts' times to first token measured on an instance before its speed counts (one
-# slow answer on a busy machine must not mark it slow: placement would then send it too little
-# to learn better).
+# Times to first token measured on an instance before its speed counts (one slow answer on a
+# busy machine must not mark it slow: placement would then send it too little to learn better).
 MIN_SPEED_SAMPLES = 2
 # An instance is much quicker for a prompt when it is expected to reach the first token in at
 # most this share of the time another would: worth waiting for, and the other is left out of
@@ -444,8 +443,8 @@ class ModelRouter:
     def _dispatch(self, freed: str | None) -> None:
         """Hand free slots to waiters: fair order, bent toward a waiter whose prefix the freed
         instance holds (across tenants within `queue.fairness_slack` turns; within a tenant past
-        waiters passed over fewer than `queue.max_passes` times); a waiter still waiting for its
-        busy holder is skipped."""
+        waiters passed over fewer than `queue.max_passes` times); a waiter still waiting for
+        quicker busy instances is skipped."""
         while len(self.queue) and self.slots.available():
             prefer = None
             if freed is not None and self.policy.uses_prefix:
