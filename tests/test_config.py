@@ -89,3 +89,53 @@ def test_config_commands_print_defaults_and_check_files(tmp_path: Path) -> None:
     reference = runner.invoke(app, ["config", "reference"])
     assert "`gateway.queue.timeout_s`" in reference.stdout
     assert "`models[].instances[].max_concurrency`" in reference.stdout
+
+
+REFUSED_BY_EVERY_COMMAND = [
+    pytest.param(
+        "models: [{name: m, engine: simm, instances: [{url: 'http://127.0.0.1:1'}]}]\n",
+        r"models\.0\.engine: unknown engine 'simm' \(did you mean 'sim'\?\)",
+        id="engine-name",
+    ),
+    pytest.param(
+        "models: [{name: m, engine: sim, instances: [{url: '127.0.0.1:8101'}]}]\n",
+        r"instances\.0\.url: '127\.0\.0\.1:8101' is not an http\(s\) URL.*http://127\.0\.0\.1:8101",
+        id="url-without-scheme",
+    ),
+    pytest.param(
+        "control: {clusters: [{name: k8s, adapter: kubernetes}]}\n",
+        r"clusters\.0\.adapter: unknown cluster adapter 'kubernetes'; valid: local",
+        id="adapter-kind",
+    ),
+    pytest.param(
+        "control: {policy: fgdd}\n",
+        r"control\.policy: unknown scheduling policy 'fgdd' \(did you mean 'fgd'\?\)",
+        id="policy-name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), REFUSED_BY_EVERY_COMMAND)
+def test_config_check_refuses_what_the_servers_refuse(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """`config check` and every server command run one validation: a file that check passes
+    starts, and one that a server would refuse is refused by check with the same reason."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from gpuplane.cli.main import app
+
+    path = tmp_path / "gpuplane.yaml"
+    path.write_text(text)
+    runner = CliRunner()
+    for command in (
+        ["config", "check", str(path)],
+        ["gateway", "--config", str(path)],
+        ["up", "--config", str(path)],
+        ["control", "serve", "--config", str(path)],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 1, (command, result.output)
+        assert re.search(message, " ".join(result.output.split())), (command, result.output)

@@ -8,12 +8,22 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import ConfigError
+from gpuplane.serve.engines.base import adapter_class
 
 PlacementPolicy = Literal[
     "slots_prefix", "slots", "round_robin", "least_connections", "power_of_two"
@@ -32,6 +42,17 @@ class InstanceConfig(_Section):
         default=None, ge=1, description="slots; unset = the engine's own default (llama.cpp: 1)"
     )
     name: str | None = Field(default=None, description="label in metrics; defaults to the url")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            example = url if "://" in url else f"http://{url}"
+            raise ValueError(
+                f"'{url}' is not an http(s) URL with a host; write it as e.g. {example}"
+            )
+        return url
 
     @property
     def id(self) -> str:
@@ -56,6 +77,15 @@ class ModelConfig(_Section):
     upstream_model: str | None = Field(
         default=None, description="model name sent to the instances; defaults to `name`"
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        try:
+            adapter_class(engine)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return engine
 
 
 class TenantConfig(_Section):
@@ -245,7 +275,8 @@ def _explain(error: Any) -> str:
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             hint += f"; valid keys: {', '.join(parent.model_fields)}"
         return f"unknown key '{loc}'{hint}"
-    return f"{loc or 'config'}: {error['msg']}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{loc or 'config'}: {message}"
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

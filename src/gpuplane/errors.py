@@ -1,5 +1,8 @@
 """The project's exception hierarchy: third-party errors are translated into these at the edges."""
 
+import difflib
+from collections.abc import Iterable
+
 
 class GpuplaneError(Exception):
     """Base of every error gpuplane raises on purpose; the message says what to do."""
@@ -15,3 +18,11 @@ class EngineError(GpuplaneError):
 
 class ResourceError(GpuplaneError):
     """A resource request is malformed or can never be satisfied."""
+
+
+def unknown_name(what: str, name: str, valid: Iterable[str]) -> str:
+    """The message for a name that is not one of `valid`: the nearest one, then all of them."""
+    options = sorted(valid)
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what} '{name}'{hint}; valid: {', '.join(options) or 'none'}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.config import parse_settings
 from gpuplane.control.adapters import (
     AdapterError,
     ClusterAdapter,
@@ -200,5 +201,7 @@ def test_a_missing_command_is_refused_with_the_reason(adapter: ClusterAdapter) -
 
 
 def test_unknown_adapter_kind_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"unknown adapter 'locall'.*did you mean 'local'"):
-        create_adapter(ClusterConfig(name="x", adapter="locall"), ControlConfig())
+    with pytest.raises(
+        ConfigError, match=r"unknown cluster adapter 'locall' \(did you mean 'local'\?\)"
+    ):
+        parse_settings({"control": {"clusters": [{"name": "x", "adapter": "locall"}]}})

@@ -7,8 +7,12 @@ a SQLite file under ./.gpuplane/ and one `local` cluster (this machine's GPUs, o
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuplane.errors import unknown_name
+
+# The cluster kinds this version implements, one module each under control/adapters/.
+ADAPTER_KINDS = ("local",)
 DEFAULT_GPU_MODEL = "A100-80GB"
 DEFAULT_GPU_MEM_MIB = 80 * 1024
 
@@ -37,7 +41,7 @@ class ClusterConfig(_Section):
     """A cluster registered at start: its adapter, labels and (for `local`) declared inventory."""
 
     name: str = Field(description="cluster name (lowercase letters, digits, '-')")
-    adapter: str = Field(default="local", description="cluster kind: local (kubernetes, ray next)")
+    adapter: str = Field(default="local", description="cluster kind: local")
     region: str = Field(default="local", description="the gpuplane.io/region label of its nodes")
     labels: dict[str, str] = Field(default_factory=dict, description="labels of every node")
     discover_gpus: bool = Field(
@@ -47,6 +51,13 @@ class ClusterConfig(_Section):
     nodes: list[DeclaredNode] = Field(
         default_factory=list, description="declared inventory (local: when no GPU is found)"
     )
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, kind: str) -> str:
+        if kind not in ADAPTER_KINDS:
+            raise ValueError(unknown_name("cluster adapter", kind, ADAPTER_KINDS))
+        return kind
 
 
 class QuotaConfig(_Section):
@@ -137,6 +148,20 @@ class ControlConfig(_Section):
         description="name of this service process: it observes the jobs it started; "
         "default host:port (a restart takes its jobs back)",
     )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str | None) -> str | None:
+        if name is not None:
+            # the scheduler core needs the `control` extra; only a config that names a policy
+            # imports it here
+            from gpuplane.control.scheduler.registry import UnknownPolicyError, policy_class
+
+            try:
+                policy_class(name)
+            except UnknownPolicyError as exc:
+                raise ValueError(str(exc)) from None
+        return name
 
     @model_validator(mode="after")
     def _unique(self) -> ControlConfig:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuplane.control.scheduler.base import Policy
-from gpuplane.errors import GpuplaneError
+from gpuplane.errors import GpuplaneError, unknown_name
 
 DEFAULT_POLICY = "frag"
 
@@ -45,10 +45,7 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return _REGISTRY[key]
     except KeyError:
-        valid = ", ".join(sorted(_REGISTRY))
-        raise UnknownPolicyError(
-            f"unknown scheduling policy {name!r}; valid policies: {valid}"
-        ) from None
+        raise UnknownPolicyError(unknown_name("scheduling policy", name, _REGISTRY)) from None
 
 
 def make_policy(name: str = DEFAULT_POLICY, **options: Any) -> Policy:

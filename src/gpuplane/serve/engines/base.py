@@ -8,13 +8,12 @@ It does no I/O itself; the gateway's prober and the deployment layer do, and han
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpuplane.errors import ConfigError
+from gpuplane.errors import ConfigError, unknown_name
 from gpuplane.resources import Slice
 
 
@@ -141,14 +140,19 @@ def register(cls: type[EngineAdapter]) -> type[EngineAdapter]:
     return cls
 
 
-def get_adapter(name: str) -> EngineAdapter:
-    """The adapter registered as `name`; an unknown name fails with the valid ones."""
+def adapter_class(name: str) -> Callable[[], EngineAdapter]:
+    """The adapter registered as `name`; an unknown name fails with the nearest and the valid ones.
+
+    The settings call it when they are parsed, so `gpuplane config check` refuses what a server
+    would refuse."""
     if name not in _REGISTRY and name in _BUILTIN:
         with contextlib.suppress(ModuleNotFoundError):
             importlib.import_module(f"gpuplane.serve.engines.{name}")
     if name not in _REGISTRY:
-        known = sorted(set(_REGISTRY) | set(_BUILTIN))
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"unknown engine '{name}'{hint}; known engines: {', '.join(known)}")
-    return _REGISTRY[name]()
+        raise ConfigError(unknown_name("engine", name, set(_REGISTRY) | set(_BUILTIN)))
+    return _REGISTRY[name]
+
+
+def get_adapter(name: str) -> EngineAdapter:
+    """A fresh adapter of the engine registered as `name` (see `adapter_class`)."""
+    return adapter_class(name)()
