@@ -137,7 +137,7 @@ def noop_clips(n: int) -> Iterator[ClipRef]:
     fs = fsspec.filesystem("memory")
     fs.pipe("/gpuplane-bench/noop.bin", b"x" * 64)
     for i in range(n):  # a generator: the source is never materialised
-        yield ClipRef(f"c{i:07d}", "memory:///gpuplane-bench/noop.bin", 64, f"fp{i}")
+        yield ClipRef(f"c{i:07d}", "memory:///gpuplane-bench/noop.bin", 64, f"c{i}", "size=64")
 
 
 def _rss_mib() -> float:

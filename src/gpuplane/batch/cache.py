@@ -16,7 +16,7 @@ import json
 import pickle
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,7 +179,7 @@ class StageCache:
                     key,
                     f"{dirpath}/{name}",
                     int(info.get("size") or 0),
-                    _mtime(info),
+                    info_mtime(info),
                 )
 
     def remove(self, entry: Entry) -> None:
@@ -187,7 +187,8 @@ class StageCache:
             self.fs.rm_file(entry.path)
 
 
-def _mtime(info: dict[str, Any]) -> float:
+def info_mtime(info: Mapping[str, Any]) -> float:
+    """Seconds since the epoch of an fsspec `info()`, whichever name the store gives it."""
     for name in ("mtime", "LastModified", "updated", "created"):
         value = info.get(name)
         if isinstance(value, int | float):

@@ -28,7 +28,7 @@ from gpuplane.batch.journal import Journal, fold_records
 from gpuplane.batch.metrics import StageMetrics, Timeline
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
 from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, cache_keys
-from gpuplane.batch.prefetch import ClipRef, Prefetcher
+from gpuplane.batch.prefetch import ClipRef, Prefetcher, verified
 from gpuplane.batch.profile import expected_hits, resolve_profile
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
 
@@ -45,6 +45,7 @@ class RunOptions:
     heavy_share: float = 0.5
     max_replicas: int = 16  # per module: bounds processes (local) and actors (Ray)
     calibrate: bool = False  # time one clip through the chain when no profile is known
+    verify_clips: bool = False  # key clips by a digest of their bytes, not the store's metadata
 
 
 PROBE_CLIPS = 8
@@ -117,6 +118,8 @@ class Driver:
         profile, self.profile_source = resolve_profile(
             self.pipeline, self.opts.profile, self.cache, mem, timer
         )
+        if self.opts.verify_clips and self.cache is not None:
+            probe = [verified(r, self._bytes(r)) for r in probe]
         self.hit_estimate = expected_hits(self.pipeline, self.cache, probe)
         mods = [
             ModuleProfile(
@@ -134,8 +137,12 @@ class Driver:
         return plan, profile
 
     def _decoded(self, ref: ClipRef) -> Any:
-        fs, path = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))
-        return self.pipeline.decode(bytes(fs.cat_file(path)))
+        return self.pipeline.decode(self._bytes(ref))
+
+    def _bytes(self, ref: ClipRef, fs: Any = None) -> bytes:
+        if fs is None:
+            fs = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))[0]
+        return bytes(fs.cat_file(fs._strip_protocol(ref.url)))
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, clips: Iterable[ClipRef], total: int | None = None) -> dict[str, Any]:
@@ -265,9 +272,11 @@ class Driver:
         }
 
     def _prepare(self, ref: ClipRef, fs: Any) -> _Job:
-        """I/O pool: keys, verified cache hits, and the clip's bytes only if a stage needs them."""
-        job = _Job(ref)
-        job.keys = cache_keys(self.pipeline, ref.fingerprint)
+        """I/O pool: keys, verified cache hits, and the clip's bytes only if a stage needs them
+        (always with `verify_clips`, whose digest of the bytes is the clip's version)."""
+        raw = self._bytes(ref, fs) if self.opts.verify_clips else None
+        job = _Job(ref if raw is None else verified(ref, raw))
+        job.keys = cache_keys(self.pipeline, job.ref.fingerprint)
         if self.cache is not None:
             for s in self.pipeline.stages:
                 if s.cache is CachePolicy.USE:
@@ -277,7 +286,7 @@ class Driver:
                         job.hits.append(s.name)
         missing = [s for s in self.pipeline.stages if s.name not in job.values]
         if any(CLIP in s.inputs for s in missing):
-            job.data = self.pipeline.decode(bytes(fs.cat_file(fs._strip_protocol(ref.url))))
+            job.data = self.pipeline.decode(raw if raw is not None else self._bytes(ref, fs))
         return job
 
     def _loop(

@@ -44,6 +44,10 @@ class Output(StrEnum):
 
 
 DEFAULT_CACHE = ".gpuplane/cache"
+VERIFY_CLIPS = (
+    "key clips by a sha256 of their bytes, not the store's checksum or size and mtime "
+    "(reads every clip, even when the cache has all its stages)"
+)
 
 
 def _out() -> Console:
@@ -158,6 +162,7 @@ def run(
     calibrate: bool = typer.Option(
         False, help="time one clip before planning when no earlier run measured the stages"
     ),
+    verify_clips: bool = typer.Option(False, help=VERIFY_CLIPS),
     report: bool = typer.Option(True, help="write report.html in the run directory"),
     progress: bool = typer.Option(True, help="show progress (off when not a terminal)"),
     output: Output = typer.Option(Output.table, "-o", "--output"),
@@ -191,6 +196,7 @@ def run(
             prefetch_bytes=parse_size(prefetch_bytes),
             io_workers=io_workers,
             calibrate=calibrate,
+            verify_clips=verify_clips,
         )
         console = Console(stderr=True)
         obs = RichObserver(console, progress and output is Output.table and console.is_terminal)
@@ -249,6 +255,7 @@ def plan(
     cache: str = typer.Option(DEFAULT_CACHE, help="stage cache: expected hits lighten a stage"),
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable"),
     storage_option: list[str] = typer.Option([], help="KEY=VALUE for the clips' filesystem"),
+    verify_clips: bool = typer.Option(False, help=VERIFY_CLIPS),
     output: Output = typer.Option(Output.table, "-o", "--output"),
 ) -> None:
     """Measure each module on one clip and print which modules share which device."""
@@ -260,7 +267,9 @@ def plan(
         if not head:
             raise BatchError(f"no clips under {clips} to calibrate on")
         devices, _ = _devices(gpus, gpu_mem_mib)
-        run_opts = RunOptions(Path("."), devices, storage_options=opts_fs, calibrate=True)
+        run_opts = RunOptions(
+            Path("."), devices, storage_options=opts_fs, calibrate=True, verify_clips=verify_clips
+        )
         drv = Driver(
             pipe, WorkerSpec(None, cache_url=cache or None), make_runner("local"), run_opts
         )
