@@ -30,9 +30,7 @@ def same_size_clips(root: Path, n: int) -> Path:
     return root
 
 
-def test_clips_of_equal_size_and_mtime_never_share_a_result(
-    run_toy: RunFn, tmp_path: Path
-) -> None:
+def test_clips_of_equal_size_and_mtime_never_share_a_result(run_toy: RunFn, tmp_path: Path) -> None:
     source = same_size_clips(tmp_path / "src", 12)
     with tarfile.open(tmp_path / "clips.tar", "w") as tar:
         tar.add(source, arcname="clips")
