@@ -214,7 +214,12 @@ class EngineConfig(_Section):
         "128 MiB holds about four ~1,000-token SmolLM2 prompts); 0 turns it off",
     )
     start_timeout_s: float = Field(default=120.0, gt=0, description="longest engine start")
-    restart_backoff_s: float = Field(default=1.0, ge=0, description="pause before a restart")
+    restart_backoff_s: float = Field(
+        default=1.0, ge=0, description="first pause before a restart; doubles per quick crash"
+    )
+    crash_loop_after: int = Field(
+        default=5, ge=1, description="quick crashes in a row that mark an instance crash_looping"
+    )
 
 
 class Settings(_Section):

@@ -1,7 +1,12 @@
 """Start engine processes, wait until they answer, restart the ones that die, stop them all.
 
 The shell around an `EngineAdapter`: the adapter says what to run and where it answers, this
-module owns the processes. One asyncio task watches each process.
+module owns the processes. One asyncio task watches each process. An exit is classified
+(`engines.diagnose`), logged, published to `on_status` (the gateway marks the instance down
+with that diagnosis) and followed by a restart after a pause that doubles with each quick crash
+(`Backoff`). After `crash_loop_after` quick crashes in a row the instance is crash-looping; it
+is still retried every `max_backoff_s`, because a cause may clear (memory freed, a port let go)
+and an engine rebuilt meanwhile (`make engine-rebuild`) is what the next start runs.
 """
 
 from __future__ import annotations
@@ -12,15 +17,61 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import httpx
 
 from gpuplane.errors import EngineError
 from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec
+from gpuplane.serve.engines.diagnose import ExitDiagnosis, classify_exit, log_tail
 
 log = logging.getLogger("gpuplane.engine")
+
+MAX_BACKOFF_S = 60.0  # the restart pause doubles up to this
+STABLE_AFTER_S = 60.0  # an exit after this long up was no crash loop: the pause starts afresh
+CRASH_LOOP_AFTER = 5  # quick crashes in a row that make an instance crash-looping
+
+
+class EngineState(StrEnum):
+    RUNNING = "running"  # started and answering its health path
+    RESTARTING = "restarting"  # exited; waiting to start again
+    CRASH_LOOPING = "crash_looping"  # exited quickly `crash_loop_after` times in a row
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus:
+    """What the supervisor says about one instance, after each exit and each start that answers."""
+
+    name: str
+    url: str
+    state: EngineState
+    restarts: int
+    error: str | None  # the diagnosis of its last exit, with the hint and the log's path
+
+
+@dataclass(slots=True)
+class Backoff:
+    """The pause before each restart (pure): `initial_s`, doubled for each quick crash in a row
+    (one within `stable_after_s` of its start), capped at `max_s`."""
+
+    initial_s: float = 1.0
+    max_s: float = MAX_BACKOFF_S
+    stable_after_s: float = STABLE_AFTER_S
+    crash_loop_after: int = CRASH_LOOP_AFTER
+    quick_crashes: int = 0
+
+    def after_exit(self, uptime_s: float) -> float:
+        """Count an exit after `uptime_s` up and return the pause before the next start."""
+        self.quick_crashes = self.quick_crashes + 1 if uptime_s < self.stable_after_s else 0
+        doublings = min(max(self.quick_crashes - 1, 0), 64)
+        return min(self.initial_s * 2.0**doublings, max(self.max_s, self.initial_s))
+
+    @property
+    def crash_looping(self) -> bool:
+        return self.quick_crashes >= self.crash_loop_after
 
 
 @dataclass(slots=True)
@@ -31,13 +82,19 @@ class ManagedProcess:
     url: str
     spec: LaunchSpec
     log_path: Path
+    backoff: Backoff
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
+    started_at: float = 0.0  # on the supervisor's clock
+    error: str | None = None  # the diagnosis of its last exit
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
+
+    def status(self, state: EngineState) -> EngineStatus:
+        return EngineStatus(self.name, self.url, state, self.restarts, self.error)
 
 
 class Supervisor:
@@ -49,28 +106,48 @@ class Supervisor:
         log_dir: Path,
         start_timeout_s: float = 120.0,
         restart_backoff_s: float = 1.0,
+        max_backoff_s: float = MAX_BACKOFF_S,
+        stable_after_s: float = STABLE_AFTER_S,
+        crash_loop_after: int = CRASH_LOOP_AFTER,
+        on_status: Callable[[EngineStatus], None] = lambda status: None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """`clock` times each process's uptime and `sleep` waits out the restart pauses (tests
+        inject both); `on_status` hears every exit and every restart that answers."""
         self.adapter = adapter
         self.start_timeout_s = start_timeout_s
-        self.restart_backoff_s = restart_backoff_s
+        self.on_status = on_status
+        self._clock = clock
+        self._sleep = sleep
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes = [
-            ManagedProcess(name, url, spec, log_dir / f"{name}.log")
+            ManagedProcess(
+                name,
+                url,
+                spec,
+                log_dir / f"{name}.log",
+                Backoff(restart_backoff_s, max_backoff_s, stable_after_s, crash_loop_after),
+            )
             for name, url, spec in instances
         ]
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
     async def start(self) -> None:
-        """Start every instance and wait until all answer their health path."""
+        """Start every instance and wait until all answer their health path; an instance that
+        exits or stays silent fails the start with its diagnosis, and every process is stopped."""
         for proc in self.processes:
             await self._spawn(proc)
-        self._watchers = [asyncio.create_task(self._watch(p)) for p in self.processes]
+        waits = [asyncio.ensure_future(self._start_one(p)) for p in self.processes]
         try:
-            await asyncio.gather(*(self._wait_ready(p) for p in self.processes))
+            await asyncio.gather(*waits)
         except BaseException:
+            for wait in waits:
+                wait.cancel()
             await self.stop()
             raise
+        self._watchers = [asyncio.create_task(self._watch(p)) for p in self.processes]
 
     async def stop(self) -> None:
         """Terminate every process (SIGTERM, then SIGKILL after 10 s). Idempotent."""
@@ -93,44 +170,103 @@ class Supervisor:
                 env={**os.environ, **proc.spec.env},
                 start_new_session=True,  # Ctrl-C reaches gpuplane, which stops engines in order
             )
-        log.info("started %s (pid %s): %s", proc.name, proc.pid, " ".join(proc.spec.argv))
+        proc.started_at = self._clock()
+        log.info(
+            "%s %s (pid %s): %s",
+            "restarted" if proc.restarts else "started",
+            proc.name,
+            proc.pid,
+            " ".join(proc.spec.argv),
+            extra={
+                "event": "engine_restarted" if proc.restarts else "engine_started",
+                "instance": proc.name,
+                "pid": proc.pid,
+                "restarts": proc.restarts,
+            },
+        )
+
+    async def _start_one(self, proc: ManagedProcess) -> None:
+        code = await self._wait_ready(proc)
+        if code is not None:
+            diagnosis = classify_exit(code, log_tail(proc.log_path))
+            raise EngineError(
+                f"{proc.name} {diagnosis.cause} while starting: {diagnosis.hint} "
+                f"(log: {proc.log_path})"
+            )
 
     async def _watch(self, proc: ManagedProcess) -> None:
         """Restart the process whenever it exits while the supervisor is running."""
-        while not self._stopping:
+        while True:
             assert proc.process is not None
             code = await proc.process.wait()
             if self._stopping:
                 return
+            proc.ready.clear()
+            uptime = self._clock() - proc.started_at
+            delay = proc.backoff.after_exit(uptime)
+            self._exited(proc, classify_exit(code, log_tail(proc.log_path)), uptime, delay)
+            await self._sleep(delay)
+            if self._stopping:
+                return
             proc.restarts += 1
-            log.warning(
-                "%s exited with code %s; restarting (restart #%d, log: %s)",
-                proc.name,
-                code,
-                proc.restarts,
-                proc.log_path,
-            )
-            await asyncio.sleep(self.restart_backoff_s)
             await self._spawn(proc)
-            with contextlib.suppress(EngineError):
-                await self._wait_ready(proc)
+            try:
+                if await self._wait_ready(proc) is None:
+                    self.on_status(proc.status(EngineState.RUNNING))
+            except EngineError as exc:  # silent: it stays down until it answers or exits
+                log.warning("%s", exc, extra={"event": "engine_silent", "instance": proc.name})
 
-    async def _wait_ready(self, proc: ManagedProcess) -> None:
+    def _exited(
+        self, proc: ManagedProcess, diagnosis: ExitDiagnosis, uptime: float, delay: float
+    ) -> None:
+        """Log and publish an exit after `uptime` seconds up; the restart follows in `delay`."""
+        backoff = proc.backoff
+        if backoff.crash_looping:
+            state = EngineState.CRASH_LOOPING
+            what = (
+                f"{proc.name} is crash-looping: it exited {backoff.quick_crashes} times in a "
+                f"row, each within {backoff.stable_after_s:g} s of starting; the last time "
+                f"it {diagnosis.cause}"
+            )
+        else:
+            state = EngineState.RESTARTING
+            what = f"{proc.name} {diagnosis.cause} {uptime:.1f} s after it started"
+        proc.error = f"{what}: {diagnosis.hint}; next start in {delay:g} s (log: {proc.log_path})"
+        log.log(
+            logging.ERROR if backoff.crash_looping else logging.WARNING,
+            "%s",
+            proc.error,
+            extra={
+                "event": "engine_exited",
+                "instance": proc.name,
+                "exit": diagnosis.signal or f"code {diagnosis.returncode}",
+                "returncode": diagnosis.returncode,
+                "restarts": proc.restarts,
+                "next_delay_s": delay,
+                "state": state.value,
+                "log_path": str(proc.log_path),
+            },
+        )
+        self.on_status(proc.status(state))
+
+    async def _wait_ready(self, proc: ManagedProcess) -> int | None:
+        """None once the process answers its health path, its return code if it exits first;
+        raises `EngineError` when it does neither within `start_timeout_s`."""
+        process = proc.process
+        assert process is not None
         deadline = time.monotonic() + self.start_timeout_s
         url = proc.url + self.adapter.health_path
         async with httpx.AsyncClient(trust_env=False) as client:
             while time.monotonic() < deadline:
-                if proc.process is not None and proc.process.returncode is not None:
-                    raise EngineError(
-                        f"{proc.name} exited with code {proc.process.returncode} while starting; "
-                        f"see {proc.log_path}"
-                    )
+                if process.returncode is not None:
+                    return process.returncode
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(url, timeout=2.0)).status_code < 500:
                         proc.ready.set()
                         log.info("%s is ready at %s", proc.name, proc.url)
-                        return
-                await asyncio.sleep(0.25)
+                        return None
+                with contextlib.suppress(TimeoutError):  # an exit ends the pause early
+                    await asyncio.wait_for(process.wait(), 0.25)
         raise EngineError(
             f"{proc.name} did not answer {url} within {self.start_timeout_s:g} s; "
             f"see {proc.log_path}"
