@@ -152,6 +152,8 @@ class Gateway:
                     "capacity": i.capacity,
                     "in_flight": i.in_flight,
                     "healthy": i.healthy,
+                    "state": i.state.value,
+                    "last_error": i.last_error,
                 }
                 for i in router.instances
             ]

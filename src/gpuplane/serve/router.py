@@ -184,11 +184,7 @@ class ModelRouter:
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         """
         if not self.slots.healthy_count:
-            self._reject(
-                Rejection.NO_HEALTHY_INSTANCE,
-                f"all {len(self.slots.instances)} instances of model '{self.name}' are "
-                "unhealthy; retry later or check the engines",
-            )
+            self._reject(Rejection.NO_HEALTHY_INSTANCE, self._unhealthy_message())
         affinity = self._affinity(blocks)
         preferred = None if avoid else self._quicker_busy(blocks, affinity)
         if not len(self.queue) and preferred is None:
@@ -303,6 +299,32 @@ class ModelRouter:
             health.consecutive_failures >= self.cfg.health.failure_threshold
         ):
             self._set_healthy(instance_id, False)
+
+    def report_engine(
+        self, instance_id: str, *, up: bool, error: str | None, crash_looping: bool
+    ) -> None:
+        """What the instance's supervisor saw: its process answers again (`up`), or exited and
+        waits to restart; `error` is the diagnosis of its last exit."""
+        inst = self.slots.get(instance_id)
+        inst.last_error = error
+        inst.crash_looping = crash_looping
+        if up:
+            self.report_success(instance_id)
+        else:
+            self._set_healthy(instance_id, False)
+
+    def _unhealthy_message(self) -> str:
+        """Why no instance can take a request: the supervisors' diagnoses where they have one."""
+        insts = self.slots.instances
+        if all(i.crash_looping for i in insts):
+            return f"model '{self.name}' cannot be served: " + "; ".join(
+                str(i.last_error) for i in insts
+            )
+        known = "; ".join(str(i.last_error) for i in insts if i.last_error)
+        return (
+            f"all {len(insts)} instances of model '{self.name}' are unhealthy; retry later or "
+            "check the engines" + (f". Their last exits: {known}" if known else "")
+        )
 
     def _set_healthy(self, instance_id: str, healthy: bool) -> None:
         if not self.slots.set_healthy(instance_id, healthy):

@@ -18,9 +18,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpuplane.config import InstanceConfig, ModelConfig, Settings
 from gpuplane.errors import ConfigError
-from gpuplane.serve.app import create_app
+from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
-from gpuplane.serve.supervisor import Supervisor
+from gpuplane.serve.router import ModelRouter
+from gpuplane.serve.supervisor import EngineState, EngineStatus, Supervisor
 
 
 class CorkedTransport:
@@ -72,11 +73,12 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[str]:
-    """Serve the gateway on settings.gateway.host:port while the block runs; yields its URL.
+async def serving(settings: Settings, gateway: Gateway | None = None) -> AsyncIterator[str]:
+    """Serve the gateway (`gateway`, else one made from the settings) on
+    settings.gateway.host:port while the block runs; yields its URL.
 
     Port 0 picks a free port (tests and benchmarks use that)."""
-    app = create_app(settings)
+    app = create_app(settings, gateway=gateway)
     gw = settings.gateway
     config = uvicorn.Config(
         app,
@@ -112,7 +114,7 @@ async def serving(settings: Settings) -> AsyncIterator[str]:
 
 
 async def serve_until_signal(
-    settings: Settings, on_ready: Callable[[], None] | None = None
+    settings: Settings, on_ready: Callable[[], None] | None = None, gateway: Gateway | None = None
 ) -> None:
     """Serve the gateway until SIGINT/SIGTERM, then shut down in order."""
     stop = asyncio.Event()
@@ -120,7 +122,7 @@ async def serve_until_signal(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with serving(settings):
+        async with serving(settings, gateway):
             if on_ready:
                 on_ready()
             await stop.wait()
@@ -146,19 +148,39 @@ def with_embedded_model(settings: Settings, urls: list[str]) -> Settings:
     return settings.model_copy(update={"models": [*settings.models, model]})
 
 
+def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:
+    """The supervisor's `on_status` for the router of the model its instances serve (with
+    no `name`, an instance's id is its URL)."""
+
+    def report(status: EngineStatus) -> None:
+        router.report_engine(
+            status.url,
+            up=status.state is EngineState.RUNNING,
+            error=status.error,
+            crash_looping=status.state is EngineState.CRASH_LOOPING,
+        )
+
+    return report
+
+
 async def run_up(settings: Settings, log_dir: Path, on_ready: Callable[[Settings], None]) -> None:
-    """Start the embedded llama.cpp instances and the gateway in front of them."""
+    """Start the embedded llama.cpp instances and the gateway in front of them. An engine that
+    fails to start fails this with its diagnosis; one that exits later is marked down in the
+    gateway with the supervisor's diagnosis until it answers again."""
     launches = embedded_launches(settings.engine)
+    full = with_embedded_model(settings, [url for _, url, _ in launches])
+    gateway = Gateway(full)
     supervisor = Supervisor(
         LlamaCpp(),
         launches,
         log_dir=log_dir,
         start_timeout_s=settings.engine.start_timeout_s,
         restart_backoff_s=settings.engine.restart_backoff_s,
+        crash_loop_after=settings.engine.crash_loop_after,
+        on_status=engine_reporter(gateway.routers[settings.engine.model_name]),
     )
-    full = with_embedded_model(settings, [url for _, url, _ in launches])
     await supervisor.start()
     try:
-        await serve_until_signal(full, lambda: on_ready(full))
+        await serve_until_signal(full, lambda: on_ready(full), gateway)
     finally:
         await supervisor.stop()

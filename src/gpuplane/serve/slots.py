@@ -18,6 +18,14 @@ class SlotRefusal(StrEnum):
     FULL = "full"
 
 
+class InstanceState(StrEnum):
+    """An instance as `/admin/state` shows it."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    CRASH_LOOPING = "crash_looping"  # down: its engine keeps exiting soon after it starts
+
+
 @dataclass(slots=True)
 class InstanceSlots:
     """One engine instance as the slot table sees it."""
@@ -28,6 +36,10 @@ class InstanceSlots:
     in_flight: int = 0
     healthy: bool = True
     leases: set[int] = field(default_factory=set)
+    # what the engine's supervisor said when its process last exited (None: never, or not
+    # supervised here), and whether it exits soon after every start
+    last_error: str | None = None
+    crash_looping: bool = False
     # in_flight / capacity, kept in step by `count`: placement reads it for every
     # candidate of every request, and a plain attribute is several times cheaper than a property
     utilisation: float = field(init=False)
@@ -44,6 +56,12 @@ class InstanceSlots:
     @property
     def free(self) -> int:
         return self.capacity - self.in_flight
+
+    @property
+    def state(self) -> InstanceState:
+        if self.healthy:
+            return InstanceState.HEALTHY
+        return InstanceState.CRASH_LOOPING if self.crash_looping else InstanceState.UNHEALTHY
 
 
 @dataclass(frozen=True, slots=True)
