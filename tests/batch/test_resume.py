@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuplane.batch.journal import read_records
+from gpuplane.batch.report import write_report
 from tests.batch.conftest import TOY, alive, children, write_clips
 from tests.batch.test_driver import expected
 
@@ -63,10 +64,15 @@ def test_sigkilled_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> Non
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert second.returncode == 0, second.stderr
     summary = json.loads(second.stdout)
-    assert summary["clips"]["skipped_already_done"] == len(done_at_kill)
-    assert summary["clips"]["done"] == 12 - len(done_at_kill)
+    assert summary["invocation"]["skipped_already_done"] == len(done_at_kill)
+    assert summary["invocation"]["done"] == 12 - len(done_at_kill)
     perception = summary["stages"]["perception"]
-    assert perception["computed"] + perception["cached"] == 12 - len(done_at_kill)
+    assert perception["computed"] + perception["cached"] == 12  # the run's, both invocations'
+    first, last = summary["invocations"]
+    assert (first["status"], first["done"], last["done"]) == ("interrupted", len(done_at_kill),
+                                                              12 - len(done_at_kill))  # fmt: skip
+
+    assert "<td>interrupted</td>" in write_report(summary, tmp_path / "r.html").read_text()
 
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
     ids = [x["clip"] for x in lines]

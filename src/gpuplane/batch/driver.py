@@ -10,8 +10,6 @@ then append the clip's reduced record to the journal. A crash loses at most the 
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import queue
 import time
 from collections import deque
@@ -23,14 +21,15 @@ from typing import Any, Protocol
 
 import fsspec
 
-from gpuplane.batch.cache import StageCache
-from gpuplane.batch.journal import Journal, fold_records
-from gpuplane.batch.metrics import StageMetrics, Timeline
+from gpuplane.batch.cache import CacheStats, StageCache
+from gpuplane.batch.journal import Journal
+from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
 from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, cache_keys
 from gpuplane.batch.prefetch import ClipRef, Prefetcher, verified
 from gpuplane.batch.profile import expected_hits, resolve_profile
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
+from gpuplane.batch.summary import JOURNAL, RunRecord, run_header
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +57,7 @@ class Observer(Protocol):
 
 
 class _Job:
-    __slots__ = ("data", "hits", "keys", "ref", "running", "values")
+    __slots__ = ("data", "hits", "keys", "ref", "running", "times", "values")
 
     def __init__(self, ref: ClipRef) -> None:
         self.ref = ref
@@ -67,6 +66,7 @@ class _Job:
         self.hits: list[str] = []
         self.data: Any = None
         self.running: set[str] = set()
+        self.times: dict[str, tuple[float, float]] = {}
 
 
 def _post(events: queue.SimpleQueue[tuple[Any, ...]], *head: Any) -> None:
@@ -74,14 +74,8 @@ def _post(events: queue.SimpleQueue[tuple[Any, ...]], *head: Any) -> None:
     events.put(head)
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str))
-    tmp.replace(path)
-
-
 class Driver:
-    """Runs one pipeline over a stream of clips; `run()` returns the summary written to run.json."""
+    """Runs one pipeline over a stream of clips: one invocation of a run (see `summary`)."""
 
     def __init__(
         self,
@@ -146,130 +140,85 @@ class Driver:
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, clips: Iterable[ClipRef], total: int | None = None) -> dict[str, Any]:
+        """Run the clips not yet in the run directory's journal; returns run.json's summary (every
+        invocation's clips) and, as `invocation`, what this call did ("nothing_to_do" when every
+        clip was done already: then nothing starts and the record's figures stay as they were)."""
         out = self.opts.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        self._check_resume(out)
-        journal = Journal(out / "results.jsonl")
-        it = iter(clips)
-        try:
-            head = list(itertools.islice(it, PROBE_CLIPS))
-            probe = [r for r in head if r.id not in journal.done]
-            plan, profile = self.plan(head[0] if head else None, probe)
-        except BaseException:
-            journal.close()
-            raise
-        started = self.clock()
-        summary: dict[str, Any] = self._header(plan, profile, started)
-        _write_json(out / "run.json", summary | {"status": "running"})
-        if self.observer:
-            left = None if total is None else max(0, total - len(journal.done))
-            self.observer.on_start([s.name for s in self.pipeline.stages], left, plan)
-        status = "failed"
+        journal = Journal(out / JOURNAL)
         skipped = 0
-
-        def source() -> Iterator[ClipRef]:
-            yield from head
-            yield from it
 
         def fresh() -> Iterator[ClipRef]:
             nonlocal skipped
-            for ref in source():
+            for ref in clips:
                 if ref.id in journal.done:
                     skipped += 1
                 else:
                     yield ref
 
-        self.timeline = Timeline(started)
+        todo = fresh()
+        try:
+            record = self.record = RunRecord(out, self.pipeline, self.cache is not None)
+            head = list(itertools.islice(todo, PROBE_CLIPS))
+            if not head and record.invocations:
+                journal.close()
+                idle = {"status": "nothing_to_do", "done": 0, "skipped_already_done": skipped}
+                return record.close(None, None) | {"invocation": idle | {"errors": 0}}
+            plan, profile = self.plan(head[0] if head else None, head)
+        except BaseException:
+            journal.close()
+            raise
+        started = self.clock()
+        header = run_header(
+            self.pipeline, plan, profile, runner=self.runner.describe(),
+            cache_url=self.spec.cache_url, devices=self.opts.devices,
+            profile_source=self.profile_source, expected_hits=self.hit_estimate,
+        )  # fmt: skip
+        self.timeline = record.begin(header, started)
+        if self.observer:
+            left = None if total is None else max(0, total - len(journal.done))
+            self.observer.on_start([s.name for s in self.pipeline.stages], left, plan)
+        status = "failed"
         prefetcher = Prefetcher(
             self.opts.io_workers, self.opts.prefetch_items, self.opts.prefetch_bytes
         )
-        done = 0
         try:
             self.runner.start(self.spec, plan, self.pipeline)
-            done = self._loop(fresh(), plan, prefetcher, journal, out)
+            self._loop(itertools.chain(head, todo), plan, prefetcher, journal)
             status = "finished" if self.errors == 0 else "finished_with_errors"
         finally:
             self.runner.stop()
             prefetcher.close()
             journal.close()
-            ended = self.clock()
-            if self.cache is not None:
-                for name, m in self.metrics.items():
-                    st = self.cache.stats.of(name)
-                    m.cache.hits, m.cache.misses = st.hits, st.misses
-                    m.cache.corrupt, m.cache.bytes_read = st.corrupt, st.bytes_read
-            wall = ended - started
-            summary |= {
-                "status": status,
-                "finished_at": ended,
-                "wall_s": wall,
-                "clips": {
-                    "done": done,
-                    "skipped_already_done": skipped,
-                    "errors": self.errors,
-                    "journal_total": len(journal.done),
-                },
-                "throughput_clips_per_s": done / wall if wall > 0 else 0.0,
-                "device_seconds": sum(m.device_s for m in self.metrics.values()),
-                "stages": {n: m.to_dict() for n, m in self.metrics.items()},
-                "timeline": self.timeline.to_dict(),
-                "prefetch": {
-                    "max_items": self.opts.prefetch_items,
-                    "max_bytes": self.opts.prefetch_bytes,
-                    "peak_items": prefetcher.peak_items,
-                    "peak_bytes": prefetcher.peak_bytes,
-                },
-            }
-            if self.pipeline.aggregate is not None and status != "failed":
-                summary["aggregate"] = fold_records(journal.path, self.pipeline.aggregate)
-            _write_json(out / "run.json", summary)
+            entry = self._entry(started, self.clock(), status, skipped, prefetcher)
+            summary = record.close(entry, self.timeline, failed=status == "failed")
             measured = {n: m.compute_s / m.computed for n, m in self.metrics.items() if m.computed}
             if self.cache is not None and measured:
                 self.cache.save_profile(measured)
-        return summary
+        return summary | {"invocation": summary["invocations"][-1]}
 
-    def _check_resume(self, out: Path) -> None:
-        path = out / "run.json"
-        if not path.exists() or not (out / "results.jsonl").exists():
-            return
-        prior = json.loads(path.read_text())
-        if prior.get("fingerprint") != self.pipeline.fingerprint():
-            raise BatchError(
-                f"{out} holds results of another pipeline version "
-                f"({prior.get('fingerprint')} vs {self.pipeline.fingerprint()}); "
-                "pass a different --out, or delete that directory to start over"
-            )
-
-    def _header(self, plan: Plan, profile: Mapping[str, float], started: float) -> dict[str, Any]:
+    def _entry(
+        self, started: float, ended: float, status: str, skipped: int, pf: Prefetcher
+    ) -> dict[str, Any]:
+        """This invocation's entry in run.json's `invocations`: what the journal cannot hold."""
+        stats = self.cache.stats if self.cache is not None else CacheStats()
+        cache = {
+            n: {"corrupt": stats.of(n).corrupt, "bytes_read": stats.of(n).bytes_read,
+                "writes": m.cache.writes, "bytes_written": m.cache.bytes_written}
+            for n, m in self.metrics.items()
+        }  # fmt: skip
         return {
-            "pipeline": self.pipeline.name,
-            "fingerprint": self.pipeline.fingerprint(),
+            "invocation": self.record.number,
             "started_at": started,
-            "runner": self.runner.describe(),
-            "cache_url": self.spec.cache_url,
-            "versions": {s.name: s.version for s in self.pipeline.stages},
-            "devices": [{"id": d.id, "mem_mib": d.mem_mib} for d in self.opts.devices],
-            "profile_s": dict(profile),
-            "profile_source": self.profile_source,
-            "expected_hit_rate": dict(self.hit_estimate),
-            "plan": {
-                "replicas": dict(plan.replicas),
-                "rates": dict(plan.rates),
-                "bottleneck": plan.bottleneck,
-                "device_load": dict(plan.device_load),
-                "placements": [
-                    {
-                        "module": p.module,
-                        "replica": p.replica,
-                        "device": p.device,
-                        "share": p.share,
-                        "mem_mib": p.mem_mib,
-                    }
-                    for p in plan.placements
-                ],
-                "notes": list(plan.notes),
-            },
-        }
+            "finished_at": ended,
+            "wall_s": ended - started,
+            "status": status,
+            "skipped_already_done": skipped,
+            "cache": cache,
+            "prefetch": {"max_items": self.opts.prefetch_items,
+                         "max_bytes": self.opts.prefetch_bytes,
+                         "peak_items": pf.peak_items, "peak_bytes": pf.peak_bytes},
+        }  # fmt: skip
 
     def _prepare(self, ref: ClipRef, fs: Any) -> _Job:
         """I/O pool: keys, verified cache hits, and the clip's bytes only if a stage needs them
@@ -289,9 +238,7 @@ class Driver:
             job.data = self.pipeline.decode(raw if raw is not None else self._bytes(ref, fs))
         return job
 
-    def _loop(
-        self, clips: Iterator[ClipRef], plan: Plan, pf: Prefetcher, journal: Journal, out: Path
-    ) -> int:
+    def _loop(self, clips: Iterator[ClipRef], plan: Plan, pf: Prefetcher, journal: Journal) -> None:
         stages = self.pipeline.stages
         fs_cache: dict[str, Any] = {}
         events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -303,7 +250,6 @@ class Driver:
         pending: ClipRef | None = None
         exhausted = False
         last_update = 0.0
-        errors_path = out / "errors.jsonl"
 
         def fs_for(url: str) -> Any:
             proto = url.split("://", 1)[0] if "://" in url else "file"
@@ -315,8 +261,7 @@ class Driver:
             self.errors += 1
             if stage in self.metrics:
                 self.metrics[stage].errors += 1
-            with errors_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"clip": ref.id, "stage": stage, "error": repr(exc)}) + "\n")
+            self.record.error(ref.id, stage, exc)
 
         def advance(job: _Job) -> None:
             for s in stages:
@@ -330,13 +275,16 @@ class Driver:
 
         def finish(job: _Job) -> None:
             nonlocal done
+            clip = job.ref.id
             try:
-                record = {"hits": job.hits, "out": self.pipeline.reduce(job.ref.id, job.values)}
+                reduced = self.pipeline.reduce(clip, job.values)
             except Exception as exc:  # a bug in the reduction fails this clip, not the run
                 fail(job.ref, "reduce", exc)
                 release(job.ref)
                 return
-            journal.append(job.ref.id, record)
+            attempts = self.record.attempts(clip)
+            record = {"invocation": self.record.number, "attempts": attempts, "hits": job.hits}
+            journal.append(clip, record | {"t": job.times, "out": reduced})
             release(job.ref)
             done += 1
 
@@ -405,7 +353,7 @@ class Driver:
                     fail(job.ref, name, exc)
                     release(job.ref)
                     continue
-                self._account(name, pl, res)
+                job.times[name] = self._account(name, pl, res)
                 job.values[name] = res.value
                 job.running.discard(name)
                 if not any(CLIP in s.inputs and s.name not in job.values for s in stages):
@@ -417,9 +365,9 @@ class Driver:
                 self.observer.on_update(self.metrics, done)
         if self.observer:
             self.observer.on_update(self.metrics, done)
-        return done
 
-    def _account(self, stage: str, pl: Placement, res: TaskResult) -> None:
+    def _account(self, stage: str, pl: Placement, res: TaskResult) -> tuple[float, float]:
+        """Count a computed stage; returns its (compute, device) seconds for the clip's record."""
         m = self.metrics[stage]
         dt = max(0.0, res.end - res.start)
         m.computed += 1
@@ -429,3 +377,4 @@ class Driver:
         m.cache.writes += 1 if res.bytes_written else 0
         m.cache.bytes_written += res.bytes_written
         self.timeline.add(pl.device, res.start, res.end, share if share else 1.0)
+        return round(dt, 6), round(dt * share, 6)

@@ -2,7 +2,9 @@
 
 Only the driver writes it (one writer), appending a whole line and flushing it before the clip
 counts as done. On open, a torn last line left by a kill is cut off, and the ids of the finished
-clips are read back so the re-run skips them: no result is lost or written twice.
+clips are read back so the re-run skips them: no result is lost or written twice. A line is the
+clip's record for good (which invocation finished it, after how many attempts, its hits, stage
+times and reduced output): run.json's figures are folded from these lines (`summary`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import heapq
 import json
 import os
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -126,27 +128,16 @@ class Journal:
             lock.close()  # releases the flock
 
 
-def fold_records(
-    path: Path, fold: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
-) -> dict[str, Any]:
-    """Fold every record's output in the journal (all runs that wrote it), streaming."""
-    acc: dict[str, Any] = {}
-    if path.exists():
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.endswith("\n") and line.strip():
-                    acc = fold(acc, json.loads(line).get("out", {}))
-    return acc
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every whole record in the journal (all invocations that wrote it), streaming."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.endswith("\n") and line.strip():
+                yield json.loads(line)
 
 
 def read_records(path: Path) -> dict[str, dict[str, Any]]:
     """clip id → its journal record (for compare)."""
-    out: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return out
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.endswith("\n") and line.strip():
-                rec = json.loads(line)
-                out[rec["clip"]] = rec
-    return out
+    return {rec["clip"]: rec for rec in iter_records(path)}

@@ -6,6 +6,7 @@ when it would pass `max_bins`), so a 100,000-clip run keeps flat memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,6 +41,16 @@ class Timeline:
         self.bin_s = bin_s
         self.max_bins = max_bins
         self.bins: dict[str, list[float]] = {}
+
+    @classmethod
+    def resume(cls, doc: Mapping[str, Any] | None, t0: float) -> Timeline:
+        """Continue an earlier invocation's `to_dict()`: with `t0` set back by the time the run
+        already ran, this invocation's work lands after the earlier work."""
+        tl = cls(t0)
+        if doc:
+            tl.bin_s = float(doc["bin_s"])
+            tl.bins = {d: [u * tl.bin_s for u in row] for d, row in doc["utilisation"].items()}
+        return tl
 
     def add(self, device: str, start: float, end: float, share: float) -> None:
         if end <= start or share <= 0:

@@ -2,7 +2,9 @@
 
 Plots, drawn with matplotlib's Agg/SVG backend and inlined so the file stands alone: time per
 stage (compute vs served from cache), device utilisation over time, cache hit rate per stage.
-`compare_runs` is pure: two run.json summaries (and their journals) in, rows out.
+Every figure is the whole run's (all its invocations, see `summary`), so a resumed run reports
+and compares like an uninterrupted one. `compare_runs` is pure: two run.json summaries (and
+their journals) in, rows out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import html
 import io
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,7 @@ def plots(summary: Mapping[str, Any]) -> dict[str, str]:
     for dev, row in util.items():
         label = dev if dev != "cpu" else "cpu-only stages (tasks running)"
         ax.plot([i * tl["bin_s"] for i in range(len(row))], row, label=label)
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel("seconds of running time (invocations end to end)")
     ax.set_ylabel("busy share of the card")
     if util:
         ax.legend(loc="upper right")
@@ -101,6 +104,21 @@ STAGE_HEAD = [
 ]  # fmt: skip
 
 
+def invocation_rows(summary: Mapping[str, Any]) -> list[list[Any]]:
+    rows = []
+    for e in summary.get("invocations", []):  # None: unknown, the invocation was killed
+        wall, skipped = e["wall_s"], e["skipped_already_done"]
+        started = datetime.fromtimestamp(e["started_at"], UTC).isoformat(timespec="seconds")
+        rows.append(
+            [e["invocation"], started, e["status"], e["done"], "-" if skipped is None else skipped,
+             e["errors"], "-" if wall is None else f"{wall:.2f}"]
+        )  # fmt: skip
+    return rows
+
+
+INVOCATION_HEAD = ["#", "started (UTC)", "status", "clips done", "skipped", "errors", "wall s"]
+
+
 def write_report(summary: Mapping[str, Any], path: Path) -> Path:
     """Write a standalone HTML report for one run; returns its path."""
     parts = [
@@ -113,9 +131,9 @@ def write_report(summary: Mapping[str, Any], path: Path) -> Path:
     clips = summary.get("clips", {})
     overview = [
         ["clips done", clips.get("done", 0)],
-        ["skipped (already in journal)", clips.get("skipped_already_done", 0)],
-        ["errors", clips.get("errors", 0)],
-        ["wall time (s)", f"{summary.get('wall_s', 0):.2f}"],
+        ["clips failed, not done", clips.get("errors", 0)],
+        ["invocations", clips.get("invocations", 0)],
+        ["wall time (s), all invocations", f"{summary.get('wall_s', 0):.2f}"],
         ["throughput (clips/s)", f"{summary.get('throughput_clips_per_s', 0):.3f}"],
         ["device-seconds", f"{summary.get('device_seconds', 0):.2f}"],
         ["runner", json.dumps(summary.get("runner", {}))],
@@ -126,6 +144,7 @@ def write_report(summary: Mapping[str, Any], path: Path) -> Path:
         rows = [[k, v] for k, v in summary["aggregate"].items()]
         parts.append("<h2>Aggregate over all clips</h2>" + _table(rows, ["metric", "value"]))
     parts.append("<h2>Stages</h2>" + _table(stage_rows(summary), STAGE_HEAD))
+    parts.append("<h2>Invocations</h2>" + _table(invocation_rows(summary), INVOCATION_HEAD))
     for title, svg in plots(summary).items():
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
     placements = summary.get("plan", {}).get("placements", [])

@@ -167,7 +167,8 @@ def run(
     progress: bool = typer.Option(True, help="show progress (off when not a terminal)"),
     output: Output = typer.Option(Output.table, "-o", "--output"),
 ) -> None:
-    """Run PIPELINE over the clips; a re-run of the same command resumes where it stopped."""
+    """Run PIPELINE over the clips; a re-run of the same command resumes where it stopped, and
+    the run directory's run.json and report cover every clip of the run."""
 
     def go() -> dict[str, Any]:
         versions = _pairs(stage_version, "--stage-version")
@@ -221,11 +222,17 @@ def run(
         for row in stage_rows(summary):
             t.add_row(*map(str, row))
         _out().print(t)
-        c = summary["clips"]
+        c, inv = summary["clips"], summary["invocation"]
+        if inv["status"] == "nothing_to_do":
+            typer.echo(f"nothing to do, {inv['skipped_already_done']} clips already done")
+        else:
+            typer.echo(
+                f"clips: {inv['done']} done, {inv['skipped_already_done']} already done, "
+                f"{inv['errors']} errors in this invocation ({inv['wall_s']:.1f} s)"
+            )
         typer.echo(
-            f"clips: {c['done']} done, {c['skipped_already_done']} already done, "
-            f"{c['errors']} errors; wall {summary['wall_s']:.1f} s, "
-            f"{summary['throughput_clips_per_s']:.2f} clips/s, "
+            f"run: {c['done']} clips done over {c['invocations']} invocations, "
+            f"wall {summary['wall_s']:.1f} s, {summary['throughput_clips_per_s']:.2f} clips/s, "
             f"device-seconds {summary['device_seconds']:.1f}"
         )
         if summary.get("aggregate"):
