@@ -1,4 +1,5 @@
-"""`gpuplane engine`: run engines by hand; today the simulator (`gpuplane engine sim`)."""
+"""`gpuplane engine`: run engines by hand: the simulator (`gpuplane engine sim`) and the
+embedded engine's one-token check (`gpuplane engine smoke`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,20 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
+from pathlib import Path
 
 import typer
 
 from gpuplane.cli import _loop
+from gpuplane.errors import EngineError
+from gpuplane.serve.engines.diagnose import classify_exit, tail_of
+from gpuplane.serve.engines.llamacpp import (
+    SMOKE_CHILD,
+    check_installed,
+    default_model_path,
+    smoke_argv,
+)
 from gpuplane.serve.engines.sim import SimFleet, fleet_params
 
 app = typer.Typer(name="engine", help="Run inference engines by hand.", no_args_is_help=True)
@@ -92,6 +103,48 @@ def sim(
     except OSError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def smoke(
+    model_path: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="GGUF file; default: the embedded SmolLM2-135M"
+    ),
+    timeout_s: float = typer.Option(300.0, min=1, help="longest wait for the token"),
+    child_code: str = typer.Option(
+        SMOKE_CHILD, hidden=True, help="what the child runs with the model's path (tests)"
+    ),
+) -> None:
+    """Load the model with llama.cpp in a child process and generate one token; on a crash,
+    say why and what to do (exit 1)."""
+    try:
+        if child_code == SMOKE_CHILD:
+            check_installed()
+        path = str(model_path) if model_path else default_model_path()
+    except EngineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        done = subprocess.run(
+            smoke_argv(path, child_code),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        typer.echo(
+            f"error: the engine generated no token within {timeout_s:g} s on {path}; "
+            "raise --timeout-s on a slow machine",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    if done.returncode:
+        diagnosis = classify_exit(done.returncode, tail_of(done.stdout + "\n" + done.stderr))
+        typer.echo(f"error: the engine's smoke inference {diagnosis.explain()}", err=True)
+        raise typer.Exit(1)
+    answer = tail_of(done.stdout, 1)
+    typer.echo(f"smoke inference ok: {Path(path).name} generated {answer[0] if answer else '?'}")
 
 
 async def _serve(fleet: SimFleet, json_ready: bool) -> None:

