@@ -111,7 +111,7 @@ def test_a_slice_gets_cuda_visible_devices_and_hami_limits(adapter: ClusterAdapt
         )
     )
     assert wait_done(adapter, "j1") == WorkloadState.SUCCEEDED
-    env = json.loads(adapter.logs("j1"))
+    env = json.loads(b"".join(adapter.logs("j1")))
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m"
     assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
@@ -134,7 +134,7 @@ def test_whole_cards_get_no_slice_limits(adapter: ClusterAdapter) -> None:
         )
     )
     wait_done(adapter, "j2")
-    assert adapter.logs("j2").strip() == "0,1 False"
+    assert b"".join(adapter.logs("j2")).strip() == b"0,1 False"
     adapter.release("j2")
 
 
@@ -145,10 +145,10 @@ def test_exit_code_and_log_tail(adapter: ClusterAdapter) -> None:
     status = adapter.status(["j3"])["j3"]
     assert status.exit_code == 3
     assert "code 3" in status.message
-    assert adapter.logs("j3", tail=2) == "b\nc\n"
+    assert b"".join(adapter.logs("j3", tail=2)) == b"b\nc\n"
     adapter.release("j3")
     assert adapter.status(["j3"])["j3"].state == WorkloadState.LOST
-    assert adapter.logs("j3", tail=1) == "c\n"  # logs outlive the process
+    assert b"".join(adapter.logs("j3", tail=1)) == b"c\n"  # logs outlive the process
 
 
 def test_release_stops_a_running_workload_and_is_idempotent(

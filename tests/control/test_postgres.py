@@ -80,7 +80,7 @@ def test_the_minimal_job_runs_with_a_postgres_store(db: str, tmp_path: Path) -> 
             job("hello", command=["python", "-c", "print(42)"], gpu_mem_mib=10240, gpu_cores_pct=25)
         )
         assert wait_state(svc, out["id"], "succeeded", "failed").state == "succeeded"
-        assert queries.job_logs(svc, out["id"]) == "42\n"
+        assert b"".join(queries.job_logs(svc, out["id"])) == b"42\n"
     finally:
         svc.close()
 

@@ -43,7 +43,7 @@ def test_the_minimal_job_runs_as_a_process_on_a_slice(service: ControlService) -
     assert row.exit_code == 0
     assert row.flavor == A100
     assert row.cluster_name == "local"
-    assert queries.job_logs(service, out["id"]) == "42\n"
+    assert b"".join(queries.job_logs(service, out["id"])) == b"42\n"
     assert_no_device_over_allocated(service)
 
 

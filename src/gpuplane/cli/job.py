@@ -175,17 +175,22 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="wait until the job ends"),
     server: str | None = SERVER_OPTION,
 ) -> None:
-    """Print a job's output."""
+    """Print a job's output (streamed: a large log is never held whole)."""
     with client(server) as c:
         if not follow:
-            typer.echo(c.logs(ref, tail), nl=False)
+            for chunk in c.logs(ref, tail):
+                typer.echo(chunk, nl=False)
             return
-        shown = 0
+        shown = 0  # bytes printed so far; each poll prints only what lies past them
         while True:
             state = c.job(ref)["state"]
-            text = c.logs(ref)
-            typer.echo(text[shown:], nl=False)
-            shown = len(text)
+            seen = 0
+            for chunk in c.logs(ref):
+                new = chunk[max(0, shown - seen) :]
+                seen += len(chunk)
+                if new:
+                    typer.echo(new, nl=False)
+            shown = max(shown, seen)
             if state in FINAL:
                 return
             time.sleep(0.5)

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpuplane import __version__
@@ -152,8 +152,13 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         return queries.get_job(service, service.cancel(ref))
 
     @app.get("/jobs/{ref}/logs", response_class=PlainTextResponse)
-    def logs(ref: str, tail: int | None = Query(None, ge=0)) -> str:
-        return queries.job_logs(service, ref, tail)
+    def logs(
+        ref: str, tail: int | None = Query(None, ge=0, description="only the last N lines")
+    ) -> StreamingResponse:
+        # streamed a block at a time: a log is never held whole, however large
+        return StreamingResponse(
+            queries.job_logs(service, ref, tail), media_type="text/plain; charset=utf-8"
+        )
 
     @app.get("/teams", response_model=list[TeamView])
     def teams() -> list[TeamView]:

@@ -6,6 +6,8 @@ Transport and HTTP errors become `ClientError` with a message that says what to 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -50,25 +52,28 @@ class ControlClient:
         self.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
+        with self._reached():
             response = self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response
+
+    @contextmanager
+    def _reached(self) -> Iterator[None]:
+        try:
+            yield
         except httpx.TransportError as exc:
             raise ClientError(
                 f"cannot reach the control plane at {self.server} ({type(exc).__name__}); "
                 f"start it with `gpuplane control serve` or point --server / {SERVER_ENV} at it"
             ) from None
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-                detail = body.get("detail", body) if isinstance(body, dict) else body
-            except ValueError:
-                body, detail = response.text, response.text
-            if isinstance(detail, list):  # FastAPI validation errors
-                detail = "; ".join(
-                    f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail
-                )
-            raise ClientError(str(detail), response.status_code, body)
-        return response
+
+    def stream(self, path: str, **kwargs: Any) -> Iterator[bytes]:
+        """GET `path` and yield its body as it arrives (errors as in `request`)."""
+        with self._reached(), self._http.stream("GET", path, **kwargs) as response:
+            if response.status_code >= 400:
+                response.read()
+            _raise_for(response)
+            yield from response.iter_bytes()
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
@@ -94,9 +99,10 @@ class ControlClient:
         out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/cancel")
         return out
 
-    def logs(self, ref: str, tail: int | None = None) -> str:
+    def logs(self, ref: str, tail: int | None = None) -> Iterator[bytes]:
+        """The job's output as it streams in (its last `tail` lines if given)."""
         params = {"tail": tail} if tail is not None else {}
-        return self.request("GET", f"/jobs/{ref}/logs", params=params).text
+        return self.stream(f"/jobs/{ref}/logs", params=params)
 
     def clusters(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = self.json("GET", "/clusters")
@@ -121,3 +127,24 @@ class ControlClient:
     def set_quota(self, team: str, flavor: str, body: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
         return out
+
+
+def _raise_for(response: httpx.Response) -> None:
+    """A ClientError with the API's message for an HTTP error; FastAPI's validation errors as
+    `field: what is wrong` each."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        detail = body.get("detail", body) if isinstance(body, dict) else body
+    except ValueError:
+        body, detail = response.text, response.text
+    if isinstance(detail, list):  # FastAPI validation errors; "body" heads a field of the body
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in _field(d.get('loc', [])))}: {d.get('msg')}" for d in detail
+        )
+    raise ClientError(str(detail), response.status_code, body)
+
+
+def _field(loc: list[Any]) -> list[Any]:
+    return loc[1:] if loc[:1] == ["body"] and len(loc) > 1 else loc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import func, select
@@ -88,14 +89,16 @@ def list_jobs(
         return [job_view(service, j) for j in session.scalars(query)]
 
 
-def job_logs(service: ControlService, ref: str, tail: int | None = None) -> str:
+def job_logs(service: ControlService, ref: str, tail: int | None = None) -> Iterator[bytes]:
+    """The job's output in blocks (only its last `tail` lines if given); an unknown job raises
+    NotFoundError here, before anything is read."""
     with service.store.session() as session:
         job = service.job_row(session, ref)
         cluster = job.cluster_name
         job_id = job.id
     adapter = service.adapters.get(cluster or "")
     if adapter is None:
-        return ""
+        return iter(())
     return adapter.logs(job_id, tail)
 
 

@@ -14,7 +14,7 @@ fractional `num_gpus`; the `local` adapter runs a process on this machine.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -124,8 +124,9 @@ class ClusterAdapter:
         """Job ids this adapter has bound and not yet released (the reconciler stops strays)."""
         raise NotImplementedError
 
-    def logs(self, job_id: str, tail: int | None = None) -> str:
-        """The workload's output so far (its last `tail` lines); empty when there is none."""
+    def logs(self, job_id: str, tail: int | None = None) -> Iterator[bytes]:
+        """The workload's output so far (its last `tail` lines), in blocks of bounded size, so
+        the API streams it; none when there is none."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO, ClassVar
 
 from gpuplane.control.adapters.base import (
@@ -33,6 +33,7 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
     register,
 )
+from gpuplane.control.logtail import read_log
 from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 
@@ -253,16 +254,8 @@ class LocalAdapter(ClusterAdapter):
         with self._lock:
             return list(self._procs)
 
-    def logs(self, job_id: str, tail: int | None = None) -> str:
-        try:
-            with open(self.log_path(job_id), "rb") as f:
-                text = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-        if tail is not None:
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[-tail:]) if tail > 0 else ""
-        return text
+    def logs(self, job_id: str, tail: int | None = None) -> Iterator[bytes]:
+        return read_log(self.log_path(job_id), tail)
 
     def close(self) -> None:
         with self._lock:
