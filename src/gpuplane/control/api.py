@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -98,6 +99,12 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         elif isinstance(exc, ConflictError):
             status = 409
         return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes the input, and an inf or NaN there cannot be JSON: a 500
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     service.metrics.watch(lambda: queries.metrics_state(service))
 

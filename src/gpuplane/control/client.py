@@ -5,6 +5,7 @@ Transport and HTTP errors become `ClientError` with a message that says what to 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,9 +52,9 @@ class ControlClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, *, json: Any = None, **kwargs: Any) -> httpx.Response:
         with self._reached():
-            response = self._http.request(method, path, **kwargs)
+            response = self._http.request(method, path, **_body(json), **kwargs)
         _raise_for(response)
         return response
 
@@ -127,6 +128,17 @@ class ControlClient:
     def set_quota(self, team: str, flavor: str, body: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
         return out
+
+
+def _body(data: Any) -> dict[str, Any]:
+    """A JSON request body. Encoded here rather than by httpx, which refuses inf and NaN: the
+    API answers those with a 422 that names the field and its range."""
+    if data is None:
+        return {}
+    return {
+        "content": json.dumps(data),
+        "headers": {"content-type": "application/json"},
+    }
 
 
 def _raise_for(response: httpx.Response) -> None:

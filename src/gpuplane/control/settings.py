@@ -7,8 +7,20 @@ a SQLite file under ./.gpuplane/ and one `local` cluster (this machine's GPUs, o
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuplane.control.bounds import (
+    INT32_MAX,
+    MAX_CARD_MEM_MIB,
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_SECONDS,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    bounded,
+)
 from gpuplane.errors import unknown_name
 
 # The cluster kinds this version implements, one module each under control/adapters/.
@@ -25,14 +37,16 @@ class DeclaredGpus(_Section):
     """Cards of one model on a declared node (used when the machine has no GPU to discover)."""
 
     model: str = Field(default=DEFAULT_GPU_MODEL, description="GPU model (the quota flavor)")
-    mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1, description="memory of one card")
-    count: int = Field(default=1, ge=1, description="cards of this model on the node")
+    mem_mib: Annotated[int, bounded(1, MAX_CARD_MEM_MIB, "memory of one card")] = (
+        DEFAULT_GPU_MEM_MIB
+    )
+    count: Annotated[int, bounded(1, MAX_GPUS_PER_NODE, "cards of this model on the node")] = 1
 
 
 class DeclaredNode(_Section):
     name: str = Field(description="node name, unique in its cluster")
-    cpu_millis: int = Field(default=16_000, ge=0, description="allocatable CPU (1000 = 1 core)")
-    memory_mib: int = Field(default=64 * 1024, ge=0, description="allocatable memory")
+    cpu_millis: Annotated[int, bounded(0, INT32_MAX, "allocatable CPU (1000 = 1 core)")] = 16_000
+    memory_mib: Annotated[int, bounded(0, INT32_MAX, "allocatable memory")] = 64 * 1024
     labels: dict[str, str] = Field(default_factory=dict, description="free-form node labels")
     gpus: list[DeclaredGpus] = Field(default_factory=list, description="the node's cards")
 
@@ -60,34 +74,43 @@ class ClusterConfig(_Section):
         return kind
 
 
-class QuotaConfig(_Section):
+class QuotaValues(_Section):
+    """Nominal quota, borrowing and lending limits on one ResourceFlavor (the API's quota body)."""
+
+    gpus: Annotated[
+        float, bounded(0, MAX_GPUS, "nominal GPUs (fractions count as shares of a card)")
+    ]
+    gpu_mem_mib: Annotated[
+        int | None, bounded(0, INT32_MAX, "nominal GPU memory; unset: no limit")
+    ] = None
+    borrowing_limit_gpus: Annotated[
+        float | None, bounded(0, MAX_GPUS, "most GPUs borrowed from the cohort; unset: no limit")
+    ] = None
+    borrowing_limit_mem_mib: Annotated[
+        int | None, bounded(0, INT32_MAX, "most GPU memory borrowed; unset: no limit")
+    ] = None
+    lending_limit_gpus: Annotated[
+        float | None,
+        bounded(0, MAX_GPUS, "most of the nominal quota the cohort may borrow; unset: all"),
+    ] = None
+    lending_limit_mem_mib: Annotated[
+        int | None, bounded(0, INT32_MAX, "most GPU memory the cohort may borrow; unset: all")
+    ] = None
+
+
+class QuotaConfig(QuotaValues):
     """Nominal quota of one team on one ResourceFlavor (a GPU model), Kueue-style."""
 
     flavor: str = Field(description="GPU model (ResourceFlavor) the quota is for")
-    gpus: float = Field(ge=0, description="nominal GPUs (fractions count as shares of a card)")
-    gpu_mem_mib: int | None = Field(
-        default=None, ge=0, description="nominal GPU memory; unset: no limit"
-    )
-    borrowing_limit_gpus: float | None = Field(
-        default=None, ge=0, description="most GPUs borrowed from the cohort; unset: no limit"
-    )
-    borrowing_limit_mem_mib: int | None = Field(
-        default=None, ge=0, description="most GPU memory borrowed; unset: no limit"
-    )
-    lending_limit_gpus: float | None = Field(
-        default=None,
-        ge=0,
-        description="most of the nominal quota the cohort may borrow; unset: all",
-    )
-    lending_limit_mem_mib: int | None = Field(
-        default=None, ge=0, description="most GPU memory the cohort may borrow; unset: all"
-    )
+
+
+TEAM_WEIGHT = bounded(MIN_WEIGHT, MAX_WEIGHT, "fair-share weight")
 
 
 class TeamConfig(_Section):
     name: str = Field(description="team (its LocalQueue and ClusterQueue take this name)")
     cohort: str | None = Field(default=None, description="teams of a cohort lend unused quota")
-    weight: float = Field(default=1.0, gt=0, description="fair-share weight")
+    weight: Annotated[float, TEAM_WEIGHT] = 1.0
     quotas: list[QuotaConfig] = Field(
         default_factory=list, description="per GPU model; none: the team is not limited"
     )
@@ -99,7 +122,7 @@ def _default_clusters() -> list[ClusterConfig]:
 
 class ControlConfig(_Section):
     host: str = Field(default="127.0.0.1", description="the API listens here")
-    port: int = Field(default=8080, ge=0, le=65535, description="the API's port")
+    port: Annotated[int, bounded(0, 65535, "the API's port")] = 8080
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default: sqlite:///<state_dir>/control.db"
     )
@@ -107,29 +130,34 @@ class ControlConfig(_Section):
     policy: str | None = Field(
         default=None, description="scheduling policy; default: the core's best"
     )
-    schedule_interval_s: float = Field(
-        default=0.5, gt=0, description="period of the loop that observes jobs, admits and binds"
-    )
+    schedule_interval_s: Annotated[
+        float, bounded(0.01, 3600, "period of the loop that observes jobs, admits and binds")
+    ] = 0.5
     default_gpu_model: str = Field(
         default=DEFAULT_GPU_MODEL, description="declared cards of a local cluster with no GPU"
     )
-    default_gpu_mem_mib: int = Field(default=DEFAULT_GPU_MEM_MIB, ge=1, description="their memory")
-    default_gpu_count: int = Field(default=2, ge=0, description="how many are declared")
+    default_gpu_mem_mib: Annotated[int, bounded(1, MAX_CARD_MEM_MIB, "their memory")] = (
+        DEFAULT_GPU_MEM_MIB
+    )
+    default_gpu_count: Annotated[int, bounded(0, MAX_GPUS_PER_NODE, "how many are declared")] = 2
     clusters: list[ClusterConfig] = Field(
         default_factory=_default_clusters, description="default: one cluster `local`"
     )
     teams: list[TeamConfig] = Field(
         default_factory=list, description="teams and quotas applied at start (others: via API)"
     )
-    reserve_after_s: float = Field(
-        default=3600.0,
-        gt=0,
-        description="a job that waited this long (since submit) and does not fit gets a node "
-        "reservation: nothing new lands on what it needs there until it runs",
-    )
-    max_reservations: int = Field(
-        default=2, ge=0, description="node reservations held at once (0: none)"
-    )
+    reserve_after_s: Annotated[
+        float,
+        bounded(
+            1,
+            MAX_SECONDS,
+            "a job that waited this long (since submit) and does not fit gets a node "
+            "reservation: nothing new lands on what it needs there until it runs",
+        ),
+    ] = 3600.0
+    max_reservations: Annotated[
+        int, bounded(0, 10_000, "node reservations held at once (0: none)")
+    ] = 2
     wait_for_faster_gpu: bool = Field(
         default=True,
         description="a job the policy would start on a slower GPU model waits for a faster one "
@@ -142,7 +170,7 @@ class ControlConfig(_Section):
         "horizon start first, longest first (shortens the makespan; it trusts the limits users "
         "state, so turn it off where they are inflated to jump the queue)",
     )
-    kill_grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL on cancel")
+    kill_grace_s: Annotated[float, bounded(0, 3600, "SIGTERM to SIGKILL on cancel")] = 5.0
     instance: str | None = Field(
         default=None,
         description="name of this service process: it observes the jobs it started; "

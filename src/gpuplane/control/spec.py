@@ -18,10 +18,18 @@ reservations and to weigh slow cards (`docs/architecture.md`).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpuplane.control.bounds import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_CARD_MEM_MIB,
+    MAX_GPUS_PER_NODE,
+    MAX_SECONDS,
+    bounded,
+)
 from gpuplane.control.scheduler.snapshot import Request
 from gpuplane.errors import ResourceError
 from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector, Slice
@@ -93,11 +101,13 @@ class _Spec(BaseModel):
 
 
 class ResourcesSpec(_Spec):
-    gpus: int = Field(default=0, ge=0, description="whole cards on one node")
-    gpu_mem_mib: int | None = Field(default=None, gt=0, description="vGPU: memory on one card")
-    gpu_cores_pct: int | None = Field(default=None, gt=0, le=100, description="vGPU: compute %")
-    cpu_millis: int = Field(default=0, ge=0)
-    memory_mib: int = Field(default=0, ge=0)
+    gpus: Annotated[int, bounded(0, MAX_GPUS_PER_NODE, "whole cards on one node")] = 0
+    gpu_mem_mib: Annotated[int | None, bounded(1, MAX_CARD_MEM_MIB, "vGPU: memory on one card")] = (
+        None
+    )
+    gpu_cores_pct: Annotated[int | None, bounded(1, 100, "vGPU: compute % of one card")] = None
+    cpu_millis: Annotated[int, bounded(0, INT32_MAX, "CPU (1000 = 1 core)")] = 0
+    memory_mib: Annotated[int, bounded(0, INT32_MAX, "memory")] = 0
 
 
 class SelectorSpec(_Spec):
@@ -113,12 +123,15 @@ class JobSpec(_Spec):
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
-    priority: int = 0
+    priority: Annotated[
+        int, bounded(INT32_MIN, INT32_MAX, "queue order: higher first (may be negative)")
+    ] = 0
     resources: ResourcesSpec = ResourcesSpec()
     selector: SelectorSpec = SelectorSpec()
-    time_limit: float | None = Field(
-        default=None, description="most seconds it may run on a card of speed 1.0 (or '2h')"
-    )
+    time_limit: Annotated[
+        float | None,
+        bounded(1, MAX_SECONDS, "most seconds it may run on a card of speed 1.0 (or '2h')"),
+    ] = None
 
     @field_validator("time_limit", mode="before")
     @classmethod

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuplane.control.settings import TEAM_WEIGHT, QuotaValues
 
 
 class ReasonView(BaseModel):
@@ -119,19 +121,14 @@ class TeamView(BaseModel):
     running_jobs: int = 0
 
 
-class QuotaSet(BaseModel):
-    """Body of `PUT /teams/{team}/quotas/{flavor}`."""
-
-    gpus: float = Field(ge=0)
-    gpu_mem_mib: int | None = Field(default=None, ge=0)
-    borrowing_limit_gpus: float | None = Field(default=None, ge=0)
-    borrowing_limit_mem_mib: int | None = Field(default=None, ge=0)
-    lending_limit_gpus: float | None = Field(default=None, ge=0)
-    lending_limit_mem_mib: int | None = Field(default=None, ge=0)
+class QuotaSet(QuotaValues):
+    """Body of `PUT /teams/{team}/quotas/{flavor}`: the quota config's values, same ranges."""
 
 
 class TeamSet(BaseModel):
     """Body of `PUT /teams/{team}`."""
 
+    model_config = ConfigDict(extra="forbid")
+
     cohort: str | None = None
-    weight: float = Field(default=1.0, gt=0)
+    weight: Annotated[float, TEAM_WEIGHT] = 1.0
