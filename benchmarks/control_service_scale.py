@@ -46,6 +46,7 @@ from gpuplane.control.settings import (  # noqa: E402
     ControlConfig,
     DeclaredGpus,
     DeclaredNode,
+    TeamConfig,
 )
 from gpuplane.resources import LABEL_VGPU  # noqa: E402
 from scheduler_scale import CLUSTERS, backlog, inventory  # noqa: E402
@@ -112,7 +113,10 @@ def check_no_double_booking(service: ControlService) -> int:
 
 
 def make(url: str, state_dir: str, policy: str) -> tuple[ControlService, float]:
-    cfg = ControlConfig(state_dir=state_dir, database_url=url, clusters=clusters(), policy=policy)
+    teams = [TeamConfig(name=t) for t in TEAMS]  # a job must name a declared team
+    cfg = ControlConfig(
+        state_dir=state_dir, database_url=url, clusters=clusters(), teams=teams, policy=policy
+    )
     t0 = time.perf_counter()
     service = ControlService(cfg, bind_on_submit=False, new_id=lambda name: name)
     service.start()

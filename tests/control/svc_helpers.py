@@ -48,7 +48,7 @@ def config(
     *,
     nodes: int = 1,
     gpus: int = 2,
-    teams: Sequence[TeamConfig] = (),
+    teams: Sequence[TeamConfig] = (TeamConfig(name="research"),),  # `job()`'s, no quotas
     clusters: Sequence[ClusterConfig] | None = None,
 ) -> ControlConfig:
     if clusters is None:

@@ -57,6 +57,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except httpx.TransportError:
                 time.sleep(0.1)
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        # a job must name a declared team
+        code, out = cli(url, "quota", "set", "research", "--weight", "1")
+        assert code == 0, out
         yield url
     finally:
         proc.terminate()

@@ -16,6 +16,7 @@ from gpuplane.control.service import (
 )
 from gpuplane.control.settings import QuotaConfig, TeamConfig
 from gpuplane.control.spec import SpecError
+from gpuplane.control.views import TeamSet
 from tests.control.svc_helpers import (
     A100,
     assert_no_device_over_allocated,
@@ -143,6 +144,7 @@ def test_owner_reclaims_borrowed_cards_by_preempting_the_borrower(tmp_path: Path
 
 
 def test_higher_priority_goes_first(service: ControlService) -> None:
+    queries.set_team(service, "other", TeamSet())  # a job must name a declared team
     blocker = service.submit(job("blocker", gpus=2))["id"]
     low = service.submit({**job("low", gpus=2), "priority": 0})["id"]
     high = service.submit({**job("high", team="other", gpus=2), "priority": 10})["id"]

@@ -26,6 +26,7 @@ TEAMS = [
         name="a", cohort="ml", quotas=[QuotaConfig(flavor=A100, gpus=3, borrowing_limit_gpus=1)]
     ),
     TeamConfig(name="b", cohort="ml", quotas=[QuotaConfig(flavor=A100, gpus=2)]),
+    TeamConfig(name="c"),  # declared without quotas: not limited
 ]
 LIMITS = {"a": (3000, 1000), "b": (2000, None)}
 

@@ -14,6 +14,7 @@ from gpuplane.control.models import Event, Job, Team
 from gpuplane.control.scheduler.core import feasible
 from gpuplane.control.scheduler.snapshot import Request
 from gpuplane.control.spec import JobSpec, SpecError, parse_spec
+from gpuplane.errors import unknown_name
 
 if TYPE_CHECKING:
     from gpuplane.control.service import ControlService
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def submit(svc: ControlService, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer."""
-    spec = parse_spec(data)
+    spec = _parse(svc, data)
     request = spec.to_request(svc.new_id(spec.name))
     with svc.mutex:
         estate, _ = svc.estate()
@@ -39,7 +40,7 @@ def submit_many(
     jobs = []
     for k, data in enumerate(items):
         try:
-            spec = parse_spec(data)
+            spec = _parse(svc, data)
         except SpecError as exc:
             raise SpecError(f"item {k}: {exc}") from None
         jobs.append((spec, spec.to_request(svc.new_id(spec.name))))
@@ -53,6 +54,28 @@ def submit_many(
         with svc.locked() as (session, _):
             _insert(session, jobs, svc.clock())
     return [r.job_id for _, r in jobs]
+
+
+def _parse(svc: ControlService, data: Any) -> JobSpec:
+    """A spec that names no team is `control.default_team`'s, when the config sets one."""
+    default = svc.config.default_team
+    if default is not None and isinstance(data, dict) and data.get("team") is None:
+        data = {**data, "team": default}
+    return parse_spec(data)
+
+
+def _require_declared(session: Session, teams: set[str]) -> None:
+    """Refuse jobs of a team nobody declared (in the config or with `gpuplane quota set`):
+    created on the fly, it would have no quota and could take every GPU."""
+    from gpuplane.control.service import NotFoundError
+
+    declared = set(session.scalars(select(Team.name)))
+    missing = sorted(teams - declared)
+    if missing:
+        raise NotFoundError(
+            unknown_name("team", missing[0], declared) + "; declare it under control.teams in "
+            f"gpuplane.yaml or with `gpuplane quota set {missing[0]} --weight 1`"
+        )
 
 
 def _refuse_impossible(estate: Estate, spec: JobSpec, request: Request) -> None:
@@ -85,12 +108,8 @@ def _queue_and_admit(svc: ControlService, jobs: list[tuple[JobSpec, Request]]) -
 
 
 def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -> None:
-    """Queue `jobs` (and create their teams); runs under the store lock, so once per team."""
-    teams = {spec.team for spec, _ in jobs}
-    known = set(session.scalars(select(Team.name).where(Team.name.in_(teams))))
-    for team in sorted(teams - known):
-        session.add(Team(name=team))
-    session.flush()
+    """Queue `jobs`, all or none; runs under the store lock."""
+    _require_declared(session, {spec.team for spec, _ in jobs})
     session.execute(
         insert(Job),
         [
@@ -134,6 +153,7 @@ def _dry_run(
     job = PendingJob(request.job_id, spec.team, spec.priority, svc.clock(), request)
     outcome = decide(estate.copy(), job, svc.policy, svc.rng, svc.clock(), commit=False)
     with svc.store.session() as session:
+        _require_declared(session, {spec.team})
         ahead = (
             session.scalar(
                 select(func.count())

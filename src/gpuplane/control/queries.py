@@ -239,7 +239,8 @@ def get_team(service: ControlService, name: str) -> TeamView:
         team = session.get(Team, name)
         if team is None:
             raise NotFoundError(
-                f"no team '{name}'; teams appear on their first submit or `gpuplane quota set`"
+                f"no team '{name}'; declare teams under control.teams in gpuplane.yaml or "
+                "with `gpuplane quota set`"
             )
         return team_view(service, session, team)
 

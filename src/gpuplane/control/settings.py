@@ -146,6 +146,11 @@ class ControlConfig(_Section):
     teams: list[TeamConfig] = Field(
         default_factory=list, description="teams and quotas applied at start (others: via API)"
     )
+    default_team: str | None = Field(
+        default=None,
+        description="the team of a job spec that names none (one of `teams`); unset: every "
+        "spec names its team. A job naming an undeclared team is refused either way",
+    )
     reserve_after_s: Annotated[
         float,
         bounded(
@@ -200,6 +205,17 @@ class ControlConfig(_Section):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{what} names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _default_team_declared(self) -> ControlConfig:
+        names = [t.name for t in self.teams]
+        if self.default_team is not None and self.default_team not in names:
+            raise ValueError(
+                "default_team: "
+                + unknown_name("team", self.default_team, names)
+                + "; declare it under control.teams (a team needs no quotas)"
+            )
         return self
 
     def resolved_database_url(self) -> str:
