@@ -43,6 +43,11 @@ def _limit(seconds: float | None) -> str:
     return "-" if seconds is None else f"{format_duration(seconds)} (on a card of speed 1.0)"
 
 
+def _reason(r: dict[str, Any]) -> str:
+    """The closest cluster's reason, as `job describe` heads its list."""
+    return f"{r['code']} on {r['cluster']}: {r['message']}"
+
+
 def _where(job: dict[str, Any]) -> str:
     if not job.get("cluster"):
         return "-"
@@ -113,7 +118,7 @@ def list_(
                     j["priority"],
                     _slice(j["resources"]),
                     _where(j),
-                    (j["reasons"][0]["code"] if j["reasons"] else j.get("message") or ""),
+                    (j["reason"]["code"] if j.get("reason") else j.get("message") or ""),
                 ]
                 for j in data
             ],
@@ -153,8 +158,9 @@ def describe(
             console.print(
                 f"[bold]{key:>14}[/bold]  {'' if value is None else value}", highlight=False
             )
-        if j["reasons"]:
-            console.print("[bold]       waiting[/bold]  per cluster:")
+        if j.get("reason"):
+            console.print("[bold]       waiting[/bold]  " + _reason(j["reason"]), highlight=False)
+            console.print("[bold]   per cluster[/bold]")
             print_reasons(j["reasons"])
 
     emit(job, output, table)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
+from gpuplane.control.scheduler.decision import ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService, NotFoundError, quota_row
 from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (
@@ -46,7 +47,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
             )
             position = int(ahead or 0) + 1
     spec = job.spec
-    reasons = (job.reasons or {}).get("list", [])
+    reasons = [ReasonView(**r) for r in (job.reasons or {}).get("list", [])]
     return JobView(
         id=job.id,
         name=job.name,
@@ -60,7 +61,8 @@ def job_view(service: ControlService, job: Job) -> JobView:
         node=node,
         flavor=job.flavor,
         devices=list(placement.device_indices) if placement else [],
-        reasons=[ReasonView(**r) for r in reasons],
+        reasons=reasons,
+        reason=closest_reason(reasons),
         queue_position=position,
         message=job.message,
         exit_code=job.exit_code,
@@ -70,6 +72,14 @@ def job_view(service: ControlService, job: Job) -> JobView:
         started_at=job.started_at,
         finished_at=job.finished_at,
     )
+
+
+def closest_reason(reasons: list[ReasonView]) -> ReasonView | None:
+    """The reason of the cluster where the job came closest to fitting (the scheduler's
+    `Decision.primary_reason`): the one reason `job list` and `job describe` show first."""
+    each = tuple(ClusterReason(r.cluster, ReasonCode(r.code), r.message) for r in reasons)
+    primary = Decision("", None, each).primary_reason
+    return None if primary is None else reasons[each.index(primary)]
 
 
 def get_job(service: ControlService, ref: str) -> JobView:

@@ -30,6 +30,11 @@ class JobView(BaseModel):
     flavor: str | None = None
     devices: list[int] = Field(default_factory=list)
     reasons: list[ReasonView] = Field(default_factory=list)
+    reason: ReasonView | None = Field(
+        default=None,
+        description="pending only: of `reasons`, the cluster where it came closest to fitting "
+        "(what `job list` and `job describe` show first)",
+    )
     queue_position: int | None = Field(
         default=None,
         description="pending only: 1 + pending jobs of higher priority, or equal and older "
