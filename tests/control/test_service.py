@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,7 +159,7 @@ def test_higher_priority_goes_first(service: ControlService) -> None:
 def test_cancel_stops_the_process_and_frees_the_card(service: ControlService) -> None:
     jid = service.submit(job("sleeper", gpus=1))["id"]
     assert state(service, jid).state == "running"
-    popen = service.adapters["local"]._procs[jid].popen  # type: ignore[attr-defined]
+    popen = service.adapters["local"]._runs[jid].popen  # type: ignore[attr-defined]
     service.cancel(jid)
     assert popen.poll() is not None
     assert state(service, jid).state == "cancelled"
@@ -181,16 +183,17 @@ def test_a_failing_command_fails_the_job_with_its_exit_code(service: ControlServ
     assert_no_device_over_allocated(service)
 
 
-def test_a_restarted_service_sees_the_store_and_fails_lost_jobs(tmp_path: Path) -> None:
+def test_a_restarted_service_sees_the_store_and_fails_jobs_killed_meanwhile(tmp_path: Path) -> None:
     cfg = config(str(tmp_path))
     first = make_service(cfg)
     jid = first.submit(job("survivor", gpus=1))["id"]
-    first.adapters["local"]._procs.clear()  # type: ignore[attr-defined]  # as if it crashed
-    first.store.close()
+    pid = first.adapters["local"]._runs[jid].record.pid  # type: ignore[attr-defined]
+    first.store.close()  # as if it crashed, and the job was killed with its wrapper meanwhile
+    os.killpg(pid, signal.SIGKILL)
     second = make_service(cfg)
     try:
         row = wait_state(second, jid, "failed")
-        assert "gone" in (row.message or "")
+        assert "gone without recording an exit code" in (row.message or "")
         assert queries.list_clusters(second)[0].gpus_free == 2
     finally:
         second.close()
@@ -204,7 +207,7 @@ def test_two_service_processes_observe_only_the_jobs_they_started(tmp_path: Path
         assert state(a, jid).bound_by == "a"
         b.tick()  # b does not know the process, but it is not b's to judge
         assert state(b, jid).state == "running"
-        popen = a.adapters["local"]._procs[jid].popen  # type: ignore[attr-defined]
+        popen = a.adapters["local"]._runs[jid].popen  # type: ignore[attr-defined]
         b.cancel(jid)  # cancelled through the other process ...
         a.tick()  # ... the one that started it stops it on its next round
         assert popen.poll() is not None

@@ -94,7 +94,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails_saying_why(
     service: ControlService,
 ) -> None:
     jid = service.submit({**job("slow", gpus=1), "time_limit": "1s"})["id"]
-    popen = service.adapters["local"]._procs[jid].popen  # type: ignore[attr-defined]
+    popen = service.adapters["local"]._runs[jid].popen  # type: ignore[attr-defined]
     row = wait_state(service, jid, "succeeded", "failed", "cancelled")
     assert row.state == "failed"
     assert row.time_limit_s == 1.0

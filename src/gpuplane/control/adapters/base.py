@@ -6,7 +6,13 @@ tick; `release(job_id)` when a job is cancelled, preempted or has ended; `logs(j
 `workloads()` lists what it holds, so the reconciler can stop workloads whose job was cancelled
 or preempted by another service process. `bind` is idempotent per job id and `release` is
 idempotent and never raises, so a crash between
-the store's commit and the adapter's call can always be repaired by calling again. A Kubernetes
+the store's commit and the adapter's call can always be repaired by calling again.
+
+Workloads outlive the service process: a service restarted under the same `control.instance`
+creates its adapters again and calls `workloads()` and `status()` before anything else (its first
+reconcile, in `ControlService.start`); they answer for the workloads the earlier process bound
+too, and `bind` of such a job takes it back rather than starting it twice. `close()` is only for
+a shutdown that stops the jobs (`control serve --stop-jobs`, tests). A Kubernetes
 adapter maps a workload to a Pod with HAMi resource limits, a Ray adapter to a task with
 fractional `num_gpus`; the `local` adapter runs a process on this machine.
 """
@@ -109,7 +115,8 @@ class ClusterAdapter:
         raise NotImplementedError
 
     def bind(self, workload: Workload) -> None:
-        """Start `workload` on its node and devices. Idempotent per job id; raises AdapterError."""
+        """Start `workload` on its node and devices. Idempotent per job id, across restarts of
+        the service too; raises AdapterError saying what was wrong."""
         raise NotImplementedError
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
@@ -130,7 +137,7 @@ class ClusterAdapter:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release every workload this adapter still runs (service shutdown)."""
+        """Release every workload this adapter still runs (a shutdown that stops the jobs)."""
 
 
 _REGISTRY: dict[str, type[ClusterAdapter]] = {}

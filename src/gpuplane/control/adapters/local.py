@@ -7,11 +7,19 @@ HAMi's environment: `CUDA_DEVICE_MEMORY_LIMIT` (e.g. `10240m`) and `CUDA_DEVICE_
 compute share in percent). Output goes to a log file per job; the exit code is the job's. A job
 with a time limit that is still running once it has run that long (from its start here) is
 reported TIMED_OUT by `status`; the service then records why and `release` stops it.
+
+Jobs outlive the service (`_procs.py`): each runs in a session of its own under a wrapper that
+records its exit code, and its pid and start time are recorded before it starts, in
+`<state_dir>/clusters/<cluster>/run/`. A restarted service of the same `control.instance` loads
+those records at first use: `bind` takes such a job back instead of starting it again, `status`
+reports it running, ended with its code, or lost, and `release` stops it. Per-job files rather
+than store columns: pids and start times mean something only to this adapter on this machine, and
+the adapter interface stays the same for backends that keep that state themselves (a Pod, a Ray
+task).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -20,8 +28,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, ClassVar
+from typing import ClassVar
 
+from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
     AdapterError,
     ClusterAdapter,
@@ -65,16 +74,8 @@ def hami_env(workload: Workload) -> dict[str, str]:
     return env
 
 
-class _Proc:
-    __slots__ = ("deadline", "limit_s", "log", "popen")
-
-    def __init__(
-        self, popen: subprocess.Popen[bytes], log: IO[bytes], limit_s: float | None
-    ) -> None:
-        self.popen = popen
-        self.log = log
-        self.limit_s = limit_s
-        self.deadline = None if limit_s is None else time.monotonic() + limit_s
+def _placement(workload: Workload) -> dict[str, str]:
+    return {"node": workload.node, **hami_env(workload)}
 
 
 @register
@@ -88,7 +89,8 @@ class LocalAdapter(ClusterAdapter):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._procs: dict[str, _Proc] = {}
+        self._dir = RunDir(self.state_dir / "run")
+        self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
 
     # -- inventory ---------------------------------------------------------------------------
@@ -173,94 +175,101 @@ class LocalAdapter(ClusterAdapter):
         return str(self.state_dir / "logs" / f"{job_id}.log")
 
     def bind(self, workload: Workload) -> None:
+        """Start `workload`, or take back the one an earlier process of this service started for
+        the same job on the same placement (on another one it is stopped and started afresh)."""
         with self._lock:
-            if workload.job_id in self._procs:
+            held = self._held().get(workload.job_id)
+        if held is not None:
+            if held.record.placement == _placement(workload):
                 return
-            if not workload.command:
-                raise AdapterError(f"job {workload.job_id} has an empty command")
-            path = self.log_path(workload.job_id)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            env = {
-                **os.environ,
-                **workload.env,
-                **hami_env(workload),
-                "GPUPLANE_JOB_ID": workload.job_id,
-                "GPUPLANE_JOB_NAME": workload.name,
-            }
-            log = open(path, "ab")  # noqa: SIM115 - owned by _Proc, closed in release
-            try:
-                popen = subprocess.Popen(
-                    list(workload.command),
-                    env=env,
-                    cwd=workload.workdir,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                log.close()
-                raise AdapterError(
-                    f"job {workload.job_id}: cannot start {workload.command[0]!r}: {exc.strerror}; "
-                    "check the command and workdir in the job spec"
-                ) from None
-            self._procs[workload.job_id] = _Proc(popen, log, workload.time_limit_s)
+            self.release(workload.job_id)
+        with self._lock:
+            runs = self._held()
+            if workload.job_id not in runs:
+                runs[workload.job_id] = self._start(workload)
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
-        out: dict[str, WorkloadStatus] = {}
         with self._lock:
-            for job_id in job_ids:
-                proc = self._procs.get(job_id)
-                if proc is None:
-                    out[job_id] = WorkloadStatus(
-                        WorkloadState.LOST, None, "the local process is gone (service restarted?)"
-                    )
-                    continue
-                code = proc.popen.poll()
-                if code is None and proc.deadline is not None and time.monotonic() >= proc.deadline:
-                    assert proc.limit_s is not None
-                    out[job_id] = WorkloadStatus(
-                        WorkloadState.TIMED_OUT,
-                        None,
-                        f"exceeded its time limit: still running after "
-                        f"{format_duration(proc.limit_s)} on this node; stopped",
-                    )
-                elif code is None:
-                    out[job_id] = WorkloadStatus(WorkloadState.RUNNING)
-                elif code == 0:
-                    out[job_id] = WorkloadStatus(WorkloadState.SUCCEEDED, 0)
-                else:
-                    out[job_id] = WorkloadStatus(WorkloadState.FAILED, code, _describe_exit(code))
-        return out
+            runs = self._held()
+            return {job_id: self._status(job_id, runs.get(job_id)) for job_id in job_ids}
 
     def release(self, job_id: str) -> None:
         with self._lock:
-            proc = self._procs.pop(job_id, None)
-        if proc is None:
+            run = self._held().pop(job_id, None)
+        if run is None:
             return
-        popen = proc.popen
-        if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=self.control.kill_grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait()
-        proc.log.close()
+        run.stop(self.control.kill_grace_s)
+        self._dir.forget(job_id)
 
     def workloads(self) -> list[str]:
         with self._lock:
-            return list(self._procs)
+            return list(self._held())
+
+    # -- records -------------------------------------------------------------------------------
+
+    def _held(self) -> dict[str, JobProcess]:
+        """The workloads this adapter holds; at first use, those an earlier process of this
+        service instance recorded (call under the lock)."""
+        if self._runs is None:
+            self._runs = self._dir.load(self.control.instance)
+        return self._runs
+
+    def _status(self, job_id: str, run: JobProcess | None) -> WorkloadStatus:
+        if run is None:
+            return WorkloadStatus(
+                WorkloadState.LOST, None, "the local adapter has no record of its process"
+            )
+        record = run.record
+        ended = self._dir.exit(job_id)
+        if ended is None and run.alive():
+            if record.limit_s is not None and time.monotonic() - record.started >= record.limit_s:
+                return WorkloadStatus(
+                    WorkloadState.TIMED_OUT,
+                    None,
+                    f"exceeded its time limit: still running after "
+                    f"{format_duration(record.limit_s)} on this node; stopped",
+                )
+            return WorkloadStatus(WorkloadState.RUNNING)
+        ended = ended or self._dir.exit(job_id)  # it may have ended between the two looks
+        if ended is None:
+            return WorkloadStatus(
+                WorkloadState.LOST,
+                None,
+                f"its process (pid {record.pid}) is gone without recording an exit code: "
+                "it was killed together with its wrapper",
+            )
+        if ended.error is not None:
+            return WorkloadStatus(WorkloadState.FAILED, ended.code, f"{ended.error}; {FIX}")
+        if ended.code == 0:
+            return WorkloadStatus(WorkloadState.SUCCEEDED, 0)
+        return WorkloadStatus(WorkloadState.FAILED, ended.code, _describe_exit(ended.code))
+
+    def _start(self, workload: Workload) -> JobProcess:
+        if not workload.command:
+            raise AdapterError(f"job {workload.job_id} has an empty command")
+        env = {
+            **os.environ,
+            **workload.env,
+            **hami_env(workload),
+            "GPUPLANE_JOB_ID": workload.job_id,
+            "GPUPLANE_JOB_NAME": workload.name,
+        }
+        return self._dir.start(
+            workload.job_id,
+            workload.command,
+            env,
+            workload.workdir,
+            self.log_path(workload.job_id),
+            instance=self.control.instance,
+            limit_s=workload.time_limit_s,
+            placement=_placement(workload),
+        )
 
     def logs(self, job_id: str, tail: int | None = None) -> Iterator[bytes]:
         return read_log(self.log_path(job_id), tail)
 
     def close(self) -> None:
-        with self._lock:
-            ids = list(self._procs)
-        for job_id in ids:
+        for job_id in self.workloads():
             self.release(job_id)
 
 

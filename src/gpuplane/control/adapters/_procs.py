@@ -1,0 +1,244 @@
+"""The local adapter's job processes, which outlive the service: start, record, find again, stop.
+
+A job runs under the wrapper (`_wrap.py`) in a session of its own, so a signal to the service
+does not reach it. `RunDir.start` spawns the wrapper, records its pid and start time in
+`<job>.json` (temp file and rename), and only then lets it start the job: a job never runs
+unrecorded. The wrapper writes the job's exit code to `<job>.exit` when it ends, so an exit while
+the service is down is kept. A process is known by its pid AND its start time (`process_start`),
+never by the pid alone: pids are reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuplane.control.adapters._wrap import write_atomic
+from gpuplane.control.adapters.base import AdapterError
+
+WRAPPER = str(Path(__file__).with_name("_wrap.py"))
+FIX = "check the command (on PATH? executable?) and workdir in the job spec"
+_PROC = os.path.exists("/proc/self/stat")  # Linux; elsewhere `ps` tells a process's start time
+
+log = logging.getLogger("gpuplane.control")
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started, as a token that tells it from a later process given the same
+    pid; None when no such process runs (a zombie has ended). From /proc/<pid>/stat field 22
+    (clock ticks after boot); without /proc, from `ps -o lstart` (to the second)."""
+    if _PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        # field 2 (the command, in parentheses) may hold spaces and ')': count after the last ')'
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return None if fields[0] in (b"Z", b"X") else f"ticks:{int(fields[19])}"
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "stat=,lstart=", "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split(maxsplit=1)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if len(out) < 2 or out[0].startswith("Z") else f"ps:{out[1].strip()}"
+
+
+class JobRecord(BaseModel):
+    """One bound job as kept on disk: enough for a restarted service to know its process,
+    measure its time limit and stop it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    instance: str | None  # the service instance that bound it (another one's are not ours)
+    pid: int  # the wrapper's: a session and process group leader
+    start_time: str  # `process_start(pid)` at bind: pid and start time name one process
+    started: float  # time.monotonic() at bind; that clock is the machine's, not the process's
+    limit_s: float | None
+    placement: dict[str, str]  # node and device env: bound again elsewhere, it starts afresh
+
+
+class ExitRecord(BaseModel):
+    """What the wrapper writes when the job ends: its exit code, or why it could not start."""
+
+    code: int
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class JobProcess:
+    record: JobRecord
+    popen: subprocess.Popen[bytes] | None = None  # started by this process: polled to reap it
+
+    def alive(self) -> bool:
+        """Does the recorded process still run (same pid, same start time, not a zombie)?"""
+        if self.popen is not None:
+            self.popen.poll()
+        return process_start(self.record.pid) == self.record.start_time
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to its process group, SIGKILL after `grace_s`; the identity is checked again
+        before each signal, so a reused pid is never signalled. Idempotent; never raises."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+            if not self.alive():
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.record.pid, sig)
+            deadline = None if wait_s is None else time.monotonic() + wait_s
+            while self.alive() and (deadline is None or time.monotonic() < deadline):
+                time.sleep(0.02)
+
+
+class RunDir:
+    """The records of one local cluster's jobs, in one directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.absolute()  # the wrapper runs in the job's workdir
+
+    def files(self, job_id: str) -> tuple[str, str]:
+        """The job's record and exit file."""
+        base = str(self.path / job_id)
+        return f"{base}.json", f"{base}.exit"
+
+    def load(self, instance: str | None) -> dict[str, JobProcess]:
+        """The processes that service `instance` recorded and has not released."""
+        out = {}
+        for path in sorted(self.path.glob("*.json")):
+            try:
+                record = JobRecord.model_validate_json(path.read_bytes())
+            except (OSError, ValidationError) as exc:
+                log.warning("ignoring unreadable job record %s: %s", path, exc)
+                continue
+            if record.instance == instance:
+                out[record.job_id] = JobProcess(record)
+        return out
+
+    def exit(self, job_id: str) -> ExitRecord | None:
+        """How the job ended, once its wrapper wrote it."""
+        try:
+            with open(self.files(job_id)[1], "rb") as f:
+                return ExitRecord.model_validate_json(f.read())
+        except (OSError, ValidationError):
+            return None
+
+    def forget(self, job_id: str) -> None:
+        """Remove the job's record and exit file. Idempotent."""
+        for path in self.files(job_id):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def start(
+        self,
+        job_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        workdir: str | None,
+        log_path: str,
+        *,
+        instance: str | None,
+        limit_s: float | None,
+        placement: dict[str, str],
+    ) -> JobProcess:
+        """Spawn the wrapper, record it, then let it start `command`; returns once the command
+        started. Raises AdapterError saying why it could not."""
+        record_path, exit_path = self.files(job_id)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(exit_path)  # an earlier run's end is not this one's
+        go_r, go_w = os.pipe()
+        report_r, report_w = os.pipe()
+        with open(go_w, "wb", buffering=0) as go, open(report_r, "rb") as report:
+            argv = [sys.executable, "-I", "-S", WRAPPER, str(go_r), str(report_w)]
+            argv += [record_path, exit_path, "--", *command]
+            try:
+                popen = _spawn(job_id, argv, env, workdir, log_path, (go_r, report_w))
+            finally:
+                os.close(go_r)
+                os.close(report_w)
+            record = JobRecord(
+                job_id=job_id,
+                instance=instance,
+                pid=popen.pid,
+                start_time=process_start(popen.pid) or "",
+                started=time.monotonic(),
+                limit_s=limit_s,
+                placement=placement,
+            )
+            try:
+                write_atomic(record_path, record.model_dump_json())
+            except OSError as exc:
+                go.close()  # end of file: the wrapper runs nothing
+                popen.wait()
+                raise AdapterError(
+                    f"job {job_id}: cannot record its process in {record_path}: {exc.strerror}; "
+                    "make the control plane's state_dir writable"
+                ) from None
+            with contextlib.suppress(BrokenPipeError):  # it ended: the answer below is empty
+                go.write(b"g")
+            go.close()
+            answer = report.read().decode(errors="replace")
+        if answer != "ok":
+            popen.wait()
+            self.forget(job_id)
+            why = answer.removeprefix("error: ") or "its wrapper ended before starting it"
+            raise AdapterError(f"job {job_id}: {why}; {FIX}")
+        return JobProcess(record, popen)
+
+
+def _spawn(
+    job_id: str,
+    argv: list[str],
+    env: Mapping[str, str],
+    workdir: str | None,
+    log_path: str,
+    fds: tuple[int, int],
+) -> subprocess.Popen[bytes]:
+    try:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        out = open(log_path, "ab")  # noqa: SIM115 - closed below, once the wrapper holds it
+    except OSError as exc:
+        raise AdapterError(
+            f"job {job_id}: cannot open its log {log_path}: {exc.strerror}; "
+            "make the control plane's state_dir writable"
+        ) from None
+    with out:
+        try:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # signals to the service do not reach the job
+                pass_fds=fds,
+            )
+        except ValueError as exc:  # e.g. a NUL byte, or '=' in an env name
+            raise AdapterError(
+                f"job {job_id}: its command, env or workdir cannot be passed to a process "
+                f"({exc}); remove NUL bytes, and '=' from env names, in the job spec"
+            ) from None
+        except OSError as exc:
+            if workdir is not None and exc.filename == workdir:
+                raise AdapterError(
+                    f"job {job_id}: cannot run in workdir {workdir!r}: {exc.strerror}; "
+                    "create it or fix `workdir` in the job spec"
+                ) from None
+            raise AdapterError(
+                f"job {job_id}: cannot start its wrapper ({sys.executable}): {exc.strerror}"
+            ) from None
