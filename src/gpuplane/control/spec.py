@@ -145,6 +145,18 @@ class JobSpec(_Spec):
             raise ValueError(_NAME_RULE.format(value=value))
         return value
 
+    @field_validator("command", "env", "workdir")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # a C string ends at NUL: no process can be given one, so refuse it here, not at start
+        if isinstance(value, dict):  # env: names and values
+            texts = [*value, *value.values()]
+        else:  # command: a list; workdir: a string or None
+            texts = [value] if isinstance(value, str) else value or []
+        if any("\x00" in t for t in texts):
+            raise ValueError("holds a NUL byte (\\x00), which no process can be given; remove it")
+        return value
+
     def to_resources(self) -> Resources:
         r = self.resources
         return Resources(
