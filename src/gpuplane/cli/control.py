@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+from gpuplane import logs
 from gpuplane.config import load_settings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 app = typer.Typer(help="The multi-cluster control plane service.", no_args_is_help=True)
 
@@ -19,14 +27,27 @@ def serve(
     database_url: str | None = typer.Option(
         None, "--db", help="SQLAlchemy URL; default: sqlite:///.gpuplane/control.db"
     ),
+    stop_jobs: bool = typer.Option(
+        False,
+        "--stop-jobs",
+        help="on shutdown, stop the jobs this service runs (recorded failed) instead of leaving "
+        "them to its restart",
+    ),
 ) -> None:
-    """Serve the control plane (OpenAPI at /docs) on embedded defaults or a config file."""
+    """Serve the control plane (OpenAPI at /docs) on embedded defaults or a config file.
+
+    SIGTERM and SIGINT (Ctrl-C) stop the service, not its jobs: they keep running, and the
+    service started again with the same control.instance (default host:port) takes them back,
+    recording the exit code of any that ended meanwhile. With --stop-jobs, shutting down stops
+    them too.
+    """
     import uvicorn
 
     from gpuplane.control.api import create_app
     from gpuplane.control.service import ControlService
     from gpuplane.errors import GpuplaneError
 
+    logs.configure()
     try:
         control = load_settings(config).control
         updates = {
@@ -44,7 +65,31 @@ def serve(
     for line in messages:
         typer.echo(line)
     typer.echo(f"control plane on http://{control.host}:{control.port} (API docs at /docs)")
+    app_ = create_app(service)
+    server = _server(
+        uvicorn.Config(app_, host=control.host, port=control.port, log_level="warning")
+    )
     try:
-        uvicorn.run(create_app(service), host=control.host, port=control.port, log_level="warning")
+        server.run()
     finally:
-        service.close()
+        service.close(stop_jobs=stop_jobs)
+
+
+def _server(config: uvicorn.Config) -> uvicorn.Server:
+    """uvicorn's server, except that a SIGTERM or SIGINT it caught is not raised again once it
+    has shut down (uvicorn does, and the default action then ends the process before the
+    service's own shutdown runs)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            caught = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in caught}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)

@@ -2,22 +2,28 @@
 
 Adapters are called outside the store's transaction: bind after the placement was committed,
 release after the end was recorded. A job is only moved on if it is still in the state this
-round saw (a cancel or a preemption in between wins).
+round saw (a cancel or a preemption in between wins). Whatever binding one job raises fails that
+job with the reason, never the round: one bad spec does not hold up the others.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from gpuplane.control.adapters.base import AdapterError, Workload, WorkloadState, WorkloadStatus
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.models import Job
+from gpuplane.control.oplog import job_event, log
 from gpuplane.control.scheduler.speed import wall_seconds
-from gpuplane.control.spec import JobSpec
+from gpuplane.control.spec import SpecError, parse_spec
 
 if TYPE_CHECKING:
+    from gpuplane.control.estate import Estate
+    from gpuplane.control.scheduler.snapshot import Placement
     from gpuplane.control.service import ControlService
 
 
@@ -32,83 +38,125 @@ def _bind_admitted(svc: ControlService) -> None:
     with svc.store.session() as session:
         jobs = list(session.scalars(select(Job).where(Job.state == "admitted")))
     estate, _ = svc.estate()
-    binds: list[tuple[str, Workload]] = []
+    bound: list[tuple[str, Workload]] = []
+    failed: dict[str, str] = {}
+    teams, clusters = {}, {}
     for job in jobs:
         placement = estate.snapshot.allocations.get(job.id)
         if placement is None or job.cluster_name not in svc.adapters:
             continue
-        spec = JobSpec.model_validate(job.spec)
-        limit = None
-        if spec.time_limit is not None:  # stated for a card of speed 1.0: scaled to this node's
-            limit = wall_seconds(spec.time_limit, estate.snapshot.speed_of(placement.node))
-        binds.append(
-            (
-                str(job.cluster_name),
-                Workload(
-                    job_id=job.id,
-                    name=job.name,
-                    command=tuple(spec.command),
-                    node=split_qualified(placement.node)[1],
-                    devices=placement.devices,
-                    env=spec.env,
-                    workdir=spec.workdir,
-                    cpu_millis=job.cpu_millis,
-                    memory_mib=job.memory_mib,
-                    fractional=spec.to_request(job.id).is_fractional,
-                    time_limit_s=limit,
-                ),
-            )
-        )
-    started, failed = [], {}
-    for cluster, workload in binds:
+        teams[job.id], clusters[job.id] = job.team_name, str(job.cluster_name)
         try:
-            svc.adapters[cluster].bind(workload)
-            started.append(workload.job_id)
-        except AdapterError as exc:
-            failed[workload.job_id] = str(exc)
-    if not (started or failed):
+            workload = _workload(job, placement, estate)
+            svc.adapters[clusters[job.id]].bind(workload)
+        except Exception as exc:  # whatever it is, it fails this job, not the round
+            failed[job.id] = _why_not(exc, job.id, clusters[job.id])
+        else:
+            bound.append((clusters[job.id], workload))
+    if not (bound or failed):
         return
     now = svc.clock()
-    lost_race = []
+    lost_race, started, gave_up = [], [], []
     with svc.locked(neutral=not failed) as (session, estate):
-        for job_id in started:
+        for _, workload in bound:
             moved = session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.state == "admitted")
+                .where(Job.id == workload.job_id, Job.state == "admitted")
                 .values(state="running", started_at=now, bound_by=svc.instance)
             )
             if moved.rowcount == 1:  # type: ignore[attr-defined]
-                svc.record_event(session, "started", f"bound by {svc.instance}", job_id=job_id)
+                svc.record_event(
+                    session, "started", f"bound by {svc.instance}", job_id=workload.job_id
+                )
+                started.append(workload)
             else:  # cancelled meanwhile, or another service process bound it first
-                lost_race.append(job_id)
+                lost_race.append(workload.job_id)
         for job_id, msg in failed.items():
-            svc.finish(session, estate, job_id, "failed", None, msg, now, expect="admitted")
-    for cluster, workload in binds:
-        if workload.job_id in lost_race:
-            svc.adapters[cluster].release(workload.job_id)
+            if svc.finish(session, estate, job_id, "failed", None, msg, now, expect="admitted"):
+                gave_up.append(job_id)
+    for job_id in lost_race:
+        svc.adapters[clusters[job_id]].release(job_id)
+    for workload in started:
+        job_id = workload.job_id
+        reason = f"bound by {svc.instance} on {workload.node}"
+        job_event("started", job_id, team=teams[job_id], cluster=clusters[job_id], reason=reason)
+    for job_id in gave_up:
+        job_event(
+            "finished",
+            job_id,
+            team=teams[job_id],
+            cluster=clusters[job_id],
+            reason=failed[job_id],
+            state="failed",
+            level=logging.WARNING,
+        )
 
 
-def reconcile(svc: ControlService) -> None:
+def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:
+    """What the adapter starts for `job`; raises SpecError if its stored spec is no longer valid
+    (one queued before a check that refuses it now)."""
+    spec = parse_spec(job.spec)
+    limit = None
+    if spec.time_limit is not None:  # stated for a card of speed 1.0: scaled to this node's
+        limit = wall_seconds(spec.time_limit, estate.snapshot.speed_of(placement.node))
+    return Workload(
+        job_id=job.id,
+        name=job.name,
+        command=tuple(spec.command),
+        node=split_qualified(placement.node)[1],
+        devices=placement.devices,
+        env=spec.env,
+        workdir=spec.workdir,
+        cpu_millis=job.cpu_millis,
+        memory_mib=job.memory_mib,
+        fractional=spec.to_request(job.id).is_fractional,
+        time_limit_s=limit,
+    )
+
+
+def _why_not(exc: Exception, job_id: str, cluster: str) -> str:
+    """The failed job's message: what was wrong and what to do."""
+    if isinstance(exc, AdapterError):
+        return str(exc)
+    if isinstance(exc, SpecError):
+        return f"{exc}; submit a corrected spec"
+    log.exception("binding job %s on cluster %s raised", job_id, cluster)
+    return (
+        f"the {cluster} adapter could not start it ({type(exc).__name__}: {exc}); "
+        "check the job spec, and the control plane's log for the cause"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one reconcile saw of the jobs this service process runs: still running, ended with an
+    exit code, lost by the backend, stopped at their time limit."""
+
+    running: int = 0
+    exited: int = 0
+    lost: int = 0
+    timed_out: int = 0
+
+
+def reconcile(svc: ControlService) -> Observed:
     """Record the end of jobs this service process bound (exit code, or lost by the backend),
-    freeing their devices; stop workloads whose job was cancelled or preempted elsewhere."""
+    freeing their devices; stop workloads whose job was cancelled or preempted elsewhere.
+    Run first by `ControlService.start`, where it takes back the jobs of an earlier process."""
     with svc.adapter_lock:
-        _reconcile(svc)
+        return _reconcile(svc)
 
 
-def _reconcile(svc: ControlService) -> None:
+def _reconcile(svc: ControlService) -> Observed:
+    mine = (Job.state == "running") & (Job.bound_by == svc.instance)
     with svc.store.session() as session:
-        rows = session.execute(
-            select(Job.id, Job.cluster_name).where(
-                Job.state == "running", Job.bound_by == svc.instance
-            )
-        ).all()
+        rows = session.execute(select(Job.id, Job.cluster_name, Job.team_name).where(mine)).all()
         held = {c: a.workloads() for c, a in svc.adapters.items()}
         wanted = {i for ids in held.values() for i in ids}
+        # an admitted job's workload is kept: binding it takes it back (a crash before the store
+        # recorded the bind), or stops it if it was placed elsewhere since
         live = set(
             session.scalars(
-                select(Job.id).where(
-                    Job.id.in_(wanted), Job.state == "running", Job.bound_by == svc.instance
-                )
+                select(Job.id).where(Job.id.in_(wanted), or_(mine, Job.state == "admitted"))
             )
         )
     for cluster, ids in held.items():
@@ -127,7 +175,7 @@ def _reconcile(svc: ControlService) -> None:
             if status.state != WorkloadState.RUNNING:
                 ended.append((cluster, job_id, status))
     if not ended:
-        return
+        return Observed(running=len(rows))
     now = svc.clock()
     done = []
     with svc.locked() as (session, estate):
@@ -137,9 +185,62 @@ def _reconcile(svc: ControlService) -> None:
             if svc.finish(
                 session, estate, job_id, state, status.exit_code, message, now, expect="running"
             ):
-                done.append((cluster, job_id))
-    for cluster, job_id in done:
+                done.append((cluster, job_id, state, status))
+    teams = {row.id: row.team_name for row in rows}
+    for cluster, job_id, state, status in done:
         svc.adapters[cluster].release(job_id)
+        job_event(
+            "finished",
+            job_id,
+            team=teams[job_id],
+            cluster=cluster,
+            reason=status.message or "exited with code 0",
+            state=state,
+            exit_code=status.exit_code,
+            level=logging.WARNING if status.state == WorkloadState.LOST else logging.INFO,
+        )
+    kinds = [status.state for _, _, _, status in done]
+    return Observed(
+        running=len(rows) - len(ended),
+        exited=sum(k in (WorkloadState.SUCCEEDED, WorkloadState.FAILED) for k in kinds),
+        lost=kinds.count(WorkloadState.LOST),
+        timed_out=kinds.count(WorkloadState.TIMED_OUT),
+    )
+
+
+def stop_all(svc: ControlService) -> int:
+    """Record the running jobs of this service process failed (stopped at shutdown), then stop
+    every workload its adapters hold; returns how many jobs were stopped."""
+    reason = (
+        "stopped when its control plane shut down (`control serve --stop-jobs`); "
+        "submit it again to run it"
+    )
+    with svc.adapter_lock:
+        try:
+            with svc.store.session() as session:
+                rows = session.execute(
+                    select(Job.id, Job.cluster_name, Job.team_name).where(
+                        Job.state == "running", Job.bound_by == svc.instance
+                    )
+                ).all()
+            stopped = []
+            if rows:
+                now = svc.clock()
+                with svc.locked() as (session, estate):
+                    stopped = [
+                        row
+                        for row in rows
+                        if svc.finish(
+                            session, estate, row.id, "failed", None, reason, now, expect="running"
+                        )
+                    ]
+        finally:  # the processes are stopped even if the store could not record it
+            for adapter in svc.adapters.values():
+                adapter.close()
+    for row in stopped:
+        team, cluster = row.team_name, row.cluster_name
+        job_event("finished", row.id, team=team, cluster=cluster, reason=reason, state="failed")
+    return len(stopped)
 
 
 def drain_stops(svc: ControlService) -> None:

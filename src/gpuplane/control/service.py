@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuplane.control import intake, runtime
@@ -37,9 +37,10 @@ from gpuplane.control.inventory import (
 )
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.models import Allocation, Event, Job, Quota, Team
+from gpuplane.control.oplog import job_event
 from gpuplane.control.scheduler.registry import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ControlConfig, QuotaConfig
-from gpuplane.control.spec import JobSpec
+from gpuplane.control.spec import SpecError, parse_spec
 from gpuplane.control.store import Store
 from gpuplane.control.views import QuotaSet
 from gpuplane.errors import GpuplaneError
@@ -101,11 +102,16 @@ class ControlService:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> list[str]:
-        """Register the configured clusters and teams; returns what each inventory came from."""
+        """Register the configured clusters and teams, then take back the jobs an earlier process
+        of this instance left running (`runtime.reconcile`: still running, ended while it was
+        down, or lost; logged), before any pass can place a job on their cards. Returns what
+        each inventory came from."""
         now = self.clock()
         messages = []
+        # the adapters tell this instance's workloads from other instances' by its name
+        control = self.config.model_copy(update={"instance": self.instance})
         for cluster in self.config.clusters:
-            adapter = create_adapter(cluster, self.config)
+            adapter = create_adapter(cluster, control)
             inventory = adapter.inventory()
             self.adapters[cluster.name] = adapter
             self.inventory_sources[cluster.name] = inventory.source
@@ -130,11 +136,42 @@ class ControlService:
             for team in self.config.teams:
                 self._apply_team_config(session, team)
             self.invalidate()
+        seen = self.reconcile()
+        summary = (
+            f"reconciled on start: adopted {seen.running} running jobs, recorded {seen.exited} "
+            f"exits while down, {seen.lost} lost"
+        )
+        if seen.timed_out:
+            summary += f", {seen.timed_out} stopped past their time limit"
+        log.info(
+            summary,
+            extra={
+                "event": "reconciled",
+                "adopted": seen.running,
+                "exited": seen.exited,
+                "lost": seen.lost,
+                "timed_out": seen.timed_out,
+            },
+        )
         return messages
 
-    def close(self) -> None:
-        for adapter in self.adapters.values():
-            adapter.close()
+    def close(self, *, stop_jobs: bool = True) -> None:
+        """Shut down. `stop_jobs`: stop the jobs this process runs, recorded failed; False leaves
+        them running for a restart of this instance to take back (`control serve` on SIGTERM)."""
+        if stop_jobs:
+            runtime.stop_all(self)
+        else:
+            with self.store.session() as session:
+                left = session.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(Job.state == "running", Job.bound_by == self.instance)
+                )
+            log.info(
+                "control plane stopped; %d running jobs left running for its restart to take back",
+                left,
+                extra={"event": "stopped", "left_running": left},
+            )
         self.store.close()
 
     def tick(self) -> None:
@@ -207,9 +244,9 @@ class ControlService:
         """Hand admitted jobs to their cluster's adapter; a refusal fails the job."""
         runtime.bind_admitted(self)
 
-    def reconcile(self) -> None:
+    def reconcile(self) -> runtime.Observed:
         """Record jobs that ended (or that the backend lost), releasing their devices."""
-        runtime.reconcile(self)
+        return runtime.reconcile(self)
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -239,15 +276,31 @@ class ControlService:
                     Job.id, Job.team_name, Job.priority, Job.created_at, Job.spec, Job.reasons
                 ).where(Job.state == "pending")
             ).all()
-            pending, old = [], {}
+            pending, old, invalid = [], {}, []
             for row in rows:
                 job = self._pending.get(row.id)
                 if job is None or job.priority != row.priority:
-                    request = JobSpec.model_validate(row.spec).to_request(row.id)
+                    try:
+                        request = parse_spec(row.spec).to_request(row.id)
+                    except SpecError as exc:  # queued before a check that refuses it now
+                        why = f"{exc}; submit a corrected spec"
+                        self.finish(session, estate, row.id, "failed", None, why, now)
+                        invalid.append((row.id, row.team_name, why))
+                        continue
                     job = PendingJob(row.id, row.team_name, row.priority, row.created_at, request)
                     self._pending[row.id] = job
                 pending.append(job)
                 old[row.id] = row.reasons
+            for job_id, team, why in invalid:  # here: the pass may end just below
+                job_event(
+                    "finished",
+                    job_id,
+                    team=team,
+                    cluster=None,
+                    reason=why,
+                    state="failed",
+                    level=logging.WARNING,
+                )
             if not pending:
                 return 0, 0, {}
             result = run_pass(
@@ -261,10 +314,13 @@ class ControlService:
                 longest_first=self.config.longest_first,
             )
             preempted = [v for a in result.admitted for v in a.preempted]
+            events: list[tuple[str, str, str, str | None, str]] = []  # logged once committed
             if preempted:
                 session.execute(delete(Allocation).where(Allocation.job_id.in_(preempted)))
                 victims = session.execute(
-                    select(Job.id, Job.cluster_name, Job.attempts).where(Job.id.in_(preempted))
+                    select(Job.id, Job.cluster_name, Job.attempts, Job.team_name).where(
+                        Job.id.in_(preempted)
+                    )
                 ).all()
                 session.execute(
                     update(Job),
@@ -289,6 +345,8 @@ class ControlService:
                     self.record_event(
                         session, "preempted", "borrowed quota reclaimed; requeued", job_id=v.id
                     )
+                    reason = "its team's borrowed quota was reclaimed; requeued"
+                    events.append(("preempted", v.id, v.team_name, v.cluster_name, reason))
             if result.admitted:
                 ids = self._ids
                 session.execute(
@@ -320,8 +378,13 @@ class ControlService:
                 ]
                 if allocs:
                     session.execute(insert(Allocation), allocs)
+                teams = {job.job_id: job.team for job in pending}
                 for a in result.admitted:
                     self._pending.pop(a.job_id, None)
+                    reason = f"placed on {a.placement.node} ({a.flavor})"
+                    events.append(
+                        ("admitted", a.job_id, teams[a.job_id], a.placement.cluster, reason)
+                    )
             changed = [
                 {"id": j, "reasons": {"list": r}}
                 for j, r in result.reasons.items()
@@ -338,6 +401,8 @@ class ControlService:
             requeued = bool(preempted or result.requeued)
         if requeued:  # requeued jobs were not evaluated in this pass: the next one must run
             self._settled = None
+        for event, job_id, team, cluster, reason in events:
+            job_event(event, job_id, team=team, cluster=cluster, reason=reason)
         return out
 
     def cancel(self, ref: str) -> str:
@@ -347,9 +412,11 @@ class ControlService:
             job = self.job_row(session, ref)
             if job.state in ("succeeded", "failed", "cancelled"):
                 raise ConflictError(f"job {job.id} already ended ({job.state}); nothing to cancel")
-            cluster = job.cluster_name
+            cluster, team = job.cluster_name, job.team_name
             self.finish(session, estate, job.id, "cancelled", None, "cancelled by a user", now)
             job_id = job.id
+        reason = "cancelled by a user"
+        job_event("cancelled", job_id, team=team, cluster=cluster, reason=reason, state="cancelled")
         self._pending.pop(job_id, None)
         if cluster in self.adapters:
             self.adapters[str(cluster)].release(job_id)
