@@ -129,6 +129,31 @@ def test_exits_while_the_service_was_down_are_recorded_with_their_codes(
         second.close()
 
 
+def test_a_job_whose_wrapper_was_killed_alone_is_stopped_before_its_card_is_freed(
+    cfg: ControlConfig, tmp_path: Path
+) -> None:
+    """The OOM killer may pick the wrapper and spare the job: the job is lost (its exit can no
+    longer be known), and what is left of it is stopped before its card goes to another job."""
+    pids = tmp_path / "pids"
+    service = make_service(cfg, INSTANCE)
+    try:
+        jid = service.submit(job("orphan", command=writes_pid(pids), gpus=2))["id"]
+        job_pid = pid_in(pids)
+        record = JobRecord.model_validate_json(
+            (tmp_path / "clusters" / "local" / "run" / f"{jid}.json").read_bytes()
+        )
+        os.kill(record.pid, signal.SIGKILL)  # the wrapper alone
+        row = wait_state(service, jid, "failed")
+        assert row.message is not None
+        assert "gone without recording an exit code" in row.message
+        assert not alive(job_pid), "the job ran on after its card was freed"
+        after = service.submit(job("after", gpus=2))["id"]
+        assert wait_state(service, after, "running").state == "running"
+        assert_no_device_over_allocated(service)
+    finally:
+        service.close()
+
+
 def test_a_live_process_with_the_recorded_pid_but_another_start_time_is_not_adopted(
     cfg: ControlConfig, tmp_path: Path
 ) -> None:

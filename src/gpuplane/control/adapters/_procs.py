@@ -58,6 +58,30 @@ def process_start(pid: int) -> str | None:
     return None if len(out) < 2 or out[0].startswith("Z") else f"ps:{out[1].strip()}"
 
 
+def session_orphans(sid: int) -> list[int]:
+    """The live processes of session `sid` once its leader has ended (is gone or a zombie).
+
+    They can only be the leader's own descendants: Linux gives no new process an id that a
+    session still uses, so no stranger's session can carry this id while one of them lives.
+    While a live process holds the id (the leader, or a stranger that reused it after the whole
+    session ended), there are none. Linux only (/proc); elsewhere always []."""
+    if not _PROC or process_start(sid) is not None:
+        return []
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):  # field 6: session id
+            members.append(int(entry.name))
+    return members
+
+
 class JobRecord(BaseModel):
     """One bound job as kept on disk: enough for a restarted service to know its process,
     measure its time limit and stop it."""
@@ -93,14 +117,27 @@ class JobProcess:
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM to its process group, SIGKILL after `grace_s`; the identity is checked again
-        before each signal, so a reused pid is never signalled. Idempotent; never raises."""
+        before each signal, so a reused pid is never signalled. A wrapper killed on its own
+        (say, by the OOM killer) leaves its job running in its session: those processes are
+        stopped the same way, so a card is never freed while its job still runs. Idempotent;
+        never raises."""
+        pid = self.record.pid
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-            if not self.alive():
+            if self.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, sig)
+                running = self.alive
+            elif orphans := session_orphans(pid):
+                for member in orphans:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(member, sig)
+
+                def running() -> bool:
+                    return bool(session_orphans(pid))
+            else:
                 return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.record.pid, sig)
             deadline = None if wait_s is None else time.monotonic() + wait_s
-            while self.alive() and (deadline is None or time.monotonic() < deadline):
+            while running() and (deadline is None or time.monotonic() < deadline):
                 time.sleep(0.02)
 
 

@@ -235,8 +235,8 @@ class LocalAdapter(ClusterAdapter):
             return WorkloadStatus(
                 WorkloadState.LOST,
                 None,
-                f"its process (pid {record.pid}) is gone without recording an exit code: "
-                "it was killed together with its wrapper",
+                f"its wrapper (pid {record.pid}) is gone without recording an exit code: it "
+                "was killed (with the job, or alone: what is left of the job is stopped)",
             )
         if ended.error is not None:
             return WorkloadStatus(WorkloadState.FAILED, ended.code, f"{ended.error}; {FIX}")
