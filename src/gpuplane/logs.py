@@ -8,7 +8,8 @@ import sys
 from pythonjsonlogger.json import JsonFormatter
 from rich.logging import RichHandler
 
-QUIET = ("httpx", "httpcore", "uvicorn.access")  # one line per request or probe otherwise
+# one line per request or probe, or per migration check at every start, otherwise
+QUIET = ("httpx", "httpcore", "uvicorn.access", "alembic")
 
 
 def configure(level: int = logging.INFO) -> None:
