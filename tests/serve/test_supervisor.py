@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +20,13 @@ from gpuplane.errors import EngineError
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec
 from gpuplane.serve.server import engine_reporter
-from gpuplane.serve.supervisor import Backoff, EngineState, EngineStatus, Supervisor
+from gpuplane.serve.supervisor import (
+    Backoff,
+    EngineState,
+    EngineStatus,
+    ManagedProcess,
+    Supervisor,
+)
 from tests.conftest import free_port, gateway_settings
 
 pytestmark = pytest.mark.anyio
@@ -180,10 +187,12 @@ async def gateway_for(supervisor: Supervisor) -> tuple[Gateway, httpx.AsyncClien
     return gateway, httpx.AsyncClient(transport=transport, base_url="http://gateway")
 
 
-async def test_a_model_whose_every_instance_crash_loops_answers_503_with_the_diagnosis(
-    tmp_path: Path, supervisors: list[Supervisor]
-) -> None:
-    time = FakeTime(park_at=3)
+async def state_and_answer_after_crashes(
+    tmp_path: Path, supervisors: list[Supervisor], crashes: int
+) -> tuple[ManagedProcess, dict[str, Any], httpx.Response]:
+    """The gateway's /admin/state and its answer to a chat request once its one engine has
+    crashed `crashes` times (the supervisor then waits to restart it)."""
+    time = FakeTime(park_at=crashes)
     supervisor = crash_looping_supervisor(tmp_path, time, [])
     supervisors.append(supervisor)
     gateway, client = await gateway_for(supervisor)
@@ -196,7 +205,13 @@ async def test_a_model_whose_every_instance_crash_loops_answers_503_with_the_dia
             json={"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]},
         )
         await gateway.upstream.aclose()
-    proc = supervisor.processes[0]
+    return supervisor.processes[0], state, answer
+
+
+async def test_a_model_whose_every_instance_crash_loops_answers_503_with_the_diagnosis(
+    tmp_path: Path, supervisors: list[Supervisor]
+) -> None:
+    proc, state, answer = await state_and_answer_after_crashes(tmp_path, supervisors, 3)
     assert answer.status_code == 503
     message = answer.json()["error"]["message"]
     assert message.startswith(f"model 'smollm2' cannot be served: {proc.name} is crash-looping")
@@ -212,20 +227,7 @@ async def test_a_model_whose_every_instance_crash_loops_answers_503_with_the_dia
 async def test_an_instance_waiting_to_restart_is_down_and_its_503_names_the_last_exit(
     tmp_path: Path, supervisors: list[Supervisor]
 ) -> None:
-    time = FakeTime(park_at=1)
-    supervisor = crash_looping_supervisor(tmp_path, time, [])
-    supervisors.append(supervisor)
-    gateway, client = await gateway_for(supervisor)
-    async with client:
-        await supervisor.start()
-        await asyncio.wait_for(time.parked.wait(), 120)
-        state = (await client.get("/admin/state")).json()  # before any request fails there
-        answer = await client.post(
-            "/v1/chat/completions",
-            json={"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]},
-        )
-        await gateway.upstream.aclose()
-    proc = supervisor.processes[0]
+    proc, state, answer = await state_and_answer_after_crashes(tmp_path, supervisors, 1)
     assert answer.status_code == 503
     message = answer.json()["error"]["message"]
     assert message.startswith("all 1 instances of model 'smollm2' are unhealthy; retry later")
