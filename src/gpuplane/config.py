@@ -156,7 +156,12 @@ class GatewayConfig(_Section):
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole request deadline")
     connect_timeout_s: float = Field(default=5.0, gt=0, description="connecting to an engine")
     idle_timeout_s: float = Field(
-        default=120.0, gt=0, description="longest silence from an engine before it is a failure"
+        default=120.0,
+        gt=0,
+        description="longest silence between two chunks of a streamed answer; the stream then "
+        "ends with an error event. Before the first byte (a prefill, a whole non-streamed "
+        "answer) only request_timeout_s applies, so an engine still computing is never "
+        "sent the request a second time",
     )
     client_keepalive_s: int = Field(
         default=75,

@@ -3,10 +3,11 @@ the slot on every path.
 
 The whole life of the request runs inside `__call__`, under one loop timer that starts a watcher
 of the client's connection when the request is `WATCH_AFTER_S` old, cancels the request at its
-deadline, and fails the attempt when the engine stays silent for `gateway.idle_timeout_s` while
-the gateway waits on it. If the client leaves (while queued, before the first byte or
-mid-stream) the work is cancelled, the engine request is aborted, and the `finally` releases the
-lease exactly once.
+deadline, and ends a stream whose engine stays silent between two chunks for
+`gateway.idle_timeout_s`. Before the first byte only the deadline counts: a long prefill or a
+long non-streamed answer is silent too, and sending it to another instance would run it twice.
+If the client leaves (while queued, before the first byte or mid-stream) the work is cancelled,
+the engine request is aborted, and the `finally` releases the lease exactly once.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ _PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
 class _Cancel(enum.Enum):
     DEADLINE = "deadline"
     CLIENT_LEFT = "client left"
-    ENGINE_SILENT = "engine silent"  # fails the attempt only: it may be retried elsewhere
+    ENGINE_SILENT = "engine silent"  # between two chunks of a stream: ends the stream
 
 
 @dataclass(slots=True)
@@ -118,7 +119,7 @@ class ProxyCall:
         self.client_left = False
         self.cancelled_by: _Cancel | None = None
         self.expires_at = 0.0
-        # loop time since which the gateway waits on the engine; None while it does not
+        # loop time since which a stream waits on the engine's next chunk; None while it does not
         self.silent_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -158,8 +159,8 @@ class ProxyCall:
         self._timer_at = when
 
     def _on_timer(self) -> None:
-        """Start watching the client (first time), cancel at the deadline, fail the attempt
-        when the engine was silent too long; then set the timer for what is due next."""
+        """Start watching the client (first time), cancel at the deadline, end a stream whose
+        engine was silent too long; then set the timer for what is due next."""
         assert self._receive is not None
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -176,7 +177,7 @@ class ProxyCall:
         self._set_timer(min(due, self.expires_at))
 
     def _wait_on_engine(self) -> None:
-        """The gateway now waits on the engine: its silence counts from here."""
+        """The stream now waits on the engine's next chunk: its silence counts from here."""
         now = asyncio.get_running_loop().time()
         self.silent_since = now
         if self._timer_at > now + self.idle_s:
@@ -209,10 +210,11 @@ class ProxyCall:
             await self._finish(send, sse_error_event(message, "request_timeout"))
 
     async def _serve(self, send: Send) -> None:
-        """Acquire, proxy, release; a failure before the first byte is retried elsewhere up to
-        `retries` times. A refused connection uses up no retry: nothing reached an engine, and
-        the instance is marked down at once, so the next try goes elsewhere (with every instance
-        down the router refuses with 503)."""
+        """Acquire, proxy, release; a failure before the first byte (a refused or broken
+        connection, a 5xx answer; never silence) is retried elsewhere up to `retries` times.
+        A refused connection uses up no retry: nothing reached an engine, and the instance is
+        marked down at once, so the next try goes elsewhere (with every instance down the
+        router refuses with 503)."""
         avoid: frozenset[str] = frozenset()
         retries_left = self.retries
         while True:
@@ -266,16 +268,13 @@ class ProxyCall:
         response: EngineResponse | None = None
         sent_at = time.monotonic()
         try:
-            self._wait_on_engine()
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
             )
             headers = [(k, v) for k, v in response.raw_headers if k.lower() in _PASSED]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
-                self._wait_on_engine()
                 body = await self.upstream.read(response)
-                self.silent_since = None
                 self.series.ttft.observe(time.monotonic() - self.started)
                 headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
@@ -323,7 +322,6 @@ class ProxyCall:
         send: Send,
     ) -> None:
         tail = b""
-        self._wait_on_engine()
         async for chunk in self.upstream.chunks(response):
             self.silent_since = None  # a slow client is not a silent engine
             if not self.status:
