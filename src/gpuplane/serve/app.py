@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuplane.config import Settings
 from gpuplane.serve.engines import get_adapter
 from gpuplane.serve.errors import error_response
-from gpuplane.serve.metrics import GatewayMetrics
+from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import FailureKind, ModelRouter
@@ -268,29 +268,28 @@ def _unauthorized(headers: Mapping[str, str]) -> Response:
 async def _completion(
     gw: Gateway, scope: Scope, receive: Receive, schema: type[_CommonRequest]
 ) -> ProxyCall | Response:
-    model_name = "unknown"
     # decoded once: the lookups below would each scan and decode the raw list
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
     tenant = gw.resolve_tenant(headers)
     if tenant is None:
-        gw.metrics.reject(model_name, "unauthorized")
+        gw.metrics.reject(UNKNOWN_MODEL, "unauthorized")
         return _unauthorized(headers)
     body_or_error = await _read_body(receive, headers, gw.cfg.max_body_bytes)
     if isinstance(body_or_error, Response):
-        gw.metrics.reject(model_name, "invalid_request")
+        gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
         return body_or_error
     raw = body_or_error
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        gw.metrics.reject(model_name, "invalid_request")
+        gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
         return error_response(
             400, f"the request body is not valid JSON ({exc}); send a JSON object", "invalid_json"
         )
     try:
         req = schema.model_validate(payload)
     except ValidationError as exc:
-        gw.metrics.reject(model_name, "invalid_request")
+        gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         return error_response(
@@ -301,7 +300,7 @@ async def _completion(
         )
     router = gw.routers.get(req.model)
     if router is None:
-        gw.metrics.reject(req.model, "unknown_model")
+        gw.metrics.reject(UNKNOWN_MODEL, "unknown_model")
         known = ", ".join(gw.routers) or "none"
         return error_response(
             404,

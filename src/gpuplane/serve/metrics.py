@@ -29,6 +29,9 @@ from gpuplane.serve.placement import Choice
 from gpuplane.serve.router import ModelRouter, Rejection, RouterEvents
 from gpuplane.serve.slots import Lease
 
+# The model label of requests refused before they named a configured model: a label per name a
+# client made up would grow the page and the gateway's memory without bound.
+UNKNOWN_MODEL = "unknown"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -236,4 +239,4 @@ class GatewayMetrics:
         self.reaped.inc(model)
 
 
-__all__ = ["GatewayMetrics", "ModelSeries", "Rejection"]
+__all__ = ["UNKNOWN_MODEL", "GatewayMetrics", "ModelSeries", "Rejection"]
