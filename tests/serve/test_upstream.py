@@ -55,7 +55,7 @@ async def test_streams_the_answer_and_reuses_the_connection() -> None:
         status, data = await read_all(upstream, url, body(stream=False))
         assert status == 200
         assert json.loads(data)["object"] == "chat.completion"
-        assert await upstream.probe(url.rsplit("/v1", 1)[0] + "/health", 1.0)
+        assert await upstream.probe(url.rsplit("/v1", 1)[0] + "/health", 1.0) is None
 
 
 async def test_refused_connection_is_connect() -> None:
@@ -65,7 +65,9 @@ async def test_refused_connection_is_connect() -> None:
         with pytest.raises(UpstreamFailure) as caught:
             await upstream.open(url, body(), HEADERS)
         assert caught.value.kind is FailureKind.CONNECT
-        assert not await upstream.probe(url, 0.5)
+        failed = await upstream.probe(url, 0.5)
+        assert failed is not None
+        assert "cannot connect" in failed
     finally:
         await upstream.aclose()
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -29,6 +30,7 @@ from gpuplane.config import Settings
 from gpuplane.serve.engines import get_adapter
 from gpuplane.serve.errors import error_response
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
+from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import FailureKind, ModelRouter
@@ -67,6 +69,8 @@ class Gateway:
         self.cfg = settings.gateway
         self.routers: dict[str, ModelRouter] = {}
         self.metrics = GatewayMetrics(lambda: self.routers.values())
+        self.oplog = GatewayLog()
+        events = replace(self.metrics.router_events(), health_changed=self.oplog.health_changed)
         self.health_paths: dict[str, str] = {}
         rng = rng or random.Random()
         for model in settings.models:
@@ -76,7 +80,7 @@ class Gateway:
                 model,
                 self.cfg,
                 capacities,
-                events=self.metrics.router_events(),
+                events=events,
                 locality_wait_s=adapter.locality_wait_s,
                 per_request_cache=adapter.prefix_cache_per_request,
                 rng=random.Random(rng.random()),
@@ -132,11 +136,11 @@ class Gateway:
                     (router, inst.id, self.upstream.probe(url, self.cfg.health.probe_timeout_s))
                 )
         results = await asyncio.gather(*(c[2] for c in checks))
-        for (router, iid, _), ok in zip(checks, results, strict=True):
-            if ok:
+        for (router, iid, _), failure in zip(checks, results, strict=True):
+            if failure is None:
                 router.report_success(iid)
             else:
-                router.report_failure(iid, FailureKind.TIMEOUT)
+                router.report_failure(iid, FailureKind.TIMEOUT, failure)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -321,6 +325,7 @@ async def _completion(
         router=router,
         upstream=gw.upstream,
         metrics=gw.metrics,
+        oplog=gw.oplog,
         path=scope["path"],
         body=raw,
         headers=headers,

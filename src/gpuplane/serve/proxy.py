@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from gpuplane.serve.errors import error_body, sse_error_event
 from gpuplane.serve.metrics import GatewayMetrics
+from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.router import Admission, FailureKind, ModelRouter, Rejected, Rejection
 from gpuplane.serve.upstream import (
     PASSED_RESPONSE_HEADERS,
@@ -71,6 +72,7 @@ class ProxyCall:
         "expires_at",
         "finished",
         "idle_s",
+        "oplog",
         "path",
         "payload",
         "request_headers",
@@ -91,6 +93,7 @@ class ProxyCall:
         router: ModelRouter,
         upstream: Upstream,
         metrics: GatewayMetrics,
+        oplog: GatewayLog,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
@@ -104,6 +107,7 @@ class ProxyCall:
         self.router = router
         self.upstream = upstream
         self.series = metrics.model(router.name)
+        self.oplog = oplog
         self.path = path
         self.payload = body
         self.request_headers = headers
@@ -228,6 +232,7 @@ class ProxyCall:
                 )
             except Rejected as exc:
                 status = 429 if exc.reason is Rejection.QUEUE_FULL else 503
+                self.oplog.rejected(self.router.name, exc.reason, status)
                 await self._send_error(
                     send,
                     status,
@@ -247,7 +252,7 @@ class ProxyCall:
             if failure is None:
                 return
             self.series.failed(admission.lease.instance_id, failure.kind.value)
-            self.router.report_failure(admission.lease.instance_id, failure.kind)
+            self.router.report_failure(admission.lease.instance_id, failure.kind, str(failure))
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}

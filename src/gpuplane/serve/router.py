@@ -101,7 +101,8 @@ class RouterEvents:
     placed: Callable[[str, Choice], None] = lambda model, choice: None
     rejected: Callable[[str, Rejection], None] = lambda model, reason: None
     reaped: Callable[[str, Lease], None] = lambda model, lease: None
-    health_changed: Callable[[str, str, bool], None] = lambda model, iid, healthy: None
+    # (model, instance, healthy, why)
+    health_changed: Callable[[str, str, bool, str], None] = lambda model, iid, ok, why: None
 
 
 @dataclass(slots=True)
@@ -288,17 +289,18 @@ class ModelRouter:
 
     def report_success(self, instance_id: str) -> None:
         self._health[instance_id].consecutive_failures = 0
-        self._set_healthy(instance_id, True)
+        self._set_healthy(instance_id, True, "it answered a health probe or a request")
 
-    def report_failure(self, instance_id: str, kind: FailureKind) -> None:
+    def report_failure(self, instance_id: str, kind: FailureKind, detail: str = "") -> None:
         """Passive health: a refused connection marks the instance down at once; other failures
-        count until `failure_threshold` in a row."""
+        count until `failure_threshold` in a row. `detail` says what failed, for the log."""
         health = self._health[instance_id]
         health.consecutive_failures += 1
-        if kind is FailureKind.CONNECT or (
-            health.consecutive_failures >= self.cfg.health.failure_threshold
-        ):
-            self._set_healthy(instance_id, False)
+        n = health.consecutive_failures
+        if kind is FailureKind.CONNECT or n >= self.cfg.health.failure_threshold:
+            self._set_healthy(
+                instance_id, False, f"{n} failure(s) in a row, the last ({kind.value}): {detail}"
+            )
 
     def report_engine(
         self, instance_id: str, *, up: bool, error: str | None, crash_looping: bool
@@ -311,7 +313,7 @@ class ModelRouter:
         if up:
             self.report_success(instance_id)
         else:
-            self._set_healthy(instance_id, False)
+            self._set_healthy(instance_id, False, f"its engine exited ({error or 'no diagnosis'})")
 
     def _unhealthy_message(self) -> str:
         """Why no instance can take a request: the supervisors' diagnoses where they have one."""
@@ -326,10 +328,10 @@ class ModelRouter:
             "check the engines" + (f". Their last exits: {known}" if known else "")
         )
 
-    def _set_healthy(self, instance_id: str, healthy: bool) -> None:
+    def _set_healthy(self, instance_id: str, healthy: bool, reason: str) -> None:
         if not self.slots.set_healthy(instance_id, healthy):
             return
-        self.events.health_changed(self.name, instance_id, healthy)
+        self.events.health_changed(self.name, instance_id, healthy, reason)
         if healthy:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
         self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now

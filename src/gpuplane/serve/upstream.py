@@ -114,14 +114,17 @@ class Upstream:
         unfinished one closes its connection, so that the engine stops generating."""
         response.close()
 
-    async def probe(self, url: str, timeout_s: float) -> bool:
+    async def probe(self, url: str, timeout_s: float) -> str | None:
+        """GET a health URL: None when it answers below 500 within `timeout_s`, else why not."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().get(url, timeout=timeout) as response:
                 await response.read()
-                return response.status < 500
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"health probe: {_map(exc, url)}"
+        if response.status >= 500:
+            return f"health probe: {url} answered {response.status}"
+        return None
 
     async def _read_quietly(self, response: EngineResponse) -> bytes:
         """The body of an answer that is a failure anyway (for its message), then closed."""
