@@ -169,6 +169,25 @@ class GatewayConfig(_Section):
         description="an idle client connection is closed after this; keep it above clients' own "
         "pool expiry (httpx, the OpenAI SDK's client: 5 s) so that they close first",
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a client sends a request's whole head (request line and headers) within "
+        "this, counted from its connection's start or the request's first byte; else 408 and "
+        "the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a client sends a request's whole body within this of its head; else 408 "
+        "and the connection is closed",
+    )
+    max_connections_per_client: int = Field(
+        default=512,
+        ge=1,
+        description="open connections one client address may hold; a further one is closed at "
+        "once. Behind a load balancer all clients share its address: raise it there",
+    )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
     )

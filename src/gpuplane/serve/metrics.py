@@ -178,6 +178,11 @@ class GatewayMetrics:
         self.retries = Tally(
             "gpuplane_retries_total", "Requests retried on another instance", ["model"]
         )
+        self.connections_refused = Tally(
+            "gpuplane_connections_refused_total",
+            "Client connections closed before a request was read in full, by reason",
+            ["reason"],
+        )
         self.ttft = HistogramTally(
             "gpuplane_time_to_first_token_seconds",
             "Arrival to the first byte of the engine's answer, queueing included",
@@ -196,6 +201,7 @@ class GatewayMetrics:
             self.reaped,
             self.upstream_failures,
             self.retries,
+            self.connections_refused,
             self.ttft,
             self.latency,
             self.queue_wait,

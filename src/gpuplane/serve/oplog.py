@@ -1,11 +1,11 @@
-"""The gateway's operator log (logger `gpuplane.gateway`): instance health changes and requests
-refused for capacity (429/503).
+"""The gateway's operator log (logger `gpuplane.gateway`): instance health changes, requests
+refused for capacity (429/503) and client connections closed at the edge.
 
 Each line is an event whose fields ride in `extra` (`event`, `model`, `instance`, `reason`, ...),
 which `gpuplane.logs`'s JSON formatter writes as fields of their own. A health change is logged
-every time. Refusals come in bursts, so each kind (model and reason) is logged at most once per
-`every_s`, and that line says how many like it were left out since the one before it; the exact
-counts are in /metrics.
+every time. Refusals come in bursts, so each kind (model and reason; edge reason) is logged at
+most once per `every_s`, and that line says how many like it were left out since the one before
+it; the exact counts are in /metrics.
 """
 
 from __future__ import annotations
@@ -105,6 +105,25 @@ class GatewayLog:
                 "model": model,
                 "reason": reason.value,
                 "status": status,
+                "left_out": left_out,
+            },
+        )
+
+    def connection_refused(self, reason: str, client: str, remedy: str) -> None:
+        """The edge closed a client's connection before a request was read in full."""
+        left_out = self._limit.admit(("connection_refused", reason))
+        if left_out is None:
+            return
+        log.warning(
+            "closed a connection from %s (%s): %s%s",
+            client,
+            reason,
+            remedy,
+            _more(left_out),
+            extra={
+                "event": "connection_refused",
+                "reason": reason,
+                "client": client,
                 "left_out": left_out,
             },
         )
