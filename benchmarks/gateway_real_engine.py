@@ -27,9 +27,10 @@ from typing import Any
 
 import httpx
 
-from gpuplane.config import EngineConfig, parse_settings
+from gpuplane.config import parse_settings
 from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.server import serving
+from gpuplane.serve.settings import EngineConfig
 from gpuplane.serve.supervisor import Supervisor
 
 Request = tuple[int, dict[str, Any]]  # (tenant, chat body)

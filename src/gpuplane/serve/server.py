@@ -27,7 +27,6 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.protocols.utils import get_remote_addr
 
-from gpuplane.config import GatewayConfig, InstanceConfig, ModelConfig, Settings
 from gpuplane.errors import ConfigError
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
@@ -35,6 +34,7 @@ from gpuplane.serve.errors import error_body
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.router import ModelRouter
+from gpuplane.serve.settings import GatewayConfig, InstanceConfig, ModelConfig, ServeSettings
 from gpuplane.serve.supervisor import EngineState, EngineStatus, Supervisor
 
 
@@ -256,7 +256,7 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings, gateway: Gateway | None = None) -> AsyncIterator[str]:
+async def serving(settings: ServeSettings, gateway: Gateway | None = None) -> AsyncIterator[str]:
     """Serve the gateway (`gateway`, else one made from the settings) on
     settings.gateway.host:port while the block runs; yields its URL.
 
@@ -317,7 +317,9 @@ def raise_open_files_limit() -> None:
 
 
 async def serve_until_signal(
-    settings: Settings, on_ready: Callable[[], None] | None = None, gateway: Gateway | None = None
+    settings: ServeSettings,
+    on_ready: Callable[[], None] | None = None,
+    gateway: Gateway | None = None,
 ) -> None:
     """Serve the gateway until SIGINT/SIGTERM, then shut down in order."""
     stop = asyncio.Event()
@@ -334,7 +336,7 @@ async def serve_until_signal(
             loop.remove_signal_handler(sig)
 
 
-def with_embedded_model(settings: Settings, urls: list[str]) -> Settings:
+def with_embedded_model(settings: ServeSettings, urls: list[str]) -> ServeSettings:
     """Add the embedded engine's instances to the settings as one model."""
     name = settings.engine.model_name
     if any(m.name == name for m in settings.models):
@@ -366,7 +368,9 @@ def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:
     return report
 
 
-async def run_up(settings: Settings, log_dir: Path, on_ready: Callable[[Settings], None]) -> None:
+async def run_up(
+    settings: ServeSettings, log_dir: Path, on_ready: Callable[[ServeSettings], None]
+) -> None:
     """Start the embedded llama.cpp instances and the gateway in front of them. An engine that
     fails to start fails this with its diagnosis; one that exits later is marked down in the
     gateway with the supervisor's diagnosis until it answers again."""

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
-from gpuplane.config import GatewayConfig
 from gpuplane.serve.router import FailureKind
+from gpuplane.serve.settings import GatewayConfig
 
 # Headers of the client's request that are forwarded to the engine.
 FORWARDED_REQUEST_HEADERS = ("accept", "content-type", "user-agent", "x-request-id")

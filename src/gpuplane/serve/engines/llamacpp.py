@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuplane.config import EngineConfig
 from gpuplane.errors import EngineError
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec, register
+from gpuplane.serve.settings import EngineConfig
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # SmolLM2-135M keeps 30 layers x (K + V) x 3 KV heads x 64 dims x 2 bytes per token in its KV
