@@ -38,8 +38,11 @@ from sqlalchemy import func, select  # noqa: E402
 
 from _results import save  # noqa: E402
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job  # noqa: E402
-from gpuplane.control.scheduler.core import feasible  # noqa: E402
-from gpuplane.control.scheduler.snapshot import Request, Snapshot  # noqa: E402
+from gpuplane.control.scheduler import (  # noqa: E402
+    Request,
+    Snapshot,
+    feasible,
+)
 from gpuplane.control.service import ControlService  # noqa: E402
 from gpuplane.control.settings import (  # noqa: E402
     ClusterConfig,

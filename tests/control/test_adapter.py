@@ -21,7 +21,7 @@ from gpuplane.control.adapters import (
     create_adapter,
 )
 from gpuplane.control.adapters.local import parse_nvidia_smi
-from gpuplane.control.scheduler.snapshot import DeviceGrant
+from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
 from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION

@@ -17,7 +17,7 @@ from gpuplane.control.quota import (
     dominant_share,
     reclaim_candidates,
 )
-from gpuplane.control.scheduler.snapshot import Request
+from gpuplane.control.scheduler import Request
 
 A100 = "A100-80GB"
 CARD = 80 * 1024

@@ -9,8 +9,15 @@ import numpy as np
 from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
 from gpuplane.control.estate import Estate
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
-from gpuplane.control.scheduler import Hold, ReasonCode, Request, Snapshot, make_policy, schedule
-from gpuplane.control.scheduler.core import reservation_node
+from gpuplane.control.scheduler import (
+    Hold,
+    ReasonCode,
+    Request,
+    Snapshot,
+    make_policy,
+    reservation_node,
+    schedule,
+)
 from gpuplane.resources import Selector
 
 from .sched_helpers import node

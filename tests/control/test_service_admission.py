@@ -7,8 +7,7 @@ import numpy as np
 from gpuplane.control.admission import PendingJob, run_pass
 from gpuplane.control.estate import Estate
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
-from gpuplane.control.scheduler.registry import make_policy
-from gpuplane.control.scheduler.snapshot import DeviceInfo, NodeInfo, Request, Snapshot
+from gpuplane.control.scheduler import DeviceInfo, NodeInfo, Request, Snapshot, make_policy
 from gpuplane.resources import LABEL_GPU_MODEL, Selector
 
 A100, L4 = "A100-80GB", "L4"

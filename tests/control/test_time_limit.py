@@ -17,8 +17,7 @@ from gpuplane.control.delay import MIN_WORK_SAMPLES
 from gpuplane.control.estate import Estate
 from gpuplane.control.models import Event
 from gpuplane.control.quota import QuotaBook
-from gpuplane.control.scheduler import Request, Snapshot, make_policy, schedule
-from gpuplane.control.scheduler.core import reservation_node
+from gpuplane.control.scheduler import Request, Snapshot, make_policy, reservation_node, schedule
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
 from gpuplane.control.store import Store

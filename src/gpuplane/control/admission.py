@@ -33,16 +33,17 @@ from gpuplane.control.quota import (
     charge,
     reclaim_candidates,
 )
-from gpuplane.control.scheduler.base import Policy
-from gpuplane.control.scheduler.core import reservation_node, schedule
-from gpuplane.control.scheduler.hold import Hold
-from gpuplane.control.scheduler.snapshot import (
+from gpuplane.control.scheduler import (
     MILLI_PER_GPU,
     ClusterReason,
     Decision,
+    Hold,
     Placement,
+    Policy,
     ReasonCode,
     Request,
+    reservation_node,
+    schedule,
 )
 from gpuplane.resources import Selector
 

@@ -47,15 +47,15 @@ from typing import Any
 import numpy as np
 
 from gpuplane.averages import sample_weight
-from gpuplane.control.scheduler.core import filter_when_empty
-from gpuplane.control.scheduler.snapshot import (
+from gpuplane.control.scheduler import (
     MILLI_PER_GPU,
+    FloatArray,
     IntArray,
     ReasonCode,
     Request,
     Snapshot,
+    filter_when_empty,
 )
-from gpuplane.control.scheduler.speed import FloatArray
 
 MIN_WORK_SAMPLES = 8  # completed jobs before a job may wait for a faster model
 WORK_EWMA_MIN_WEIGHT = 0.02  # a plain mean of the first 50 jobs, then an EWMA

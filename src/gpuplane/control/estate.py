@@ -12,9 +12,16 @@ from typing import Any
 
 from gpuplane.control.delay import WorkHistory
 from gpuplane.control.quota import Amount, QuotaBook, Running, dominant_share
-from gpuplane.control.scheduler.hold import Hold, blocking, expected_start
-from gpuplane.control.scheduler.snapshot import Decision, Placement, Request, Snapshot
-from gpuplane.control.scheduler.speed import wall_seconds
+from gpuplane.control.scheduler import (
+    Decision,
+    Hold,
+    Placement,
+    Request,
+    Snapshot,
+    blocking,
+    expected_start,
+    wall_seconds,
+)
 
 
 @dataclass(slots=True)

@@ -11,8 +11,7 @@ from gpuplane.control.admission import PendingJob, decide
 from gpuplane.control.estate import Estate
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.models import Event, Job, Team
-from gpuplane.control.scheduler.core import feasible
-from gpuplane.control.scheduler.snapshot import Request
+from gpuplane.control.scheduler import Request, feasible
 from gpuplane.control.spec import JobSpec, SpecError, parse_spec
 from gpuplane.errors import unknown_name
 

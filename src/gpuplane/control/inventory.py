@@ -19,7 +19,7 @@ from gpuplane.control.adapters.base import Inventory
 from gpuplane.control.estate import Estate
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Cluster, Device, Job, Node, Team
 from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, Running, TeamQuota
-from gpuplane.control.scheduler.snapshot import (
+from gpuplane.control.scheduler import (
     DeviceGrant,
     DeviceInfo,
     NodeInfo,

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
-from gpuplane.control.scheduler.decision import ClusterReason, Decision, ReasonCode
+from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService, NotFoundError, quota_row
 from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (

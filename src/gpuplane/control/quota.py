@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, Request
+from gpuplane.control.scheduler import MILLI_PER_GPU, Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,12 @@ from gpuplane.control.adapters.base import AdapterError, Workload, WorkloadState
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.models import Job
 from gpuplane.control.oplog import job_event, log
-from gpuplane.control.scheduler.speed import wall_seconds
+from gpuplane.control.scheduler import wall_seconds
 from gpuplane.control.spec import SpecError, parse_spec
 
 if TYPE_CHECKING:
     from gpuplane.control.estate import Estate
-    from gpuplane.control.scheduler.snapshot import Placement
+    from gpuplane.control.scheduler import Placement
     from gpuplane.control.service import ControlService
 
 

@@ -38,7 +38,7 @@ from gpuplane.control.inventory import (
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.models import Allocation, Event, Job, Quota, Team
 from gpuplane.control.oplog import job_event
-from gpuplane.control.scheduler.registry import DEFAULT_POLICY, make_policy
+from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ControlConfig, QuotaConfig
 from gpuplane.control.spec import SpecError, parse_spec
 from gpuplane.control.store import Store

@@ -185,7 +185,7 @@ class ControlConfig(Section):
         if name is not None:
             # the scheduler core needs the `control` extra; only a config that names a policy
             # imports it here
-            from gpuplane.control.scheduler.registry import UnknownPolicyError, policy_class
+            from gpuplane.control.scheduler import UnknownPolicyError, policy_class
 
             try:
                 policy_class(name)

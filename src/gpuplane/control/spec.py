@@ -30,7 +30,7 @@ from gpuplane.control.bounds import (
     MAX_SECONDS,
     bounded,
 )
-from gpuplane.control.scheduler.snapshot import Request
+from gpuplane.control.scheduler import Request
 from gpuplane.errors import ResourceError
 from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector, Slice
 

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
-from gpuplane.control.scheduler.snapshot import DeviceGrant
+from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.errors import GpuplaneError
 

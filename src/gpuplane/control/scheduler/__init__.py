@@ -10,10 +10,22 @@ GPU speed: `Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})` or a node lab
 `gpuplane.io/gpu-speed`; the core then prefers faster cards (`speed.py`, `speed_weight`).
 """
 
-from gpuplane.control.scheduler.base import DEFAULT_SPEED_WEIGHT, Candidates, Policy, Scores
-from gpuplane.control.scheduler.core import feasible, filter_nodes, schedule
+from gpuplane.control.scheduler.base import (
+    DEFAULT_SPEED_WEIGHT,
+    Candidates,
+    FloatArray,
+    Policy,
+    Scores,
+)
+from gpuplane.control.scheduler.core import (
+    feasible,
+    filter_nodes,
+    filter_when_empty,
+    reservation_node,
+    schedule,
+)
 from gpuplane.control.scheduler.fragmentation import Workload
-from gpuplane.control.scheduler.hold import Hold
+from gpuplane.control.scheduler.hold import Hold, blocking, expected_start
 from gpuplane.control.scheduler.registry import (
     DEFAULT_POLICY,
     UnknownPolicyError,
@@ -28,6 +40,7 @@ from gpuplane.control.scheduler.snapshot import (
     Decision,
     DeviceGrant,
     DeviceInfo,
+    IntArray,
     NodeInfo,
     Placement,
     ReasonCode,
@@ -35,6 +48,7 @@ from gpuplane.control.scheduler.snapshot import (
     SchedulingConflict,
     Snapshot,
 )
+from gpuplane.control.scheduler.speed import wall_seconds
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -45,7 +59,9 @@ __all__ = [
     "Decision",
     "DeviceGrant",
     "DeviceInfo",
+    "FloatArray",
     "Hold",
+    "IntArray",
     "NodeInfo",
     "Placement",
     "Policy",
@@ -56,11 +72,16 @@ __all__ = [
     "Snapshot",
     "UnknownPolicyError",
     "Workload",
+    "blocking",
+    "expected_start",
     "feasible",
     "filter_nodes",
+    "filter_when_empty",
     "make_policy",
     "policy_class",
     "policy_names",
     "register",
+    "reservation_node",
     "schedule",
+    "wall_seconds",
 ]
