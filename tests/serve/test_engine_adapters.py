@@ -10,7 +10,7 @@ import pytest
 from gpuplane.errors import ConfigError
 from gpuplane.resources import Slice
 from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.engines.base import EngineLoad
+from gpuplane.serve.engines.base import EngineLoad, GpuEngineAdapter
 from gpuplane.serve.engines.lmdeploy import LmdeployAdapter, backend_config_labels
 from gpuplane.serve.engines.sglang import SglangAdapter
 from gpuplane.serve.engines.trtllm import TrtllmAdapter
@@ -95,6 +95,56 @@ def test_launch_commands_carry_capacity_memory_share_and_devices() -> None:
     trtllm = TrtllmAdapter().launch("m", "127.0.0.1", 9003, Slice(gpus=1), 32)
     assert _flag(trtllm.argv, "--max_batch_size") == "32"
     assert _flag(trtllm.argv, "--kv_cache_free_gpu_memory_fraction") == "0.9"
+
+
+# The whole command line of each GPU engine, pinned for the three slice shapes gpuplane launches:
+# half a shared card (memory fraction scaled, given device, user arguments last), two whole cards
+# (tensor parallel) and no card.
+LAUNCHES: dict[type[GpuEngineAdapter], tuple[str, str, str]] = {
+    VllmAdapter: (
+        "vllm serve m --host 127.0.0.1 --port 9000 --max-num-seqs 8"
+        " --gpu-memory-utilization 0.45 --seed 1",
+        "vllm serve m --host 0.0.0.0 --port 9001 --max-num-seqs 16"
+        " --gpu-memory-utilization 0.9 --tensor-parallel-size 2",
+        "vllm serve m --host 127.0.0.1 --port 9002 --max-num-seqs 4 --gpu-memory-utilization 0.9",
+    ),
+    SglangAdapter: (
+        "python -m sglang.launch_server --model-path m --host 127.0.0.1 --port 9000"
+        " --enable-metrics --max-running-requests 8 --mem-fraction-static 0.44 --seed 1",
+        "python -m sglang.launch_server --model-path m --host 0.0.0.0 --port 9001"
+        " --enable-metrics --max-running-requests 16 --mem-fraction-static 0.88 --tp-size 2",
+        "python -m sglang.launch_server --model-path m --host 127.0.0.1 --port 9002"
+        " --enable-metrics --max-running-requests 4 --mem-fraction-static 0.88",
+    ),
+    LmdeployAdapter: (
+        "lmdeploy serve api_server m --server-name 127.0.0.1 --server-port 9000"
+        " --max-batch-size 8 --cache-max-entry-count 0.4 --seed 1",
+        "lmdeploy serve api_server m --server-name 0.0.0.0 --server-port 9001"
+        " --max-batch-size 16 --cache-max-entry-count 0.8 --tp 2",
+        "lmdeploy serve api_server m --server-name 127.0.0.1 --server-port 9002"
+        " --max-batch-size 4 --cache-max-entry-count 0.8",
+    ),
+    TrtllmAdapter: (
+        "trtllm-serve m --host 127.0.0.1 --port 9000 --max_batch_size 8"
+        " --kv_cache_free_gpu_memory_fraction 0.45 --seed 1",
+        "trtllm-serve m --host 0.0.0.0 --port 9001 --max_batch_size 16"
+        " --kv_cache_free_gpu_memory_fraction 0.9 --tp_size 2",
+        "trtllm-serve m --host 127.0.0.1 --port 9002 --max_batch_size 4"
+        " --kv_cache_free_gpu_memory_fraction 0.9",
+    ),
+}
+
+
+@pytest.mark.parametrize("adapter", list(LAUNCHES), ids=lambda cls: cls.name)
+def test_gpu_engines_launch_exactly_these_commands(adapter: type[GpuEngineAdapter]) -> None:
+    half_shared, two_cards, no_card = LAUNCHES[adapter]
+    shared = adapter(card_mem_mib=81_920, devices=[3], extra_args=["--seed", "1"])
+    spec = shared.launch("m", "127.0.0.1", 9000, Slice(gpus=1, gpu_mem_mib=40_960), 8)
+    assert (spec.argv, spec.env) == (half_shared.split(), {"CUDA_VISIBLE_DEVICES": "3"})
+    spec = adapter().launch("m", "0.0.0.0", 9001, Slice(gpus=2), 16)
+    assert (spec.argv, spec.env) == (two_cards.split(), {"CUDA_VISIBLE_DEVICES": "0,1"})
+    spec = adapter().launch("m", "127.0.0.1", 9002, Slice(), 4)
+    assert (spec.argv, spec.env) == (no_card.split(), {"CUDA_VISIBLE_DEVICES": ""})
 
 
 def test_sim_adapter_launches_the_simulator() -> None:
