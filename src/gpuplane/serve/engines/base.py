@@ -64,8 +64,31 @@ class EngineAdapter:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class LaunchTemplate:
+    """How one GPU engine spells its command line; `GpuEngineAdapter.launch` fills it in.
+
+    The command is `command [model_flag] MODEL host_flag HOST port_flag PORT *fixed_flags
+    capacity_flag N memory_flag F [tensor_parallel_flag G]`, then the user's extra arguments.
+    """
+
+    command: tuple[str, ...]  # the program and its subcommand
+    capacity_flag: str
+    memory_flag: str  # the engine's GPU-memory fraction
+    memory_full: float  # the fraction it uses of a card it owns (see `memory_fraction`)
+    tensor_parallel_flag: str  # passed only when the slice spans more than one card
+    model_flag: str | None = None  # the flag before the model path; None: it is positional
+    host_flag: str = "--host"
+    port_flag: str = "--port"
+    fixed_flags: tuple[str, ...] = ()  # always passed, after host and port
+
+
 class GpuEngineAdapter(EngineAdapter):
-    """Base of the GPU engines gpuplane launches (vLLM, SGLang, LMDeploy, TensorRT-LLM)."""
+    """Base of the GPU engines gpuplane launches (vLLM, SGLang, LMDeploy, TensorRT-LLM).
+
+    A subclass declares its `template`; the command is built here, on the slice's devices."""
+
+    template: ClassVar[LaunchTemplate]
 
     def __init__(
         self,
@@ -77,8 +100,16 @@ class GpuEngineAdapter(EngineAdapter):
         self.devices = devices
         self.extra_args = list(extra_args)
 
-    def spec(self, argv: list[str], slice_: Slice) -> LaunchSpec:
-        """The launch spec: `argv` plus the user's extra arguments, on the slice's devices."""
+    def launch(
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+    ) -> LaunchSpec:
+        t = self.template
+        frac = memory_fraction(slice_, self.card_mem_mib, t.memory_full)
+        argv = [*t.command, *([t.model_flag] if t.model_flag else []), model_path]
+        argv += [t.host_flag, host, t.port_flag, str(port), *t.fixed_flags]
+        argv += [t.capacity_flag, str(capacity), t.memory_flag, f"{frac:g}"]
+        if slice_.gpus > 1:
+            argv += [t.tensor_parallel_flag, str(slice_.gpus)]
         return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))
 
 

@@ -7,13 +7,11 @@ config as the Prometheus info metric `lmdeploy:backend_config_info`, whose label
 
 from __future__ import annotations
 
-from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
-    LaunchSpec,
+    LaunchTemplate,
     load_from_samples,
-    memory_fraction,
     prometheus_samples,
     register,
 )
@@ -47,17 +45,16 @@ class LmdeployAdapter(GpuEngineAdapter):
     health_path = "/health"
     default_capacity = 128  # LMDeploy's default max_batch_size on GPUs with lots of memory
 
-    def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
-    ) -> LaunchSpec:
-        # --cache-max-entry-count is the share of free memory (after weights) for the KV cache
-        frac = memory_fraction(slice_, self.card_mem_mib, 0.8)
-        argv = ["lmdeploy", "serve", "api_server", model_path]
-        argv += ["--server-name", host, "--server-port", str(port)]
-        argv += ["--max-batch-size", str(capacity), "--cache-max-entry-count", f"{frac:g}"]
-        if slice_.gpus > 1:
-            argv += ["--tp", str(slice_.gpus)]
-        return self.spec(argv, slice_)
+    template = LaunchTemplate(
+        command=("lmdeploy", "serve", "api_server"),
+        host_flag="--server-name",
+        port_flag="--server-port",
+        capacity_flag="--max-batch-size",
+        # the share of free memory (after the weights) for the KV cache
+        memory_flag="--cache-max-entry-count",
+        memory_full=0.8,
+        tensor_parallel_flag="--tp",
+    )
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_lmdeploy_load(metrics_text)

@@ -7,13 +7,11 @@ in newer versions, in `internal_states[0]`.
 
 from __future__ import annotations
 
-from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
-    LaunchSpec,
+    LaunchTemplate,
     load_from_samples,
-    memory_fraction,
     prometheus_samples,
     register,
 )
@@ -37,16 +35,15 @@ class SglangAdapter(GpuEngineAdapter):
     default_capacity = 128
     info_path = "/server_info"
 
-    def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
-    ) -> LaunchSpec:
-        frac = memory_fraction(slice_, self.card_mem_mib, 0.88)
-        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path]
-        argv += ["--host", host, "--port", str(port), "--enable-metrics"]
-        argv += ["--max-running-requests", str(capacity), "--mem-fraction-static", f"{frac:g}"]
-        if slice_.gpus > 1:
-            argv += ["--tp-size", str(slice_.gpus)]
-        return self.spec(argv, slice_)
+    template = LaunchTemplate(
+        command=("python", "-m", "sglang.launch_server"),
+        model_flag="--model-path",
+        fixed_flags=("--enable-metrics",),
+        capacity_flag="--max-running-requests",
+        memory_flag="--mem-fraction-static",
+        memory_full=0.88,
+        tensor_parallel_flag="--tp-size",
+    )
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_sglang_load(metrics_text)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
-    LaunchSpec,
+    LaunchTemplate,
     load_from_samples,
-    memory_fraction,
     prometheus_samples,
     register,
 )
@@ -59,17 +57,14 @@ class TrtllmAdapter(GpuEngineAdapter):
     health_path = "/health"
     default_capacity = 2048  # trtllm-serve's default max_batch_size
 
-    def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
-    ) -> LaunchSpec:
+    template = LaunchTemplate(
+        command=("trtllm-serve",),
+        capacity_flag="--max_batch_size",
         # the KV cache takes this share of the memory left after the weights
-        frac = memory_fraction(slice_, self.card_mem_mib, 0.9)
-        argv = ["trtllm-serve", model_path, "--host", host, "--port", str(port)]
-        argv += ["--max_batch_size", str(capacity)]
-        argv += ["--kv_cache_free_gpu_memory_fraction", f"{frac:g}"]
-        if slice_.gpus > 1:
-            argv += ["--tp_size", str(slice_.gpus)]
-        return self.spec(argv, slice_)
+        memory_flag="--kv_cache_free_gpu_memory_fraction",
+        memory_full=0.9,
+        tensor_parallel_flag="--tp_size",
+    )
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_trtllm_load(metrics_text)

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 
-from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
-    LaunchSpec,
+    LaunchTemplate,
     load_from_samples,
-    memory_fraction,
     prometheus_samples,
     register,
 )
@@ -42,15 +40,13 @@ class VllmAdapter(GpuEngineAdapter):
     default_capacity = 256  # vLLM's default max_num_seqs
     info_path = "/server_info"  # only with VLLM_SERVER_DEV_MODE=1; otherwise 404
 
-    def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
-    ) -> LaunchSpec:
-        frac = memory_fraction(slice_, self.card_mem_mib, 0.9)
-        argv = ["vllm", "serve", model_path, "--host", host, "--port", str(port)]
-        argv += ["--max-num-seqs", str(capacity), "--gpu-memory-utilization", f"{frac:g}"]
-        if slice_.gpus > 1:
-            argv += ["--tensor-parallel-size", str(slice_.gpus)]
-        return self.spec(argv, slice_)
+    template = LaunchTemplate(
+        command=("vllm", "serve"),
+        capacity_flag="--max-num-seqs",
+        memory_flag="--gpu-memory-utilization",
+        memory_full=0.9,
+        tensor_parallel_flag="--tensor-parallel-size",
+    )
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
         return parse_vllm_load(metrics_text)
