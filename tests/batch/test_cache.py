@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.batch.cache import Entry, StageCache, parse_age, parse_size, plan_gc
-from gpuplane.batch.pipeline import BatchError
+from gpuplane.batch.errors import BatchError
 from gpuplane.cli.batch import app
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from gpuplane.batch.cache import StageCache
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import Journal, read_records
-from gpuplane.batch.pipeline import BatchError, load_pipeline
+from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
 from tests.batch.conftest import TOY, RunFn, alive, children, write_clips

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import CPU, ModuleProfile, declared_devices, plan_packing
-from gpuplane.batch.pipeline import BatchError, load_pipeline
+from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import Task, WorkerSpec
 from gpuplane.batch.runners.local import LocalRunner, detect_gpus
 from tests.batch.conftest import TOY

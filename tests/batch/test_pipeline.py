@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.pipeline import (
     CLIP,
-    BatchError,
     BoundStage,
     CachePolicy,
     Pipeline,

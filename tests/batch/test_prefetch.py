@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from gpuplane.batch.pipeline import BatchError
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.prefetch import Budget, Prefetcher, list_clips
 
 

@@ -1,8 +1,9 @@
 """Offline batch evaluation: versioned stages, prefetch, stage cache, packing and runners."""
 
 from gpuplane.batch.cache import StageCache
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import Device, Plan, plan_packing
-from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, Stage, stage
+from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, Stage, stage
 
 __all__ = [
     "CLIP",

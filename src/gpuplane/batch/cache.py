@@ -22,7 +22,7 @@ from typing import Any
 
 import fsspec
 
-from gpuplane.batch.pipeline import BatchError
+from gpuplane.batch.errors import BatchError
 
 MAGIC = b"GPC1"
 _HEADER = len(MAGIC) + 32

@@ -22,10 +22,11 @@ from typing import Any, Protocol
 import fsspec
 
 from gpuplane.batch.cache import CacheStats, StageCache
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import Journal
 from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
-from gpuplane.batch.pipeline import CLIP, BatchError, CachePolicy, Pipeline, cache_keys
+from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, cache_keys
 from gpuplane.batch.prefetch import ClipRef, Prefetcher, verified
 from gpuplane.batch.profile import expected_hits, resolve_profile
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from gpuplane.batch.pipeline import BatchError
+from gpuplane.batch.errors import BatchError
 
 
 class IdSet:

@@ -20,15 +20,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from gpuplane.errors import GpuplaneError
+from gpuplane.batch.errors import BatchError
 from gpuplane.resources import Slice
 
 CLIP = "clip"
 """The input name of a stage that reads the decoded clip itself."""
-
-
-class BatchError(GpuplaneError):
-    """A pipeline, a run or the stage cache is misconfigured or cannot proceed."""
 
 
 class CachePolicy(StrEnum):

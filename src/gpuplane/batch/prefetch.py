@@ -27,7 +27,7 @@ from typing import Any
 import fsspec
 
 from gpuplane.batch.cache import info_mtime
-from gpuplane.batch.pipeline import BatchError
+from gpuplane.batch.errors import BatchError
 
 CONTENT_CHECKSUMS = ("md5Hash", "Content-MD5", "md5", "crc32c", "ETag", "etag")
 """`info()` keys that name a clip's content, the first present honoured: gcsfs gives `md5Hash`

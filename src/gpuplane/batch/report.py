@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import read_records
-from gpuplane.batch.pipeline import BatchError
 
 
 def _svg(fig: Any) -> str:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import iter_records
 from gpuplane.batch.metrics import StageMetrics, Timeline
 from gpuplane.batch.packing import Device, Plan
-from gpuplane.batch.pipeline import BatchError, CachePolicy, Pipeline
+from gpuplane.batch.pipeline import CachePolicy, Pipeline
 
 RUN = "run.json"
 JOURNAL = "results.jsonl"

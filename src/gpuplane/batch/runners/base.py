@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.batch.cache import StageCache
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import Placement, Plan
-from gpuplane.batch.pipeline import BatchError, BoundStage, Pipeline, load_pipeline
+from gpuplane.batch.pipeline import BoundStage, Pipeline, load_pipeline
 
 
 @dataclass(frozen=True, slots=True)

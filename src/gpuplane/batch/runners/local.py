@@ -21,8 +21,9 @@ import threading
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import CPU, Device, Placement, Plan
-from gpuplane.batch.pipeline import BatchError, Pipeline
+from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
 _WORKER: Worker | None = None

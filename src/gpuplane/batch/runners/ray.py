@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import CPU, Placement, Plan
-from gpuplane.batch.pipeline import BatchError, Pipeline
+from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
 GPU_MEM_RESOURCE = "gpu_mem_mib"
