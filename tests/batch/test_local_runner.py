@@ -21,17 +21,17 @@ def test_pinned_pools_see_only_their_card() -> None:
     runner = LocalRunner(cpu_slots=1, pin_devices=True)
     runner.start(WorkerSpec(TOY), plan, pipe)
     try:
-        assert runner.capacity == len(plan.placements) - plan.replicas["parity_check"] + 1
+        assert runner.capacity == len(plan.replicas) - plan.replica_counts["parity_check"] + 1
         a_out = {"sum": 10, "n": 4}
         futures = [
-            (p, runner.submit(Task("c", p.module, None, (a_out,)), p))
-            for p in plan.placements
-            if p.module != "perception"
+            (r, runner.submit(Task("c", r.module, None, (a_out,)), r))
+            for r in plan.replicas
+            if r.module != "perception"
         ]
-        for p, fut in futures:
+        for r, fut in futures:
             res = fut.result(timeout=120)
-            want = "" if p.device == CPU else p.device.removeprefix("gpu")
-            assert res.worker.endswith(f":cuda[{want}]"), (p, res.worker)
+            want = "" if r.device == CPU else r.device.removeprefix("gpu")
+            assert res.worker.endswith(f":cuda[{want}]"), (r, res.worker)
     finally:
         runner.stop()
     runner.stop()  # idempotent

@@ -24,11 +24,11 @@ def test_heavy_module_alone_light_ones_packed_together() -> None:
         ModuleProfile("planning", frac(8_000, 25), 0.05),
     ]
     plan = plan_packing(mods, DEVS)
-    heavy = {p.device for p in plan.placements_of("perception")}
-    light = {p.device for m in ("lanes", "obstacles", "planning") for p in plan.placements_of(m)}
+    heavy = {p.device for p in plan.replicas_of("perception")}
+    light = {p.device for m in ("lanes", "obstacles", "planning") for p in plan.replicas_of(m)}
     assert heavy.isdisjoint(light)
     assert len(light) == 1  # three light modules share one card
-    assert plan.replicas["perception"] == 2  # the two cards the light ones left free
+    assert plan.replica_counts["perception"] == 2  # the two cards the light ones left free
     assert plan.bottleneck == "perception"
     assert all(v <= 1.0 + 1e-9 for v in plan.device_load.values())
 
@@ -41,7 +41,7 @@ def test_replicas_match_rates_by_water_filling() -> None:
     plan = plan_packing(mods, (Device("gpu0", 80_000),))
     # a is 4x slower than b: 4 replicas of a and 1 of b run at the same rate (0.9 of the card;
     # a fifth a would not fit)
-    assert plan.replicas == {"a": 4, "b": 1}
+    assert plan.replica_counts == {"a": 4, "b": 1}
     assert plan.rates["a"] == pytest.approx(10.0)
     assert plan.rates["b"] == pytest.approx(10.0)
     assert plan.device_load["gpu0"] == pytest.approx(0.9)
@@ -57,11 +57,11 @@ def test_memory_share_counts_and_cpu_modules_need_no_card() -> None:
     plan = plan_packing(mods, DEVS[:2], max_cpu_replicas=3)
     assert plan.share_of("big_mem") == pytest.approx(1.0)  # alone on its card
     assert plan.share_of("small") == pytest.approx(0.25)  # memory share, not 5 % cores
-    assert plan.replicas["small"] == 4  # the other card: 4 x 20 GB
-    big = {p.device for p in plan.placements_of("big_mem")}
-    assert big.isdisjoint({p.device for p in plan.placements_of("small")})
-    assert {p.device for p in plan.placements_of("cpu_only")} == {CPU}
-    assert plan.replicas["cpu_only"] == 2  # 40 clips/s, as fast as the 4 small ones
+    assert plan.replica_counts["small"] == 4  # the other card: 4 x 20 GB
+    big = {p.device for p in plan.replicas_of("big_mem")}
+    assert big.isdisjoint({p.device for p in plan.replicas_of("small")})
+    assert {p.device for p in plan.replicas_of("cpu_only")} == {CPU}
+    assert plan.replica_counts["cpu_only"] == 2  # 40 clips/s, as fast as the 4 small ones
 
 
 def test_refuses_with_reasons() -> None:
@@ -80,7 +80,7 @@ def test_fast_modules_get_no_replicas_past_the_useful_rate() -> None:
         ModuleProfile("slow", frac(8_000, 10), 0.05),
     ]
     plan = plan_packing(mods, DEVS[:2], enough_rate=100.0)
-    assert plan.replicas["tiny"] == 1
-    assert plan.replicas["cached_a"] == 1
-    assert plan.replicas["slow"] == 5  # 100 clips/s reached at 5 x 20
+    assert plan.replica_counts["tiny"] == 1
+    assert plan.replica_counts["cached_a"] == 1
+    assert plan.replica_counts["slow"] == 5  # 100 clips/s reached at 5 x 20
     assert plan.notes == ("every module runs at >= 100 clips/s",)

@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.journal import read_records
-from gpuplane.batch.packing import CPU, Placement, declared_devices
+from gpuplane.batch.packing import CPU, Replica, declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.prefetch import list_clips
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
@@ -21,11 +21,11 @@ from tests.batch.test_driver import expected
 
 
 def test_actor_options_map_slices_to_fractional_gpus_and_custom_resources() -> None:
-    frac = actor_options(Placement("a", 0, "gpu0", 0.25, 8192), 1.0, custom=True)
+    frac = actor_options(Replica("a", 0, "gpu0", 0.25, 8192), 1.0, custom=True)
     assert frac == {"num_cpus": 1.0, "num_gpus": 0.25, "resources": {GPU_MEM_RESOURCE: 8192}}
-    whole = actor_options(Placement("a", 0, "gpu1", 1.0, 0), 2.0, custom=False)
+    whole = actor_options(Replica("a", 0, "gpu1", 1.0, 0), 2.0, custom=False)
     assert whole == {"num_cpus": 2.0, "num_gpus": 1.0}
-    assert actor_options(Placement("c", 0, CPU, 0.0, 0), 0.5, custom=True) == {"num_cpus": 0.5}
+    assert actor_options(Replica("c", 0, CPU, 0.0, 0), 0.5, custom=True) == {"num_cpus": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +67,11 @@ def test_ray_runner_runs_the_plan_across_two_nodes(ray_cluster: str, tmp_path: P
     assert summary["status"] == "finished"
     got = {k: v["out"] for k, v in read_records(tmp_path / "run" / "results.jsonl").items()}
     assert got == expected(clips)
-    # every placement became an actor; GPU actors got fractional cards on both nodes
-    placements = summary["plan"]["placements"]
-    assert len(runner.idents) == len(placements)
+    # every replica became an actor; GPU actors got fractional cards on both nodes
+    replicas = summary["plan"]["placements"]
+    assert len(runner.idents) == len(replicas)
     gpu_idents = [
-        runner.idents[(p["module"], p["replica"])] for p in placements if p["device"] != CPU
+        runner.idents[(r["module"], r["replica"])] for r in replicas if r["device"] != CPU
     ]
     assert all(":gpu[" in i and not i.endswith("gpu[]") for i in gpu_idents)
     assert len({i.split(":")[0] for i in gpu_idents}) == 2

@@ -25,7 +25,7 @@ from gpuplane.batch.cache import CacheStats, StageCache
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import Journal
 from gpuplane.batch.metrics import StageMetrics
-from gpuplane.batch.packing import CPU, Device, ModuleProfile, Placement, Plan, plan_packing
+from gpuplane.batch.packing import CPU, Device, ModuleProfile, Plan, Replica, plan_packing
 from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, cache_keys
 from gpuplane.batch.prefetch import ClipRef, Prefetcher, verified
 from gpuplane.batch.profile import expected_hits, resolve_profile
@@ -243,7 +243,7 @@ class Driver:
         stages = self.pipeline.stages
         fs_cache: dict[str, Any] = {}
         events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        free = {s.name: deque(plan.placements_of(s.name)) for s in stages}
+        free = {s.name: deque(plan.replicas_of(s.name)) for s in stages}
         ready: dict[str, deque[_Job]] = {s.name: deque() for s in stages}
         in_flight: dict[str, _Job | None] = {}
         running = 0
@@ -367,7 +367,7 @@ class Driver:
         if self.observer:
             self.observer.on_update(self.metrics, done)
 
-    def _account(self, stage: str, pl: Placement, res: TaskResult) -> tuple[float, float]:
+    def _account(self, stage: str, pl: Replica, res: TaskResult) -> tuple[float, float]:
         """Count a computed stage; returns its (compute, device) seconds for the clip's record."""
         m = self.metrics[stage]
         dt = max(0.0, res.end - res.start)

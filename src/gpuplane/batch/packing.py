@@ -36,20 +36,26 @@ class ModuleProfile:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """One replica of a module on one device (or on the host CPUs) with its card share."""
+class Replica:
+    """One replica of a module (its `index`-th) on one device, or on the host CPUs, with its
+    card share."""
 
     module: str
-    replica: int
+    index: int
     device: str
     share: float
     mem_mib: int
 
+    def to_dict(self) -> dict[str, object]:
+        """As run.json and `batch plan -o json` show it (the index under `replica`)."""
+        return {"module": self.module, "replica": self.index, "device": self.device,
+                "share": self.share, "mem_mib": self.mem_mib}  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    placements: tuple[Placement, ...]
-    replicas: Mapping[str, int]
+    replicas: tuple[Replica, ...]
+    replica_counts: Mapping[str, int]
     rates: Mapping[str, float]  # clips per second per module
     bottleneck: str
     device_load: Mapping[str, float]
@@ -59,12 +65,12 @@ class Plan:
     def throughput(self) -> float:
         return self.rates[self.bottleneck]
 
-    def placements_of(self, module: str) -> tuple[Placement, ...]:
-        return tuple(p for p in self.placements if p.module == module)
+    def replicas_of(self, module: str) -> tuple[Replica, ...]:
+        return tuple(r for r in self.replicas if r.module == module)
 
     def share_of(self, module: str) -> float:
-        ps = self.placements_of(module)
-        return ps[0].share if ps else 0.0
+        rs = self.replicas_of(module)
+        return rs[0].share if rs else 0.0
 
 
 @dataclass(slots=True)
@@ -127,26 +133,26 @@ def plan_packing(
             "card per replica: ask for gpus=1 and let the planner add replicas"
         )
     state = _Devices(devices, {d.id: 0.0 for d in devices}, {d.id: 0 for d in devices}, set())
-    placements: list[Placement] = []
-    replicas: dict[str, int] = {}
+    made: list[Replica] = []
+    counts: dict[str, int] = {}
     notes: list[str] = []
 
     def add(m: ModuleProfile) -> bool:
         if not m.slice.is_gpu:
-            if replicas.get(m.name, 0) >= max_cpu_replicas:
+            if counts.get(m.name, 0) >= max_cpu_replicas:
                 return False
-            placements.append(Placement(m.name, replicas.get(m.name, 0), CPU, 0.0, 0))
-            replicas[m.name] = replicas.get(m.name, 0) + 1
+            made.append(Replica(m.name, counts.get(m.name, 0), CPU, 0.0, 0))
+            counts[m.name] = counts.get(m.name, 0) + 1
             return True
-        if replicas.get(m.name, 0) >= max_replicas:
+        if counts.get(m.name, 0) >= max_replicas:
             return False
         choice = state.choose(m.slice, heavy_share)
         if choice is None:
             return False
         device, share, mem = choice
         state.take(device, share, mem, exclusive=share >= 1.0 - 1e-9 and not m.slice.is_fractional)
-        placements.append(Placement(m.name, replicas.get(m.name, 0), device, share, mem))
-        replicas[m.name] = replicas.get(m.name, 0) + 1
+        made.append(Replica(m.name, counts.get(m.name, 0), device, share, mem))
+        counts[m.name] = counts.get(m.name, 0) + 1
         return True
 
     # heaviest first, so whole cards are still free for the modules that need them
@@ -160,7 +166,7 @@ def plan_packing(
             )
 
     def rate(m: ModuleProfile) -> float:
-        n = replicas[m.name]
+        n = counts[m.name]
         return math.inf if m.seconds_per_clip <= 0 else n / m.seconds_per_clip
 
     while True:
@@ -174,7 +180,7 @@ def plan_packing(
     rates = {m.name: rate(m) for m in modules}
     bottleneck = min(modules, key=rate).name
     load = {d: round(v, 6) for d, v in state.load.items()}
-    return Plan(tuple(placements), dict(replicas), rates, bottleneck, load, tuple(notes))
+    return Plan(tuple(made), dict(counts), rates, bottleneck, load, tuple(notes))
 
 
 def _nominal_share(sl: Slice, devices: Sequence[Device]) -> float:

@@ -147,8 +147,8 @@ def write_report(summary: Mapping[str, Any], path: Path) -> Path:
     parts.append("<h2>Invocations</h2>" + _table(invocation_rows(summary), INVOCATION_HEAD))
     for title, svg in plots(summary).items():
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
-    placements = summary.get("plan", {}).get("placements", [])
-    rows = [[p["module"], p["replica"], p["device"], f"{p['share']:.2f}"] for p in placements]
+    replicas = summary.get("plan", {}).get("placements", [])  # run.json's key for them
+    rows = [[r["module"], r["replica"], r["device"], f"{r['share']:.2f}"] for r in replicas]
     parts.append("<h2>Packing plan</h2>" + _table(rows, ["module", "replica", "device", "share"]))
     path.write_text("\n".join(parts), encoding="utf-8")
     return path

@@ -63,20 +63,11 @@ def run_header(
         "profile_source": profile_source,
         "expected_hit_rate": dict(expected_hits),
         "plan": {
-            "replicas": dict(plan.replicas),
+            "replicas": dict(plan.replica_counts),
             "rates": dict(plan.rates),
             "bottleneck": plan.bottleneck,
             "device_load": dict(plan.device_load),
-            "placements": [
-                {
-                    "module": p.module,
-                    "replica": p.replica,
-                    "device": p.device,
-                    "share": p.share,
-                    "mem_mib": p.mem_mib,
-                }
-                for p in plan.placements
-            ],
+            "placements": [r.to_dict() for r in plan.replicas],
             "notes": list(plan.notes),
         },
     }

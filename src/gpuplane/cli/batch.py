@@ -85,11 +85,11 @@ def _emit(doc: Any, fmt: Output) -> None:
 
 def _plan_table(plan: Plan) -> Table:
     t = Table(title=f"packing plan (bottleneck: {plan.bottleneck})")
-    for col in ("module", "replicas", "placements", "share", "clips/s"):
+    for col in ("module", "replicas", "devices", "share", "clips/s"):
         t.add_column(col)
-    for name, n in plan.replicas.items():
-        places = ", ".join(p.device for p in plan.placements_of(name))
-        t.add_row(name, str(n), places, f"{plan.share_of(name):.2f}", f"{plan.rates[name]:.2f}")
+    for name, n in plan.replica_counts.items():
+        devices = ", ".join(r.device for r in plan.replicas_of(name))
+        t.add_row(name, str(n), devices, f"{plan.share_of(name):.2f}", f"{plan.rates[name]:.2f}")
     return t
 
 
@@ -287,12 +287,12 @@ def plan(
     if output is not Output.table:
         _emit(
             {
-                "replicas": dict(p.replicas),
+                "replicas": dict(p.replica_counts),
                 "rates": dict(p.rates),
                 "bottleneck": p.bottleneck,
                 "device_load": dict(p.device_load),
                 "profile_s": profile,
-                "placements": [vars_of(x) for x in p.placements],
+                "placements": [r.to_dict() for r in p.replicas],
             },
             output,
         )

@@ -2,7 +2,7 @@
 
 The driver (`gpuplane.batch.driver`) owns scheduling, the cache reads, resume and the report; a
 runner only executes `Task`s on the replicas the packing plan names. Call order:
-`start(spec, plan)` once, then any number of `submit(task, placement)` (at most `capacity`
+`start(spec, plan)` once, then any number of `submit(task, replica)` (at most `capacity`
 in flight), then `stop()` (idempotent, also after a failed start).
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import Placement, Plan
+from gpuplane.batch.packing import Plan, Replica
 from gpuplane.batch.pipeline import BoundStage, Pipeline, load_pipeline
 
 
@@ -101,11 +101,11 @@ class Runner(ABC):
 
     @abstractmethod
     def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
-        """Create pools or actors for every placement of `plan`."""
+        """Create pools or actors for every replica of `plan`."""
 
     @abstractmethod
-    def submit(self, task: Task, placement: Placement) -> Future[TaskResult]:
-        """Run `task` on the replica `placement`; the future carries its result or error."""
+    def submit(self, task: Task, replica: Replica) -> Future[TaskResult]:
+        """Run `task` on `replica`; the future carries its result or error."""
 
     @abstractmethod
     def stop(self) -> None:

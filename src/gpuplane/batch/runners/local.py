@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import CPU, Device, Placement, Plan
+from gpuplane.batch.packing import CPU, Device, Plan, Replica
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
@@ -108,9 +108,9 @@ class LocalRunner(Runner):
             )
             return
         per_device: dict[str, int] = {}
-        for p in plan.placements:
-            if p.device != CPU:
-                per_device[p.device] = per_device.get(p.device, 0) + 1
+        for r in plan.replicas:
+            if r.device != CPU:
+                per_device[r.device] = per_device.get(r.device, 0) + 1
         for device, replicas in per_device.items():
             visible = device.removeprefix("gpu")
             self._device_pools[device] = ProcessPoolExecutor(
@@ -121,12 +121,12 @@ class LocalRunner(Runner):
         )
         self._capacity = sum(per_device.values()) + self._slots
 
-    def submit(self, task: Task, placement: Placement) -> Future[TaskResult]:
+    def submit(self, task: Task, replica: Replica) -> Future[TaskResult]:
         if self._pool is None:
             raise BatchError("runner not started: call start() before submit()")
         if self._worker is not None:
             return self._pool.submit(self._worker.run, task)
-        pool = self._device_pools.get(placement.device, self._pool)
+        pool = self._device_pools.get(replica.device, self._pool)
         return pool.submit(_run_in_process, task)
 
     def stop(self) -> None:

@@ -1,6 +1,6 @@
-"""The Ray runner: one actor per placement, with fractional `num_gpus` and custom resources.
+"""The Ray runner: one actor per replica, with fractional `num_gpus` and custom resources.
 
-A placement `(module, replica, device, share, mem)` becomes an actor created with
+A replica `(module, index, device, share, mem)` of the plan becomes an actor created with
 `num_gpus=share` (a fraction of a card, or 1 for a whole one), `num_cpus=stage.cpu` and, when the
 slice names memory, the custom resource `gpu_mem_mib` (declare it on the nodes, as HAMi declares
 `nvidia.com/gpumem`). Ray itself is imported only in `start()`.
@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import CPU, Placement, Plan
+from gpuplane.batch.packing import CPU, Plan, Replica
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
@@ -38,13 +38,13 @@ class _StageActor:
         return self.worker.ident
 
 
-def actor_options(placement: Placement, cpu: float, custom: bool) -> dict[str, Any]:
-    """Ray actor options for one placement (pure: the tests check the mapping directly)."""
+def actor_options(replica: Replica, cpu: float, custom: bool) -> dict[str, Any]:
+    """Ray actor options for one replica (pure: the tests check the mapping directly)."""
     opts: dict[str, Any] = {"num_cpus": cpu}
-    if placement.device != CPU:
-        opts["num_gpus"] = placement.share
-        if custom and placement.mem_mib:
-            opts["resources"] = {GPU_MEM_RESOURCE: placement.mem_mib}
+    if replica.device != CPU:
+        opts["num_gpus"] = replica.share
+        if custom and replica.mem_mib:
+            opts["resources"] = {GPU_MEM_RESOURCE: replica.mem_mib}
     return opts
 
 
@@ -84,9 +84,9 @@ class RayRunner(Runner):
             )
             self._owns_ray = True
         cls = ray.remote(max_restarts=0)(_StageActor)
-        for p in plan.placements:
-            opts = actor_options(p, pipeline.stage(p.module).cpu, self.custom_resources)
-            self._actors[(p.module, p.replica)] = cls.options(**opts).remote(spec)
+        for r in plan.replicas:
+            opts = actor_options(r, pipeline.stage(r.module).cpu, self.custom_resources)
+            self._actors[(r.module, r.index)] = cls.options(**opts).remote(spec)
         try:  # fail now, with Ray's reason, rather than on the first task
             refs = {k: a.ident.remote() for k, a in self._actors.items()}
             self.idents = dict(zip(refs, ray.get(list(refs.values()), timeout=120), strict=True))
@@ -97,10 +97,10 @@ class RayRunner(Runner):
                 f"declares enough GPUs and the custom resource {GPU_MEM_RESOURCE!r}"
             ) from exc
 
-    def submit(self, task: Task, placement: Placement) -> Future[TaskResult]:
-        actor = self._actors.get((placement.module, placement.replica))
+    def submit(self, task: Task, replica: Replica) -> Future[TaskResult]:
+        actor = self._actors.get((replica.module, replica.index))
         if actor is None:
-            raise BatchError(f"no actor for {placement.module}#{placement.replica}: not started?")
+            raise BatchError(f"no actor for {replica.module}#{replica.index}: not started?")
         fut: Future[TaskResult] = actor.run.remote(task).future()
         return fut
 
