@@ -46,9 +46,9 @@ from gateway_fleet import workload as make_workload
 from gpuplane.config import Settings, parse_settings
 from gpuplane.serve.engines.base import get_adapter
 from gpuplane.serve.engines.sim import fleet_params
+from gpuplane.serve.engines.sim.model import InstanceCore
 from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.simcore import InstanceCore
 
 if TYPE_CHECKING:
     from _typeshed import FileDescriptorLike
@@ -99,7 +99,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
 
 class Engine:
-    """One simulated instance, driven as `gpuplane.serve.simserver` drives it, minus HTTP."""
+    """One simulated instance, driven as the simulator's `SimInstance` drives it, minus HTTP."""
 
     def __init__(self, core: InstanceCore) -> None:
         self.core = core

@@ -1,4 +1,4 @@
-"""Engine adapters, one module per engine, registered by name."""
+"""Engine adapters, one module (the simulator: one package) per engine, registered by name."""
 
 from gpuplane.serve.engines.base import EngineAdapter, EngineLoad, get_adapter, register
 

@@ -1,4 +1,5 @@
-"""The engine simulator over real HTTP: admission, waiting, prefix cache, faults, kill, metrics."""
+"""The engine simulator over real HTTP (`serve/engines/sim/server.py`, `instance.py`): admission,
+waiting, prefix cache, faults, kill, metrics, the `gpuplane engine sim` child."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """The simulated engine: fixture API (`start_sim`, `sim_process`) and the `sim` engine adapter.
 
-The simulator itself is `gpuplane.serve.simserver` (HTTP) over `gpuplane.serve.simcore` (the
-behaviour). `start_sim` runs K instances in the caller's event loop, which is what pytest fixtures
-want; `sim_process` runs them in a child process (`gpuplane engine sim`), which is what benchmarks
-want so that the simulator does not share a core with what it measures.
+The simulator itself is `server.py` (the fleet: sockets, routes, control) and `instance.py` (one
+instance serving a completion) over the pure `model.py` (the behaviour), with `wire.py` (OpenAI
+bodies) and `metrics.py` (vLLM-named `/metrics`). `start_sim` runs K instances in the caller's
+event loop, which is what pytest fixtures want; `sim_process` runs them in a child process
+(`gpuplane engine sim`), which is what benchmarks want so that the simulator does not share a
+core with what it measures.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import httpx
 
 from gpuplane.resources import Slice
 from gpuplane.serve.engines.base import EngineAdapter, EngineLoad, LaunchSpec, register
+from gpuplane.serve.engines.sim.model import SimParams
+from gpuplane.serve.engines.sim.server import SimFleet
 from gpuplane.serve.engines.vllm import parse_vllm_load
-from gpuplane.serve.simcore import SimParams
-from gpuplane.serve.simserver import SimFleet
 
 __all__ = ["SimAdapter", "SimFleet", "SimProcess", "fleet_params", "sim_process", "start_sim"]
 

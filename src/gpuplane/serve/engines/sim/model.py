@@ -1,4 +1,4 @@
-"""The engine simulator's pure core: admission, FIFO waiting, an LRU prefix cache and latencies.
+"""The engine simulator's pure model: admission, FIFO waiting, an LRU prefix cache and latencies.
 
 One `InstanceCore` models one engine instance the way vLLM behaves under load: at most
 `max_num_seqs` sequences run at once and the rest wait inside the engine in arrival order; time to
@@ -11,8 +11,9 @@ prompt text, rounded up. The prefix cache is block-granular like vLLM's: a block
 before it, so only whole leading blocks of a shared prefix hit. The cache is an LRU bounded by
 `prefix_cache_tokens`.
 
-No I/O and no clock reads: the HTTP shell (`serve/engines/sim.py`) hands in `now` and owns the
-`random.Random` seeded from the simulator's seed, so runs are deterministic for a seed.
+No I/O and no clock reads: the HTTP shell (`server.py`, `instance.py`) hands in `now` and owns
+the `random.Random` seeded from the simulator's seed, so runs are deterministic for a seed. The
+`/metrics` text is rendered from an `InstanceCore` by `metrics.py`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ import contextlib
 import enum
 import random
 from collections import OrderedDict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 CHARS_PER_TOKEN = 4
 
@@ -316,84 +312,6 @@ class InstanceCore:
     def output_token(self, req: SimRequest, i: int, seed: int) -> str:
         """The i-th generated token: a fixed function of the seed, the prompt length and i."""
         return _VOCAB[(seed * 7919 + req.prompt_tokens * 31 + i * 17) % len(_VOCAB)]
-
-
-def render_metrics(core: InstanceCore, model: str) -> bytes:
-    """The instance's state as vLLM names it on `/metrics` (Prometheus text format).
-
-    Both the V1 names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`) and the older ones
-    (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`) are exported, as vLLM did while it
-    renamed them. Prefix-cache counters are in tokens, as in vLLM.
-    """
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_VllmCollector(core, model))
-    return generate_latest(registry)
-
-
-class _VllmCollector(Collector):
-    def __init__(self, core: InstanceCore, model: str) -> None:
-        self.core = core
-        self.model = model
-
-    def collect(self) -> Iterator[Metric]:
-        core, st, labels = self.core, self.core.stats, ["model_name"]
-        gauges = (
-            (
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                len(core.running),
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
-                len(core.waiting),
-            ),
-            (
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage.",
-                core.kv_usage(),
-            ),
-            (
-                "vllm:gpu_cache_usage_perc",
-                "GPU KV-cache usage. 1 means 100 percent usage.",
-                core.kv_usage(),
-            ),
-        )
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([self.model], float(value))
-            yield g
-        counters = (
-            ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", st.prefix_queries),
-            ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", st.prefix_hit_tokens),
-            (
-                "vllm:gpu_prefix_cache_queries",
-                "GPU prefix cache queries, in tokens.",
-                st.prefix_queries,
-            ),
-            (
-                "vllm:gpu_prefix_cache_hits",
-                "GPU prefix cache hits, in tokens.",
-                st.prefix_hit_tokens,
-            ),
-            ("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),
-            (
-                "vllm:generation_tokens",
-                "Number of generation tokens processed.",
-                st.generation_tokens,
-            ),
-        )
-        for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric([self.model], float(value))
-            yield c
-        done = CounterMetricFamily(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            labels=["finished_reason", "model_name"],
-        )
-        done.add_metric(["length", self.model], float(st.requests_completed))
-        yield done
 
 
 _WORDS = (

@@ -1,4 +1,5 @@
-"""The simulator's pure core: admission, FIFO waiting, prefix cache, faults, determinism."""
+"""The simulator's pure model (`serve/engines/sim/model.py`): admission, FIFO waiting, prefix cache,
+faults, determinism."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import pytest
 
-from gpuplane.serve.simcore import (
+from gpuplane.serve.engines.sim.model import (
     CHARS_PER_TOKEN,
     Fault,
     InstanceCore,
