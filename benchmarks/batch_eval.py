@@ -40,11 +40,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import fsspec  # noqa: E402
 
+from gpuplane.batch.clips import ClipRef, list_clips  # noqa: E402
 from gpuplane.batch.driver import Driver, RunOptions  # noqa: E402
 from gpuplane.batch.metrics import StageMetrics  # noqa: E402
 from gpuplane.batch.packing import Plan, declared_devices  # noqa: E402
 from gpuplane.batch.pipeline import BoundStage, CachePolicy, Pipeline, Stage, load_pipeline  # noqa: E402
-from gpuplane.batch.prefetch import ClipRef, list_clips  # noqa: E402
 from gpuplane.batch.runners.base import WorkerSpec, make_runner  # noqa: E402
 from gpuplane.resources import Slice  # noqa: E402
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from gpuplane.batch.clips import list_clips
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
-from gpuplane.batch.prefetch import list_clips
 from gpuplane.batch.runners.base import Runner, WorkerSpec, make_runner
 
 TOY = str(Path(__file__).with_name("toy_pipeline.py"))

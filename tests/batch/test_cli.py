@@ -78,10 +78,10 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
 
     from rich.console import Console
 
+    from gpuplane.batch.clips import list_clips
     from gpuplane.batch.driver import Driver, RunOptions
     from gpuplane.batch.packing import declared_devices
     from gpuplane.batch.pipeline import load_pipeline
-    from gpuplane.batch.prefetch import list_clips
     from gpuplane.batch.runners.base import WorkerSpec, make_runner
     from gpuplane.cli.batch import RichObserver
     from tests.batch.conftest import TOY, write_clips

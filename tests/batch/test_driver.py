@@ -170,9 +170,9 @@ def test_unknown_runner_lists_valid_ones() -> None:
 
 
 def test_plan_uses_declared_shares_first_then_measured_profile(tmp_path: Path, clips: Path) -> None:
+    from gpuplane.batch.clips import list_clips
     from gpuplane.batch.driver import Driver, RunOptions
     from gpuplane.batch.packing import declared_devices
-    from gpuplane.batch.prefetch import list_clips
     from gpuplane.batch.runners.base import WorkerSpec
 
     pipe = load_pipeline(TOY)

@@ -1,17 +1,15 @@
-"""Prefetch: the budget's ask/commit rules, back-pressure under load, and clip listing."""
+"""Prefetch: the budget's ask/commit rules and back-pressure under load."""
 
 from __future__ import annotations
 
 import functools
 import threading
 import time
-from pathlib import Path
 
-import fsspec
 import pytest
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.prefetch import Budget, Prefetcher, list_clips
+from gpuplane.batch.prefetch import Budget, Prefetcher
 
 
 def test_budget_bounds_items_and_bytes_but_admits_one_oversized_item() -> None:
@@ -91,24 +89,3 @@ def test_try_submit_refuses_when_full() -> None:
     assert second.result() == 3
     pf.release(5)
     pf.close()
-
-
-def test_list_clips_local_and_memory(tmp_path: Path) -> None:
-    for name in ("b.bin", "a.bin", "skip.txt"):
-        (tmp_path / name).write_bytes(name.encode())
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "c.bin").write_bytes(b"ccc")
-    refs = list(list_clips(str(tmp_path), "*.bin"))
-    assert [r.id for r in refs] == ["a", "b", "c"]
-    assert refs[0].size == 5
-    assert refs[0].url.endswith("a.bin")
-    again = {r.id: r.fingerprint for r in list_clips(str(tmp_path), "*.bin")}
-    assert again == {r.id: r.fingerprint for r in refs}
-    (tmp_path / "a.bin").write_bytes(b"changed!")
-    assert {r.id: r.fingerprint for r in list_clips(str(tmp_path))}["a"] != again["a"]
-    fs = fsspec.filesystem("memory")
-    fs.pipe("/clipsmem/x.bin", b"xx")
-    mem = list(list_clips("memory:///clipsmem"))
-    assert [(r.id, r.url) for r in mem] == [("x", "memory:///clipsmem/x.bin")]
-    with pytest.raises(BatchError, match="does not exist"):
-        list(list_clips(str(tmp_path / "missing")))

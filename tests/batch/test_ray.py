@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from gpuplane.batch.clips import list_clips
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.packing import CPU, Replica, declared_devices
 from gpuplane.batch.pipeline import load_pipeline
-from gpuplane.batch.prefetch import list_clips
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.batch.runners.ray import GPU_MEM_RESOURCE, RayRunner, actor_options
 from tests.batch.conftest import TOY, write_clips

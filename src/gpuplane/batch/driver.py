@@ -19,15 +19,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-import fsspec
-
 from gpuplane.batch.cache import CacheStats, StageCache
+from gpuplane.batch.clips import ClipReader, ClipRef, verified
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import Journal
 from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import CPU, Device, ModuleProfile, Plan, Replica, plan_packing
 from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, cache_keys
-from gpuplane.batch.prefetch import ClipRef, Prefetcher, verified
+from gpuplane.batch.prefetch import Prefetcher
 from gpuplane.batch.profile import expected_hits, resolve_profile
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, WorkerSpec
 from gpuplane.batch.summary import JOURNAL, RunRecord, run_header
@@ -100,6 +99,7 @@ class Driver:
         self.errors = 0
         self.hit_estimate: dict[str, float] = {}
         self.profile_source = ""
+        self.reader = ClipReader(options.storage_options)
 
     # ---- planning -------------------------------------------------------------------------
     def plan(
@@ -114,7 +114,7 @@ class Driver:
             self.pipeline, self.opts.profile, self.cache, mem, timer
         )
         if self.opts.verify_clips and self.cache is not None:
-            probe = [verified(r, self._bytes(r)) for r in probe]
+            probe = [verified(r, self.reader.read(r)) for r in probe]
         self.hit_estimate = expected_hits(self.pipeline, self.cache, probe)
         mods = [
             ModuleProfile(
@@ -132,12 +132,7 @@ class Driver:
         return plan, profile
 
     def _decoded(self, ref: ClipRef) -> Any:
-        return self.pipeline.decode(self._bytes(ref))
-
-    def _bytes(self, ref: ClipRef, fs: Any = None) -> bytes:
-        if fs is None:
-            fs = fsspec.core.url_to_fs(ref.url, **dict(self.opts.storage_options))[0]
-        return bytes(fs.cat_file(fs._strip_protocol(ref.url)))
+        return self.pipeline.decode(self.reader.read(ref))
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, clips: Iterable[ClipRef], total: int | None = None) -> dict[str, Any]:
@@ -224,7 +219,7 @@ class Driver:
     def _prepare(self, ref: ClipRef, fs: Any) -> _Job:
         """I/O pool: keys, verified cache hits, and the clip's bytes only if a stage needs them
         (always with `verify_clips`, whose digest of the bytes is the clip's version)."""
-        raw = self._bytes(ref, fs) if self.opts.verify_clips else None
+        raw = self.reader.read(ref, fs) if self.opts.verify_clips else None
         job = _Job(ref if raw is None else verified(ref, raw))
         job.keys = cache_keys(self.pipeline, job.ref.fingerprint)
         if self.cache is not None:
@@ -236,12 +231,11 @@ class Driver:
                         job.hits.append(s.name)
         missing = [s for s in self.pipeline.stages if s.name not in job.values]
         if any(CLIP in s.inputs for s in missing):
-            job.data = self.pipeline.decode(raw if raw is not None else self._bytes(ref, fs))
+            job.data = self.pipeline.decode(raw if raw is not None else self.reader.read(ref, fs))
         return job
 
     def _loop(self, clips: Iterator[ClipRef], plan: Plan, pf: Prefetcher, journal: Journal) -> None:
         stages = self.pipeline.stages
-        fs_cache: dict[str, Any] = {}
         events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         free = {s.name: deque(plan.replicas_of(s.name)) for s in stages}
         ready: dict[str, deque[_Job]] = {s.name: deque() for s in stages}
@@ -251,12 +245,6 @@ class Driver:
         pending: ClipRef | None = None
         exhausted = False
         last_update = 0.0
-
-        def fs_for(url: str) -> Any:
-            proto = url.split("://", 1)[0] if "://" in url else "file"
-            if proto not in fs_cache:
-                fs_cache[proto] = fsspec.core.url_to_fs(url, **dict(self.opts.storage_options))[0]
-            return fs_cache[proto]
 
         def fail(ref: ClipRef, stage: str, exc: BaseException) -> None:
             self.errors += 1
@@ -303,7 +291,9 @@ class Driver:
                 if pending.id in in_flight:
                     raise BatchError(f"clip id {pending.id!r} appears twice in the source")
                 ref = pending
-                fut = pf.try_submit(ref.size, partial(self._prepare, ref, fs_for(ref.url)))
+                fut = pf.try_submit(
+                    ref.size, partial(self._prepare, ref, self.reader.fs_for(ref.url))
+                )
                 if fut is None:
                     break
                 in_flight[ref.id] = None

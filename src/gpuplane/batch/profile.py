@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuplane.batch.cache import StageCache
+from gpuplane.batch.clips import ClipRef
 from gpuplane.batch.pipeline import CLIP, BoundStage, CachePolicy, Pipeline, cache_keys
-from gpuplane.batch.prefetch import ClipRef
 
 UNKNOWN_CPU_STAGE_S = 0.01
 

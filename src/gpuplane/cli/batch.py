@@ -20,12 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpuplane.batch.cache import StageCache, parse_age, parse_size, plan_gc
+from gpuplane.batch.clips import ClipRef, list_clips
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import Device, Plan, declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
-from gpuplane.batch.prefetch import ClipRef, list_clips
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.batch.runners.local import detect_gpus

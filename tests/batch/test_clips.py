@@ -1,4 +1,5 @@
-"""Clip cache keys: which clip (its path in the dataset) and which content, never size + mtime."""
+"""Clips: listing, and their cache keys: which clip (its path in the dataset) and which content,
+never size + mtime."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import tarfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+import fsspec
+import pytest
 from typer.testing import CliRunner
 
-from gpuplane.batch.prefetch import content_version, list_clips
+from gpuplane.batch.clips import content_version, list_clips
+from gpuplane.batch.errors import BatchError
 from gpuplane.cli.batch import app
 from tests.batch.conftest import TOY, RunFn
 from tests.batch.test_driver import expected, outputs
@@ -104,3 +108,24 @@ def test_a_store_checksum_is_the_version_so_a_copy_with_new_times_still_hits() -
     local = {"size": 10, "mtime": 1.5, "type": "file"}  # no checksum: size and mtime
     assert content_version(local) != content_version(local | {"mtime": 2.5})
     assert content_version(local) != content_version(local | {"size": 11})
+
+
+def test_list_clips_local_and_memory(tmp_path: Path) -> None:
+    for name in ("b.bin", "a.bin", "skip.txt"):
+        (tmp_path / name).write_bytes(name.encode())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.bin").write_bytes(b"ccc")
+    refs = list(list_clips(str(tmp_path), "*.bin"))
+    assert [r.id for r in refs] == ["a", "b", "c"]
+    assert refs[0].size == 5
+    assert refs[0].url.endswith("a.bin")
+    again = {r.id: r.fingerprint for r in list_clips(str(tmp_path), "*.bin")}
+    assert again == {r.id: r.fingerprint for r in refs}
+    (tmp_path / "a.bin").write_bytes(b"changed!")
+    assert {r.id: r.fingerprint for r in list_clips(str(tmp_path))}["a"] != again["a"]
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/clipsmem/x.bin", b"xx")
+    mem = list(list_clips("memory:///clipsmem"))
+    assert [(r.id, r.url) for r in mem] == [("x", "memory:///clipsmem/x.bin")]
+    with pytest.raises(BatchError, match="does not exist"):
+        list(list_clips(str(tmp_path / "missing")))
