@@ -9,15 +9,7 @@ import numpy as np
 from gpuplane.control.admission import PassResult, PendingJob, ReservePolicy, run_pass
 from gpuplane.control.estate import Estate
 from gpuplane.control.quota import FlavorQuota, QuotaBook, TeamQuota
-from gpuplane.control.scheduler import (
-    Hold,
-    ReasonCode,
-    Request,
-    Snapshot,
-    make_policy,
-    reservation_node,
-    schedule,
-)
+from gpuplane.control.scheduler import Nomination, ReasonCode, Request, Snapshot, make_policy
 from gpuplane.resources import Selector
 
 from .sched_helpers import node
@@ -120,7 +112,7 @@ def test_the_reasons_say_who_holds_a_reservation_and_who_is_kept_off_it() -> Non
     assert "holds a reservation on node a" in held["message"]
     assert held["numbers"]["waited_s"] == 19
     (kept,) = result.reasons["small"]
-    assert kept["code"] == "BlockedByReservation"
+    assert kept["code"] == "BlockedByNomination"
     assert "a (job big)" in kept["message"]
 
 
@@ -167,59 +159,12 @@ def test_a_reservation_respects_selectors_and_quota_and_the_limit() -> None:
     assert {j: h.node for j, h in e.reserved.items()} == {"l4": "l", "any": "a"}
 
 
-def test_a_reservation_holds_the_node_expected_to_drain_first() -> None:
-    nodes = [
-        node("many", cards=4, pool="many"),
-        node("one", cards=4, pool="one"),
-        node("slow", cards=4, model="A10", pool="slow"),
-    ]
-    snap = Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})
-    rng = np.random.default_rng(0)
-    policy = make_policy()
-
-    def put(job_id: str, where: str, **req: Any) -> None:
-        request = Request(job_id, selector=Selector({"pool": where}), **req)
-        decision = schedule(snap, request, policy, rng)
-        assert decision.placement is not None
-        assert decision.placement.node == where
-        snap.commit(decision.placement)
-
-    put("m1", "many", gpus=1)
-    put("m2", "many", gpus=1)  # two free cards, but two jobs to wait for
-    put("o", "one", gpus=3)  # one free card, one job to wait for
-    put("s", "slow", gpus=3)  # the same, on cards half as fast
-    big = Request("big", gpus=4)
-    assert reservation_node(snap, big, set()) == "one"
-    assert reservation_node(snap, big, {"one"}) == "many"  # H(2) = 1.5 < 1 / 0.5
-    assert reservation_node(snap, big, {"one", "many"}) == "slow"
-    assert reservation_node(snap, big, {"one", "many", "slow"}) is None
-
-
-def test_holds_mask_only_what_the_held_job_needs() -> None:
-    snap = Snapshot([node("a", cards=4)])
-    rng = np.random.default_rng(0)
-    policy = make_policy()
-    hold = [Hold("a", Request("big", gpus=2))]
-    assert schedule(snap, Request("two", gpus=2), policy, rng, hold).ok  # 4 free, 2 spare
-    assert not schedule(snap, Request("three", gpus=3), policy, rng, hold).ok
-    snap.commit(schedule(snap, Request("one", gpus=1), policy, rng).placement)  # type: ignore[arg-type]
-    snap.commit(schedule(snap, Request("two", gpus=2), policy, rng).placement)  # type: ignore[arg-type]
-    # one card free, the held job needs two: every card waits for it, even for a share
-    blocked = schedule(snap, Request("share", gpu_milli=250), policy, rng, hold)
-    assert blocked.reasons[0].code == ReasonCode.BLOCKED_BY_RESERVATION
-    assert schedule(snap, Request("share", gpu_milli=250), policy, rng).ok
-    # a held share keeps its card (the freest) and leaves the others
-    share_hold = [Hold("a", Request("s", gpu_milli=1000, gpu_mem_mib=80 * 1024))]
-    decision = schedule(
-        Snapshot([node("a", cards=2)]), Request("r", gpus=1), policy, rng, share_hold
-    )
-    assert decision.placement is not None
-    assert decision.placement.device_indices == (1,)
-
-
 def test_a_rebuilt_estate_keeps_reservations_on_nodes_it_still_has() -> None:
     old = estate()
-    old.reserved = {"j": Hold("a", Request("j", gpus=4)), "k": Hold("gone", Request("k", gpus=4))}
+    old.reserved = {
+        "j": Nomination("a", Request("j", gpus=4)),
+        "k": Nomination("gone", Request("k", gpus=4)),
+    }
     new = estate()
     new.adopt(old)
     assert set(new.reserved) == {"j"}

@@ -5,31 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuplane.control.scheduler import (
-    DEFAULT_POLICY,
-    Decision,
-    Policy,
-    Request,
-    Snapshot,
-    make_policy,
-    policy_class,
-    schedule,
-)
-from gpuplane.control.scheduler.fragmentation import OnlineWorkload, TaskClass, Workload
-from gpuplane.control.scheduler.policies.fgd import FGDPolicy
-from gpuplane.control.scheduler.policies.frag import FragPolicy
-from tests.control.sched_helpers import GIB, node
-
-
-def decide(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> Decision:
-    pol = make_policy(policy) if isinstance(policy, str) else policy
-    return schedule(snap, req, pol, np.random.default_rng(seed))
-
-
-def node_of(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> str:
-    placement = decide(snap, req, policy, seed).placement
-    assert placement is not None
-    return placement.node
+from gpuplane.control.scheduler import Request, Snapshot, TaskClass, Workload, make_policy, schedule
+from tests.control.sched_helpers import GIB, decide, node, node_of
 
 
 def half_used() -> Snapshot:
@@ -38,11 +15,6 @@ def half_used() -> Snapshot:
     snap.commit(decide(snap, Request("big", gpus=6), "best-fit").placement)  # type: ignore[arg-type]
     assert snap.allocations["big"].node == "n1"
     return snap
-
-
-def test_default_policy_is_gpuplanes_fragmentation_aware_one() -> None:
-    assert DEFAULT_POLICY == "frag"
-    assert policy_class(DEFAULT_POLICY) is FragPolicy
 
 
 @pytest.mark.parametrize("policy", ["best-fit", "binpack", "packing", "frag", "fgd"])
@@ -112,8 +84,8 @@ def test_fragmentation_aware_policies_keep_fragments_usable() -> None:
     """
     req = Request("j", gpu_milli=400)
     assert node_of(fragmentation_case(), req, "best-fit") == "n1"
-    assert node_of(fragmentation_case(), req, FGDPolicy(halves())) == "n2"
-    assert node_of(fragmentation_case(), req, FragPolicy(halves())) == "n2"
+    assert node_of(fragmentation_case(), req, make_policy("fgd", workload=halves())) == "n2"
+    assert node_of(fragmentation_case(), req, make_policy("frag", workload=halves())) == "n2"
 
 
 def test_frag_learns_the_workload_from_the_requests_it_sees() -> None:
@@ -132,17 +104,11 @@ def test_frag_counts_host_memory_that_fgd_ignores() -> None:
     snap.commit(decide(snap, Request("mem", memory_mib=11 * GIB), "best-fit").placement)  # type: ignore[arg-type]
     assert snap.allocations["mem"].node == "n1"
     req = Request("j", gpu_milli=250, memory_mib=2 * GIB)
-    assert node_of(snap, req, FGDPolicy(Workload(workload))) == "n1"
-    assert node_of(snap, req, FragPolicy(Workload(workload, use_memory=True))) == "n2"
-
-
-def test_workload_from_requests_keeps_the_popular_classes() -> None:
-    reqs = [Request(f"a{i}", gpu_milli=500) for i in range(90)]
-    reqs += [Request(f"b{i}", gpus=2) for i in range(9)] + [Request("c", gpu_milli=130)]
-    w = Workload.from_requests(reqs, popularity=0.95)
-    assert {(c.gpus, c.milli) for c in w.classes} == {(0, 500), (2, 1000)}
-    assert w.total_weight == pytest.approx(0.99)
-    assert len(Workload.from_requests(reqs)) == 3
+    assert node_of(snap, req, make_policy("fgd", workload=Workload(workload))) == "n1"
+    assert (
+        node_of(snap, req, make_policy("frag", workload=Workload(workload, use_memory=True)))
+        == "n2"
+    )
 
 
 @pytest.mark.parametrize("policy", ["frag", "fgd", "random", "best-fit"])
@@ -162,22 +128,12 @@ def test_decisions_are_reproducible_with_the_same_rng(policy: str) -> None:
     assert run(7) == run(7)
 
 
-def test_online_workload_counts_each_job_once() -> None:
-    online = OnlineWorkload(popularity=1.0)
-    for _ in range(50):  # a pending job retried every pass
-        online.observe(Request("stuck", gpus=8))
-    for i in range(30):
-        online.observe(Request(f"s{i}", gpu_milli=250))
-    weights = {(c.gpus, c.milli): c.weight for c in online.workload.classes}
-    assert weights == {(8, 1000): pytest.approx(1 / 31), (0, 250): pytest.approx(30 / 31)}
-
-
 @pytest.mark.parametrize("policy", ["frag", "fgd"])
 def test_with_no_gpu_task_known_a_share_still_lands_on_a_card_that_fits(policy: str) -> None:
     snap = Snapshot([node("n1", cards=2)])
     snap.commit(decide(snap, Request("whole", gpus=1), "best-fit").placement)  # type: ignore[arg-type]
     taken = snap.allocations["whole"].devices[0].index
-    pol = FGDPolicy(Workload([])) if policy == "fgd" else FragPolicy(Workload([]))
+    pol = make_policy(policy, workload=Workload([]))
     placement = decide(snap, Request("share", gpu_milli=10), pol).placement
     assert placement is not None
     assert placement.devices[0].index != taken

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from sqlalchemy import select, text
 
@@ -17,11 +16,10 @@ from gpuplane.control.delay import MIN_WORK_SAMPLES
 from gpuplane.control.estate import Estate
 from gpuplane.control.models import Event
 from gpuplane.control.quota import QuotaBook
-from gpuplane.control.scheduler import Request, Snapshot, make_policy, reservation_node, schedule
+from gpuplane.control.scheduler import Snapshot
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
 from gpuplane.control.store import Store
-from gpuplane.resources import Selector
 from tests.control.svc_helpers import config, job, make_service, old_store, wait_state
 
 from .sched_helpers import node
@@ -158,7 +156,7 @@ def test_a_job_whose_limit_ends_later_or_that_has_none_is_kept_off_the_reserved_
     result = run(e, jobs, 30.0, RESERVE)  # 30 + 1000 > 1000
     assert result.admitted == []
     (kept,) = result.reasons["long"]
-    assert kept["code"] == "BlockedByReservation"
+    assert kept["code"] == "BlockedByNomination"
     assert "a (job big)" in kept["message"]
     assert (
         "only jobs whose time limits end before the held jobs' expected starts" in kept["message"]
@@ -195,24 +193,6 @@ def test_the_expected_start_comes_closer_as_the_nodes_jobs_end() -> None:
     e.release("x")  # ended early: now only y's limit stands between big and the node
     run(e, jobs, 100.0, RESERVE)
     assert e.reserved["big"].start_s == 500.0
-
-
-def test_a_reservation_holds_the_node_its_jobs_limits_drain_first() -> None:
-    snap = Snapshot([node("one", cards=4, pool="one"), node("many", cards=4, pool="many")])
-    rng = np.random.default_rng(0)
-    ends = {}
-    running = (("o", "one", 5000.0), ("m1", "many", 100.0), ("m2", "many", 200.0))
-    for job_id, where, limit in running:
-        request = Request(job_id, gpus=1, selector=Selector({"pool": where}))
-        decision = schedule(snap, request, make_policy(), rng)
-        assert decision.placement is not None
-        snap.commit(decision.placement)
-        ends[job_id] = limit
-    big = Request("big", gpus=4)
-    assert reservation_node(snap, big, set()) == "one"  # without limits: one job to wait for
-    assert reservation_node(snap, big, set(), ends, 0.0) == "many"  # by limits: done at 200
-    del ends["m2"]  # a job without a limit: that node's start is a guess, ranked after
-    assert reservation_node(snap, big, set(), ends, 0.0) == "one"
 
 
 # -- admission: delay scheduling weighs a job by its own limit -------------------------------

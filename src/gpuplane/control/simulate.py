@@ -33,10 +33,10 @@ from gpuplane.control.scheduler import (
     Policy,
     Request,
     Snapshot,
+    explain,
     policy_class,
     schedule,
 )
-from gpuplane.control.scheduler.explain import explain
 from gpuplane.errors import ConfigError, ResourceError
 from gpuplane.resources import LABEL_GPU_MODEL, Selector
 

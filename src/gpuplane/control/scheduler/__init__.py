@@ -1,4 +1,4 @@
-"""The pure scheduler core: snapshot types, filter -> score -> commit, policies registered by name.
+"""The pure scheduler core, in kube-scheduler's phases; policies registered by name.
 
 decision = schedule(snapshot, Request.from_resources(job_id, resources, selector),
                     make_policy("frag"), rng)
@@ -6,26 +6,42 @@ if decision.placement: snapshot.commit(decision.placement)   # checks again, nev
 ...
 snapshot.release(job_id)                                       # idempotent
 
-GPU speed: `Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})` or a node label
-`gpuplane.io/gpu-speed`; the core then prefers faster cards (`speed.py`, `speed_weight`).
+One cycle (`cycle.py`): filter (`filter.py`: the nodes and cards that could host the request)
+-> score (`score.py`: the policy's scores plus the GPU-speed term, the best candidate) -> the
+node's cards; when nothing fits, post-filter (`explain.py`: one typed reason per cluster). The
+reserve of the devices is the caller's `snapshot.commit` (`snapshot.py`: all or nothing);
+binding is the cluster adapter's. Nominated nodes (`nomination.py`) hold what a job that waited
+too long needs. Inventory and GPU speed: `nodeinfo.py` (`Snapshot(nodes, gpu_speeds={"A100":
+1.0, "A10": 0.5})` or a node label `gpuplane.io/gpu-speed`; the score then prefers faster cards
+when a policy has a `speed_weight`).
+
+Import every name from here, never from the submodules.
 """
 
-from gpuplane.control.scheduler.base import (
-    DEFAULT_SPEED_WEIGHT,
-    Candidates,
+from gpuplane.control.scheduler.base import DEFAULT_SPEED_WEIGHT, Candidates, Policy, Scores
+from gpuplane.control.scheduler.cycle import feasible, schedule
+from gpuplane.control.scheduler.decision import (
+    MILLI_PER_GPU,
+    BoolArray,
+    ClusterReason,
+    Decision,
+    DeviceGrant,
     FloatArray,
-    Policy,
-    Scores,
+    IntArray,
+    Placement,
+    ReasonCode,
+    Request,
 )
-from gpuplane.control.scheduler.core import (
-    feasible,
-    filter_nodes,
-    filter_when_empty,
-    reservation_node,
-    schedule,
+from gpuplane.control.scheduler.explain import explain
+from gpuplane.control.scheduler.filter import filter_nodes, filter_when_empty
+from gpuplane.control.scheduler.fragmentation import OnlineWorkload, TaskClass, Workload
+from gpuplane.control.scheduler.nodeinfo import DeviceInfo, NodeInfo, wall_seconds
+from gpuplane.control.scheduler.nomination import (
+    Nomination,
+    blocking,
+    expected_start,
+    nomination_node,
 )
-from gpuplane.control.scheduler.fragmentation import Workload
-from gpuplane.control.scheduler.hold import Hold, blocking, expected_start
 from gpuplane.control.scheduler.registry import (
     DEFAULT_POLICY,
     UnknownPolicyError,
@@ -34,35 +50,25 @@ from gpuplane.control.scheduler.registry import (
     policy_names,
     register,
 )
-from gpuplane.control.scheduler.snapshot import (
-    MILLI_PER_GPU,
-    ClusterReason,
-    Decision,
-    DeviceGrant,
-    DeviceInfo,
-    IntArray,
-    NodeInfo,
-    Placement,
-    ReasonCode,
-    Request,
-    SchedulingConflict,
-    Snapshot,
-)
-from gpuplane.control.scheduler.speed import wall_seconds
+from gpuplane.control.scheduler.score import MAX_NODE_SCORE, speed_score
+from gpuplane.control.scheduler.snapshot import SchedulingConflict, Snapshot
 
 __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_SPEED_WEIGHT",
+    "MAX_NODE_SCORE",
     "MILLI_PER_GPU",
+    "BoolArray",
     "Candidates",
     "ClusterReason",
     "Decision",
     "DeviceGrant",
     "DeviceInfo",
     "FloatArray",
-    "Hold",
     "IntArray",
     "NodeInfo",
+    "Nomination",
+    "OnlineWorkload",
     "Placement",
     "Policy",
     "ReasonCode",
@@ -70,18 +76,21 @@ __all__ = [
     "SchedulingConflict",
     "Scores",
     "Snapshot",
+    "TaskClass",
     "UnknownPolicyError",
     "Workload",
     "blocking",
     "expected_start",
+    "explain",
     "feasible",
     "filter_nodes",
     "filter_when_empty",
     "make_policy",
+    "nomination_node",
     "policy_class",
     "policy_names",
     "register",
-    "reservation_node",
     "schedule",
+    "speed_score",
     "wall_seconds",
 ]

@@ -1,8 +1,8 @@
 """The policy interface: score the candidate nodes of one request (and, optionally, pick its card).
 
 A policy is a long-lived object registered by name (`registry.py`); per-attempt scratch state
-lives in `Candidates`, which the core builds after filtering and throws away after the decision.
-Policies read the snapshot's arrays and never mutate them.
+lives in `Candidates`, which the filter builds (`filter.py`) and the cycle throws away after the
+decision. Policies read the snapshot's arrays and never mutate them.
 """
 
 from __future__ import annotations
@@ -13,17 +13,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
-from gpuplane.control.scheduler.snapshot import (
-    BoolArray,
-    IntArray,
-    Request,
-    Snapshot,
-)
+from gpuplane.control.scheduler.decision import BoolArray, FloatArray, IntArray, Request
+from gpuplane.control.scheduler.snapshot import Snapshot
 from gpuplane.errors import ConfigError
-
-FloatArray = npt.NDArray[np.float64]
 
 # Weight of the GPU-speed term relative to the policy's own score (both on 0..100, as Kubernetes
 # weighs score plugins). Off by default, because measured (benchmarks/README.md) every weight
@@ -91,7 +84,7 @@ class Scores:
 class Policy(ABC):
     """Scores candidate nodes. Subclasses set `name` and implement `score`.
 
-    Besides the policy's own score, the core adds the GPU-speed term (`speed.py`): candidates'
+    Besides the policy's own score, the cycle adds the GPU-speed term (`score.py`): candidates'
     relative speed on 0..100, times `speed_weight` (per instance: `make_policy(name,
     speed_weight=w)`; 0, the default, leaves it out), rescaled to the policy's range
     0..`max_score`.
@@ -101,8 +94,8 @@ class Policy(ABC):
     description: ClassVar[str] = ""
     max_score: ClassVar[float] = 100.0  # the policy's score range is 0..max_score
     default_speed_weight: ClassVar[float] = DEFAULT_SPEED_WEIGHT
-    # how the core breaks ties between equal best scores: "random" (Kubernetes' default), or
-    # "first" (the earliest node in snapshot order, as the published simulator does by name)
+    # how the score phase breaks ties between equal best scores: "random" (Kubernetes' default),
+    # or "first" (the earliest node in snapshot order, as the published simulator does by name)
     ties: ClassVar[str] = "random"
 
     def __init__(self, *, speed_weight: float | None = None) -> None:

@@ -1,6 +1,7 @@
 """What goes into `schedule` and what comes out: a request, a placement, reasons, a decision.
 
-Plain frozen data, no I/O. Re-exported by `snapshot.py` and `gpuplane.control.scheduler`.
+Plain frozen data, no I/O, and the array types of the core. Re-exported by
+`gpuplane.control.scheduler`.
 
 Units. GPU compute is in *milli-GPU* (1000 = a whole card), as in the Alibaba trace and Kubernetes'
 milli notation; `gpu_cores_pct` maps to `10 * pct`. GPU memory is in MiB. A fractional request
@@ -24,6 +25,8 @@ from gpuplane.errors import ResourceError
 from gpuplane.resources import Resources, Selector
 
 MILLI_PER_GPU = 1000
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # ---------------------------------------------------------------------------------------------
@@ -36,9 +39,9 @@ class Request:
 
     Exactly one GPU shape: `gpus >= 1` whole cards on one node, or a fractional share of one card
     (`gpu_milli` compute and/or `gpu_mem_mib` memory), or neither (CPU-only). `time_limit_s`:
-    the job's time limit in seconds on a card of speed 1.0 (`speed.wall_seconds` gives it on a
-    node), None when it has none; node reservations let a job whose limit ends before their
-    expected start use the node meanwhile (`hold.py`).
+    the job's time limit in seconds on a card of speed 1.0 (`nodeinfo.wall_seconds` gives it on a
+    node), None when it has none; nominated nodes let a job whose limit ends before their
+    expected start use the node meanwhile (`nomination.py`).
     """
 
     job_id: str
@@ -181,9 +184,9 @@ class ReasonCode(StrEnum):
     FRAGMENTED = "Fragmented"  # enough free in total, but no single card / node holds it
     CONFLICT = "Conflict"  # commit: the resources were taken since the decision
     QUOTA = "Quota"  # set by the service's quota admission, never by the scheduler core
-    # fits only on nodes held for jobs that waited longer (`hold.py`); they run first
-    BLOCKED_BY_RESERVATION = "BlockedByReservation"
-    # the job waited long enough to hold a node that drains for it (the service's admission)
+    # fits only on nodes held for jobs that waited longer (`nomination.py`); they run first
+    BLOCKED_BY_NOMINATION = "BlockedByNomination"
+    # the job waited long enough to be nominated a node that drains for it (the admission)
     RESERVED = "Reserved"
     # fits on a slower GPU model now, but a faster one is expected to free in time (`delay.py`)
     WAITING_FOR_FASTER_GPU = "WaitingForFasterGpu"
@@ -219,7 +222,7 @@ class Decision:
         return min(self.reasons, key=_reason_rank) if self.reasons else None
 
 
-# Closeness to fitting: transient causes (a reservation, quota, a lost race) first, then resources
+# Closeness to fitting: transient causes (a nomination, quota, a lost race) first, then resources
 # that free up (fragmented, GPU, memory, CPU), then the structural ones (capacity, labels, nodes).
 _RANK = {code: i for i, code in enumerate(reversed(list(ReasonCode)))}
 

@@ -1,4 +1,4 @@
-"""Why a request does not fit: one reason code and its numbers per cluster.
+"""Post-filter: why a request does not fit, one typed reason (code and numbers) per cluster.
 
 Runs only when the filter left no candidate, so it may look at every card of every cluster.
 The checks go from coarse to fine and stop at the first that leaves no node, so the code names the
@@ -7,57 +7,21 @@ constraint that actually blocks: labels, then capacity (never fits), then GPU, C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from types import MappingProxyType
 
 import numpy as np
 
-from gpuplane.control.scheduler.snapshot import (
+from gpuplane.control.scheduler.decision import (
     MILLI_PER_GPU,
     BoolArray,
     ClusterReason,
-    IntArray,
     ReasonCode,
     Request,
-    Snapshot,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class State:
-    """The resource arrays the filter reads: free resources, or capacity (nothing running)."""
-
-    cpu: IntArray
-    mem: IntArray
-    dev_milli: IntArray
-    dev_mem: IntArray
-    full_free: IntArray
-    max_milli: IntArray
-    max_mem: IntArray
-
-
-def free_state(s: Snapshot) -> State:
-    return State(
-        s.cpu_free,
-        s.mem_free,
-        s.dev_milli_free,
-        s.dev_mem_free,
-        s.full_free,
-        s.max_milli_free,
-        s.max_mem_free,
-    )
-
-
-def capacity_state(s: Snapshot) -> State:
-    return State(
-        s.cpu_cap,
-        s.mem_cap,
-        s.dev_milli_cap,
-        s.dev_mem_cap,
-        s.n_devices,
-        np.where(s.n_devices > 0, MILLI_PER_GPU, 0),
-        s.max_card_mem,
-    )
+from gpuplane.control.scheduler.filter import State, capacity_state, filter_nodes, free_state
+from gpuplane.control.scheduler.nomination import Nomination
+from gpuplane.control.scheduler.snapshot import Snapshot
 
 
 def explain(s: Snapshot, r: Request, capacity: bool = False) -> tuple[ClusterReason, ...]:
@@ -70,6 +34,47 @@ def explain(s: Snapshot, r: Request, capacity: bool = False) -> tuple[ClusterRea
         reason = _cluster_reason(s, r, cluster, s.cluster_masks[c], state, static, gpu)
         if reason is not None:
             out.append(reason)
+    return tuple(out)
+
+
+def why_not(
+    snapshot: Snapshot, request: Request, nominations: Sequence[Nomination]
+) -> tuple[ClusterReason, ...]:
+    """`explain`'s reasons, except in clusters where the request would fit but for
+    `nominations`: there the code is `BlockedByNomination`, naming the nodes and their jobs."""
+    reasons = explain(snapshot, request)
+    if not nominations:
+        return reasons
+    free = filter_nodes(snapshot, request, free_state(snapshot))
+    if len(free) == 0:
+        return reasons
+    held = {n.node: n for n in nominations}
+    blocked: dict[str, list[str]] = {}
+    timed: set[str] = set()  # clusters where a nomination has an expected start
+    for row in free.nodes:
+        node = snapshot.nodes[int(row)]
+        nomination = held[node.name]
+        blocked.setdefault(node.cluster, []).append(
+            f"{node.name} (job {nomination.request.job_id})"
+        )
+        if nomination.start_s is not None:
+            timed.add(node.cluster)
+    backfill = (
+        "; only jobs whose time limits end before the held jobs' expected starts may use "
+        "them meanwhile"
+    )
+    out = [r for r in reasons if r.cluster not in blocked]
+    out += [
+        ClusterReason(
+            cluster,
+            ReasonCode.BLOCKED_BY_NOMINATION,
+            "fits only on nodes held for jobs that waited longer: "
+            + ", ".join(nodes)
+            + (backfill if cluster in timed else ""),
+            MappingProxyType({"held_nodes": len(nodes)}),
+        )
+        for cluster, nodes in blocked.items()
+    ]
     return tuple(out)
 
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpuplane.control.scheduler.base import Candidates, FloatArray
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU, IntArray, Request, Snapshot
+from gpuplane.control.scheduler.base import Candidates
+from gpuplane.control.scheduler.decision import MILLI_PER_GPU, FloatArray, IntArray, Request
+from gpuplane.control.scheduler.snapshot import Snapshot
 from gpuplane.resources import Selector
 
 

@@ -1,11 +1,11 @@
-"""The scheduler's state: nodes and devices (inventory) and the `Snapshot` of what is free.
+"""The scheduler's state: the `Snapshot` of what is free on every node and card, and its commit.
 
 Everything here is pure: no I/O, no clock, no globals. The service builds one `Snapshot` from its
 store at start, holds it under a lock and mutates it only through `commit` / `release`; the trace
-simulator and the benchmarks build theirs from CSV or synthetic inventories. The same core serves
-all of them.
+simulator and the benchmarks build theirs from CSV or synthetic inventories (`nodeinfo.py`). The
+same core serves all of them.
 
-Entry points (in `gpuplane.control.scheduler`, implemented in `core.py`):
+Entry points (in `gpuplane.control.scheduler`; the cycle is `cycle.py`):
 
     schedule(snapshot, request, policy, rng) -> Decision
         Filter → score → pick one node and its devices. Pure: reads the snapshot, never mutates it.
@@ -22,103 +22,31 @@ Entry points (in `gpuplane.control.scheduler`, implemented in `core.py`):
 Ask-then-commit: `schedule` is a proposal; `commit` checks the devices, node CPU and memory again
 and either applies the whole placement or nothing, so a placement computed on a stale view can never
 double-book a device. The service holds one lock around schedule + commit (or retries on conflict).
-
-Requests, placements, reasons and decisions (and their units) live in `decision.py` and are
-re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
-import numpy.typing as npt
 
 from gpuplane.control.scheduler.decision import (
     MILLI_PER_GPU,
+    BoolArray,
     ClusterReason,
-    Decision,
-    DeviceGrant,
+    FloatArray,
     IntArray,
     Placement,
     ReasonCode,
-    Request,
 )
-from gpuplane.control.scheduler.speed import FloatArray, check_table, node_speeds
+from gpuplane.control.scheduler.nodeinfo import NodeInfo, check_table, node_speeds
 from gpuplane.errors import GpuplaneError, ResourceError
-from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_VGPU, Labels, Selector
-
-__all__ = [
-    "MILLI_PER_GPU",
-    "BoolArray",
-    "ClusterReason",
-    "Decision",
-    "DeviceGrant",
-    "DeviceInfo",
-    "IntArray",
-    "NodeInfo",
-    "Placement",
-    "ReasonCode",
-    "Request",
-    "SchedulingConflict",
-    "Snapshot",
-]
-
-BoolArray = npt.NDArray[np.bool_]
+from gpuplane.resources import Selector
 
 
 class SchedulingConflict(GpuplaneError):
     """A commit found that the placement no longer fits (someone else took the resources)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Inventory
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceInfo:
-    """One GPU card of a node: its index on the node (CUDA ordinal) and its memory."""
-
-    index: int
-    mem_mib: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """One node as the adapter reports it. `labels` carry cluster, region, GPU model, vGPU flag.
-
-    The GPU model of every card is the node's `gpuplane.io/gpu-model` label; a node is
-    vGPU-splittable unless its `gpuplane.io/vgpu-splittable` label is "false"; its cards' relative
-    speed is its `gpuplane.io/gpu-speed` label, else the snapshot's table (`speed.py`).
-    """
-
-    name: str
-    cluster: str
-    cpu_millis: int
-    memory_mib: int
-    devices: tuple[DeviceInfo, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    schedulable: bool = True
-
-    @property
-    def gpu_model(self) -> str:
-        return self.labels.get(LABEL_GPU_MODEL, "")
-
-    @property
-    def splittable(self) -> bool:
-        return self.labels.get(LABEL_VGPU, "true").lower() != "false"
-
-    def all_labels(self) -> Labels:
-        """Node labels with the cluster label filled in, as selectors see them."""
-        if self.labels.get(LABEL_CLUSTER) == self.cluster:
-            return self.labels
-        return {**self.labels, LABEL_CLUSTER: self.cluster}
-
-
-# ---------------------------------------------------------------------------------------------
-# Snapshot
 
 
 class Snapshot:
@@ -206,7 +134,7 @@ class Snapshot:
 
     def wholly_free(self, rows: slice | int, milli: IntArray, mem: IntArray) -> BoolArray:
         """Which cards of `rows` are wholly free, given their free compute `milli` and memory
-        `mem`: the snapshot's own, or a view with node reservations taken off (`hold.py`)."""
+        `mem`: the snapshot's own, or a view with nominations taken off (`nomination.py`)."""
         whole: BoolArray = self.dev_exists[rows] & (milli == self.dev_milli_cap[rows])
         whole &= mem == self.dev_mem_cap[rows]
         return whole

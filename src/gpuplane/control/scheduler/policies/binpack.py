@@ -5,9 +5,9 @@ Utilisation after placing, weighted GPU 2 : CPU 1 : memory 1; the best-fitting s
 
 from __future__ import annotations
 
-from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy, Scores
+from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.decision import MILLI_PER_GPU, FloatArray
 from gpuplane.control.scheduler.registry import register
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
 
 WEIGHTS = (2.0, 1.0, 1.0)  # GPU, CPU, memory
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpuplane.control.scheduler.base import Candidates, FloatArray, Policy, Scores
+from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.decision import FloatArray, Request
 from gpuplane.control.scheduler.fragmentation import DeltaCache, OnlineWorkload, Workload
 from gpuplane.control.scheduler.registry import register
-from gpuplane.control.scheduler.snapshot import Request
 
 
 class FragmentationPolicy(Policy):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpuplane.control.scheduler.base import Candidates, Policy, Scores
+from gpuplane.control.scheduler.decision import MILLI_PER_GPU
 from gpuplane.control.scheduler.registry import register
-from gpuplane.control.scheduler.snapshot import MILLI_PER_GPU
 
 
 @register

@@ -1,100 +1,36 @@
-"""The GPU-speed score term on hand-made snapshots: where speeds come from, how the term is
-normalised and weighted against the policy's own score, and that equal speeds change nothing."""
+"""The score phase's GPU-speed term on hand-made snapshots: how it is normalised and weighted
+against the policy's own score, and that equal speeds change nothing."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from gpuplane.control.scheduler import (
     DEFAULT_SPEED_WEIGHT,
+    MAX_NODE_SCORE,
     Decision,
-    NodeInfo,
     Policy,
     Request,
     Snapshot,
     make_policy,
     policy_names,
     schedule,
+    speed_score,
 )
-from gpuplane.control.scheduler.speed import MAX_NODE_SCORE, speed_score
-from gpuplane.errors import ConfigError, ResourceError
-from gpuplane.resources import LABEL_GPU_SPEED, Selector
-from tests.control.sched_helpers import GIB, node
-
-SPEEDS = {"A100": 1.0, "L40S": 0.8, "A10": 0.5}
+from gpuplane.errors import ConfigError
+from gpuplane.resources import Selector
+from tests.control import sched_helpers
+from tests.control.sched_helpers import GIB, mixed, node
 
 
 def decide(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> Decision:
     """A policy given by name gets the speed term at weight 1 (it is off by default)."""
-    pol = make_policy(policy, speed_weight=1.0) if isinstance(policy, str) else policy
-    return schedule(snap, req, pol, np.random.default_rng(seed))
+    return sched_helpers.decide(snap, req, policy, seed, speed_weight=1.0)
 
 
 def node_of(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> str:
-    placement = decide(snap, req, policy, seed).placement
-    assert placement is not None
-    return placement.node
-
-
-def with_speed(info: NodeInfo, speed: str) -> NodeInfo:
-    return replace(info, labels={**info.labels, LABEL_GPU_SPEED: speed})
-
-
-def mixed(**speeds: float) -> Snapshot:
-    """slow (A10) first in snapshot order, then mid (L40S), then fast (A100); all empty."""
-    return Snapshot(
-        [
-            node("slow", card_gib=24, model="A10"),
-            node("mid", card_gib=48, model="L40S"),
-            node("fast", card_gib=80, model="A100"),
-        ],
-        gpu_speeds=speeds or SPEEDS,
-    )
-
-
-# -- where speeds come from ---------------------------------------------------------------------
-
-
-def test_speed_comes_from_the_label_then_the_table_then_defaults_to_one() -> None:
-    snap = Snapshot(
-        [
-            with_speed(node("labelled", model="A10"), "0.25"),
-            node("by-model", model="A10"),
-            node("unknown-model", model="T4"),
-        ],
-        gpu_speeds={"A10": 0.5},
-    )
-    assert snap.gpu_speed.tolist() == [0.25, 0.5, 1.0]
-    assert Snapshot([node("n")]).gpu_speed.tolist() == [1.0]
-    assert not snap.gpu_speed.flags.writeable
-
-
-@pytest.mark.parametrize("bad", ["fast", "0", "-1", "nan", "inf"])
-def test_a_bad_speed_label_says_which_node_and_what_is_expected(bad: str) -> None:
-    with pytest.raises(ResourceError, match=r"node n1 label gpuplane.io/gpu-speed.*positive"):
-        Snapshot([with_speed(node("n1"), bad)])
-
-
-def test_a_bad_speed_table_names_the_model() -> None:
-    with pytest.raises(ResourceError, match=r"gpu_speeds\['A10'\].*positive number"):
-        Snapshot([node("n1")], gpu_speeds={"A10": 0.0})
-
-
-def test_copies_and_new_inventories_keep_the_speeds() -> None:
-    snap = mixed()
-    assert snap.copy().gpu_speed.tolist() == [0.5, 0.8, 1.0]
-    snap.commit(decide(snap, Request("j", gpus=2), "best-fit").placement)  # type: ignore[arg-type]
-    snap.replace_nodes([node("fast", model="A100"), node("other", model="A10")])
-    assert snap.gpu_speed.tolist() == [1.0, 0.5]  # the table stays
-    assert "j" in snap.allocations
-    snap.replace_nodes(snap.nodes, gpu_speeds={"A10": 2.0})
-    assert snap.gpu_speed.tolist() == [1.0, 2.0]
-
-
-# -- the term -----------------------------------------------------------------------------------
+    return sched_helpers.node_of(snap, req, policy, seed, speed_weight=1.0)
 
 
 def test_the_term_is_relative_to_the_fastest_candidate_and_absent_when_all_are_equal() -> None:
@@ -256,13 +192,3 @@ def test_speed_weight_must_not_be_negative() -> None:
         make_policy("frag", speed_weight=-1)
     with pytest.raises(ConfigError, match="speed_weight must be >= 0"):
         make_policy("best-fit", speed_weight=float("nan"))
-
-
-def test_requests_of_one_shape_share_a_shape_key() -> None:
-    a = Request("a", gpus=1, cpu_millis=1000, selector=Selector({"x": "1"}, frozenset({"A10"})))
-    b = Request("b", gpus=1, cpu_millis=1000, selector=Selector({"x": "1"}, frozenset({"A10"})))
-    c = Request("c", gpus=1, cpu_millis=1000, selector=Selector({"x": "2"}, frozenset({"A10"})))
-    assert a.shape == b.shape
-    assert hash(a.shape) == hash(b.shape)
-    assert a.shape != c.shape
-    assert Request("d", gpu_milli=250).shape != Request("e", gpu_mem_mib=250).shape

@@ -1,36 +1,74 @@
-"""GPU model speed: where a node's relative throughput comes from, and the score term using it.
+"""The inventory the scheduler sees: nodes and their cards (`NodeInfo`, `DeviceInfo`); GPU speed.
 
 A node's speed is the relative throughput of its GPU model (any unit; only ratios matter): its
 `gpuplane.io/gpu-speed` label when set, else the snapshot's per-model table (`gpu_speeds`), else
-1.0. With no speed data anywhere every node is 1.0 and the term below is exactly neutral.
-
-The score term follows the Kubernetes scheduler framework: each candidate scores
-`MAX_NODE_SCORE * speed / fastest candidate's speed` (DefaultNormalizeScore), and the core adds
-it, times the policy's `speed_weight` and rescaled to the policy's own 0..`max_score` range, to
-the policy's score. When every candidate has the same speed (one GPU model allowed, or no speed
-data), or the weight is 0 (the default: measured, a greedy preference for fast cards cost
-placements and throughput, see `base.DEFAULT_SPEED_WEIGHT`), the term is left out entirely, so
-policies decide exactly as without it.
+1.0. With no speed data anywhere every node is 1.0 and the score's speed term (`score.py`) is
+exactly neutral. Time limits are given on a card of speed 1.0 (`wall_seconds`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from gpuplane.control.scheduler.decision import FloatArray
 from gpuplane.errors import ResourceError
-from gpuplane.resources import LABEL_GPU_MODEL, LABEL_GPU_SPEED
+from gpuplane.resources import (
+    LABEL_CLUSTER,
+    LABEL_GPU_MODEL,
+    LABEL_GPU_SPEED,
+    LABEL_VGPU,
+    Labels,
+)
 
-if TYPE_CHECKING:
-    from gpuplane.control.scheduler.snapshot import NodeInfo
 
-FloatArray = npt.NDArray[np.float64]
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One GPU card of a node: its index on the node (CUDA ordinal) and its memory."""
 
-MAX_NODE_SCORE = 100.0  # Kubernetes' framework.MaxNodeScore
+    index: int
+    mem_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as the adapter reports it. `labels` carry cluster, region, GPU model, vGPU flag.
+
+    The GPU model of every card is the node's `gpuplane.io/gpu-model` label; a node is
+    vGPU-splittable unless its `gpuplane.io/vgpu-splittable` label is "false"; its cards' relative
+    speed is its `gpuplane.io/gpu-speed` label, else the snapshot's table (`node_speeds`).
+    """
+
+    name: str
+    cluster: str
+    cpu_millis: int
+    memory_mib: int
+    devices: tuple[DeviceInfo, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    schedulable: bool = True
+
+    @property
+    def gpu_model(self) -> str:
+        return self.labels.get(LABEL_GPU_MODEL, "")
+
+    @property
+    def splittable(self) -> bool:
+        return self.labels.get(LABEL_VGPU, "true").lower() != "false"
+
+    def all_labels(self) -> Labels:
+        """Node labels with the cluster label filled in, as selectors see them."""
+        if self.labels.get(LABEL_CLUSTER) == self.cluster:
+            return self.labels
+        return {**self.labels, LABEL_CLUSTER: self.cluster}
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU speed
+
+
 DEFAULT_SPEED = 1.0
 
 
@@ -72,15 +110,3 @@ def wall_seconds(limit_s: float, speed: float) -> float:
     """A time limit given on a card of speed 1.0, in wall-clock seconds on a card of `speed`
     (a card half as fast gets twice as long; with no speed data every card is 1.0)."""
     return limit_s / speed
-
-
-def speed_score(speeds: FloatArray) -> FloatArray | None:
-    """0..MAX_NODE_SCORE per candidate (speed over the fastest candidate's), or None when all
-    candidates are equally fast (the term would not change any decision)."""
-    if len(speeds) == 0:
-        return None
-    top = float(speeds.max())
-    if float(speeds.min()) == top:
-        return None
-    score: FloatArray = speeds * (MAX_NODE_SCORE / top)
-    return score
