@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuplane.control.scheduler import Request, Snapshot, TaskClass, Workload, make_policy, schedule
+from gpuplane.control.scheduler import (
+    Request,
+    Snapshot,
+    TaskClass,
+    WorkloadMix,
+    make_policy,
+    schedule,
+)
 from tests.control.sched_helpers import GIB, decide, node, node_of
 
 
@@ -73,8 +80,8 @@ def fragmentation_case() -> Snapshot:
     return snap
 
 
-def halves() -> Workload:
-    return Workload([TaskClass(gpus=0, milli=500, cpu_millis=0, memory_mib=0, weight=1.0)])
+def halves() -> WorkloadMix:
+    return WorkloadMix([TaskClass(gpus=0, milli=500, cpu_millis=0, memory_mib=0, weight=1.0)])
 
 
 def test_fragmentation_aware_policies_keep_fragments_usable() -> None:
@@ -84,11 +91,11 @@ def test_fragmentation_aware_policies_keep_fragments_usable() -> None:
     """
     req = Request("j", gpu_milli=400)
     assert node_of(fragmentation_case(), req, "best-fit") == "n1"
-    assert node_of(fragmentation_case(), req, make_policy("fgd", workload=halves())) == "n2"
-    assert node_of(fragmentation_case(), req, make_policy("frag", workload=halves())) == "n2"
+    assert node_of(fragmentation_case(), req, make_policy("fgd", mix=halves())) == "n2"
+    assert node_of(fragmentation_case(), req, make_policy("frag", mix=halves())) == "n2"
 
 
-def test_frag_learns_the_workload_from_the_requests_it_sees() -> None:
+def test_frag_learns_the_mix_from_the_requests_it_sees() -> None:
     policy = make_policy("frag")
     warmup = Snapshot([node("w", cards=1)])
     for i in range(20):
@@ -99,15 +106,14 @@ def test_frag_learns_the_workload_from_the_requests_it_sees() -> None:
 def test_frag_counts_host_memory_that_fgd_ignores() -> None:
     """Typical tasks need 4 GiB of host memory. n1 has 5 GiB left: a 2 GiB job there strands its
     GPU for them. FGD sees only CPU and ties (first node wins); frag goes to n2."""
-    workload = [TaskClass(0, 250, 0, 4 * GIB, 1.0)]
+    classes = [TaskClass(0, 250, 0, 4 * GIB, 1.0)]
     snap = Snapshot([node("n1", cards=1, mem_gib=16), node("n2", cards=1, mem_gib=16)])
     snap.commit(decide(snap, Request("mem", memory_mib=11 * GIB), "best-fit").placement)  # type: ignore[arg-type]
     assert snap.allocations["mem"].node == "n1"
     req = Request("j", gpu_milli=250, memory_mib=2 * GIB)
-    assert node_of(snap, req, make_policy("fgd", workload=Workload(workload))) == "n1"
+    assert node_of(snap, req, make_policy("fgd", mix=WorkloadMix(classes))) == "n1"
     assert (
-        node_of(snap, req, make_policy("frag", workload=Workload(workload, use_memory=True)))
-        == "n2"
+        node_of(snap, req, make_policy("frag", mix=WorkloadMix(classes, use_memory=True))) == "n2"
     )
 
 
@@ -133,7 +139,7 @@ def test_with_no_gpu_task_known_a_share_still_lands_on_a_card_that_fits(policy: 
     snap = Snapshot([node("n1", cards=2)])
     snap.commit(decide(snap, Request("whole", gpus=1), "best-fit").placement)  # type: ignore[arg-type]
     taken = snap.allocations["whole"].devices[0].index
-    pol = make_policy(policy, workload=Workload([]))
+    pol = make_policy(policy, mix=WorkloadMix([]))
     placement = decide(snap, Request("share", gpu_milli=10), pol).placement
     assert placement is not None
     assert placement.devices[0].index != taken

@@ -1,4 +1,4 @@
-"""The openb trace replay: workload tuning, the protocol's measurements, the CLI."""
+"""The openb trace replay: tuning the arrivals, the protocol's measurements, the CLI."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpuplane.control.simulate import (
     parse_seeds,
     run_seed,
     simulate,
-    tuned_workload,
+    tuned_pods,
 )
 from gpuplane.errors import ConfigError
 
@@ -72,16 +72,16 @@ def test_trace_rows_map_to_requests(trace: tuple[Path, Path]) -> None:
     assert spec.selector.gpu_models == {"T4", "P100"}
 
 
-def test_tuned_workload_keeps_every_pod_and_stays_within_the_target() -> None:
+def test_tuned_pods_keep_every_pod_and_stay_within_the_target() -> None:
     pods = [Request(f"p{i}", gpu_milli=100 * (i % 9 + 1)) for i in range(50)]
     capacity = 20_000
-    out = tuned_workload(pods, capacity, 1.3, np.random.default_rng(42))
+    out = tuned_pods(pods, capacity, 1.3, np.random.default_rng(42))
     names = {p.job_id for p in out}
     assert {p.job_id for p in pods} <= names
     assert len(names) == len(out)
     assert sum(p.gpu_demand_milli for p in out) <= 1.3 * capacity
     assert sum(p.gpu_demand_milli for p in out) > 1.3 * capacity - 1000
-    again = tuned_workload(pods, capacity, 1.3, np.random.default_rng(42))
+    again = tuned_pods(pods, capacity, 1.3, np.random.default_rng(42))
     assert [p.job_id for p in again] == [p.job_id for p in out]
     assert [p.job_id for p in out[:50]] != [p.job_id for p in pods]  # shuffled
 
@@ -107,12 +107,12 @@ def test_failed_shapes_are_not_rescheduled_yet_nothing_changes(
     got = run_seed(nodes, pods, policy, seed=7, tune=3.0)
     snap = Snapshot(nodes)
     capacity = int(snap.dev_milli_cap.sum())
-    workload = tuned_workload(pods, capacity, 3.0, np.random.default_rng(7))
-    pol = policy_class(policy).for_workload(pods)
+    arrivals = tuned_pods(pods, capacity, 3.0, np.random.default_rng(7))
+    pol = policy_class(policy).for_mix(pods)
     ties = np.random.default_rng([7, 1])
     failures: Counter[str] = Counter()
     allocated = 0
-    for pod in workload:
+    for pod in arrivals:
         decision = schedule(snap, pod, pol, ties)
         if decision.placement is not None:
             snap.commit(decision.placement)
@@ -121,9 +121,9 @@ def test_failed_shapes_are_not_rescheduled_yet_nothing_changes(
             reason = decision.primary_reason
             assert reason is not None
             failures[reason.code.value] += 1
-    assert sum(failures.values()) > len({p.shape for p in workload})  # shapes did fail twice
+    assert sum(failures.values()) > len({p.shape for p in arrivals})  # shapes did fail twice
     assert got.failures == dict(failures)
-    assert got.placed == len(workload) - sum(failures.values())
+    assert got.placed == len(arrivals) - sum(failures.values())
     assert got.alloc_ratio_final == pytest.approx(100.0 * allocated / capacity)
 
 

@@ -2,8 +2,9 @@
 
 Protocol (docs/architecture.md, after Weng et al., USENIX ATC'23):
 1. cluster = the trace's nodes (CPU, memory and cards all count);
-2. workload = all pods, plus copies drawn at random (with replacement) appended while the total
-   GPU request stays within `tune` x the cluster's GPU capacity; then shuffled; one seed per run;
+2. arrivals (the paper's workload) = all pods, plus copies drawn at random (with replacement)
+   appended while the total GPU request stays within `tune` x the cluster's GPU capacity; then
+   shuffled; one seed per run;
 3. pods are placed one at a time in that order with `schedule` + `Snapshot.commit`, no
    departures; a pod that fits nowhere fails (its reason code is counted);
 4. the GPU allocation ratio (allocated milli / capacity) is recorded when the arrived GPU demand
@@ -91,7 +92,7 @@ def load_pods(path: Path | str) -> list[Request]:
     return pods
 
 
-def tuned_workload(
+def tuned_pods(
     pods: Sequence[Request], capacity_milli: int, tune: float, rng: np.random.Generator
 ) -> list[Request]:
     """All pods, plus random copies while the GPU demand stays within tune x capacity; shuffled."""
@@ -189,12 +190,12 @@ def run_seed(
     tune: float = 1.3,
     clock: Callable[[], float] = time.perf_counter,
 ) -> SeedResult:
-    """One replay: tune the workload with `seed`, place every pod in order, measure."""
+    """One replay: tune the arrivals with `seed`, place every pod in order, measure."""
     snap = Snapshot(nodes)
     capacity = int(snap.dev_milli_cap.sum())
     rng = np.random.default_rng(seed)
-    workload = tuned_workload(pods, capacity, tune, rng)
-    policy: Policy = policy_class(policy_name).for_workload(pods)
+    arrivals = tuned_pods(pods, capacity, tune, rng)
+    policy: Policy = policy_class(policy_name).for_mix(pods)
     ties = np.random.default_rng([seed, 1])
     start = clock()
     arrived = allocated = 0
@@ -203,7 +204,7 @@ def run_seed(
     # No departures: free resources only shrink, so a shape that failed once fails again and
     # is not scheduled again; its reason is worked out on the current state (`explain`).
     failed: set[tuple[object, ...]] = set()
-    for pod in workload:
+    for pod in arrivals:
         if pod.shape in failed:
             reason = Decision(pod.job_id, None, explain(snap, pod)).primary_reason
             failures[reason.code.value if reason else "Unknown"] += 1
@@ -220,8 +221,8 @@ def run_seed(
     final = 100.0 * allocated / capacity
     return SeedResult(
         seed,
-        len(workload),
-        len(workload) - sum(failures.values()),
+        len(arrivals),
+        len(arrivals) - sum(failures.values()),
         final if at_100 is None else at_100,
         final,
         dict(failures),

@@ -34,7 +34,7 @@ from gpuplane.control.scheduler.decision import (
 )
 from gpuplane.control.scheduler.explain import explain
 from gpuplane.control.scheduler.filter import filter_nodes, filter_when_empty
-from gpuplane.control.scheduler.fragmentation import OnlineWorkload, TaskClass, Workload
+from gpuplane.control.scheduler.fragmentation import OnlineWorkloadMix, TaskClass, WorkloadMix
 from gpuplane.control.scheduler.nodeinfo import DeviceInfo, NodeInfo, wall_seconds
 from gpuplane.control.scheduler.nomination import (
     Nomination,
@@ -68,7 +68,7 @@ __all__ = [
     "IntArray",
     "NodeInfo",
     "Nomination",
-    "OnlineWorkload",
+    "OnlineWorkloadMix",
     "Placement",
     "Policy",
     "ReasonCode",
@@ -78,7 +78,7 @@ __all__ = [
     "Snapshot",
     "TaskClass",
     "UnknownPolicyError",
-    "Workload",
+    "WorkloadMix",
     "blocking",
     "expected_start",
     "explain",

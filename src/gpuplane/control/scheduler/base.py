@@ -109,9 +109,10 @@ class Policy(ABC):
         """Score every candidate; called once per attempt, after the filter, with >= 1 candidate."""
 
     def observe(self, request: Request) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Called by `schedule` with every request before scoring (workload-aware policies)."""
+        """Called by `schedule` with every request before scoring (policies that learn the mix)."""
 
     @classmethod
-    def for_workload(cls, requests: Sequence[Request]) -> Policy:
-        """A policy tuned to a known workload (simulators); the default ignores it."""
+    def for_mix(cls, requests: Sequence[Request]) -> Policy:
+        """A policy tuned to the known workload mix of `requests` (simulators); the default
+        ignores it."""
         return cls()

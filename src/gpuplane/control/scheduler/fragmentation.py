@@ -1,10 +1,10 @@
-"""GPU fragmentation of a node with respect to a workload (Weng et al., USENIX ATC'23), vectorised.
+"""GPU fragmentation of a node with respect to a workload mix (Weng et al., ATC'23), vectorised.
 
-A workload is a distribution over task classes t (weight p_t): whole cards (k_t cards) or a share
-of one card (m_t milli), plus CPU (and memory). Free GPU on a node is a *fragment* for class t when
-t cannot use it: the node lacks the CPU (or memory, or GPU model) for t, or too few cards with
-m_t free; otherwise the fragments are the cards with less than m_t free. The node's fragmentation
-is the expectation over the workload:
+A workload mix is a distribution over task classes t (weight p_t): whole cards (k_t cards) or a
+share of one card (m_t milli), plus CPU (and memory). Free GPU on a node is a *fragment* for class t
+when t cannot use it: the node lacks the CPU (or memory, or GPU model) for t, or too few cards with
+m_t free; otherwise the fragments are the cards with less than m_t free. The node's fragmentation is
+the expectation over the mix:
 
     F = sum_t p_t * frag_t = P * S - V,   V = sum_{t satisfied} p_t * U_t
 
@@ -33,7 +33,7 @@ from gpuplane.resources import Selector
 
 @dataclass(frozen=True, slots=True)
 class TaskClass:
-    """One kind of task in the workload, with its share of the arrivals."""
+    """One kind of task in the mix, with its share of the arrivals."""
 
     gpus: int  # whole cards (0 for a fraction or CPU-only)
     milli: int  # milli per card: 1000 for whole cards, the share for a fraction, 0 CPU-only
@@ -49,7 +49,7 @@ class TaskClass:
         return (r.gpus or (1 if r.is_fractional else 0), milli, r.cpu_millis, r.memory_mib, sel)
 
 
-class Workload:
+class WorkloadMix:
     """The task-class distribution, preprocessed into lookup tables for fast scoring.
 
     `use_memory`: a class is satisfied only if the node also has its host memory (the published
@@ -89,7 +89,7 @@ class Workload:
     @classmethod
     def from_requests(
         cls, requests: Iterable[Request], popularity: float = 1.0, use_memory: bool = False
-    ) -> Workload:
+    ) -> WorkloadMix:
         """The distribution of `requests` by class; keep the most popular classes covering
         `popularity` of them (the published FGD keeps 95 %), weights as shares of all."""
         reqs = list(requests)
@@ -184,7 +184,7 @@ def _from_counts(
     selectors: dict[tuple[object, ...], Selector],
     popularity: float,
     use_memory: bool,
-) -> Workload:
+) -> WorkloadMix:
     """Classes by popularity until they cover `popularity` of the requests; weights = shares."""
     total = sum(counts.values())
     kept: list[TaskClass] = []
@@ -195,7 +195,7 @@ def _from_counts(
         covered += n
         whole = milli == MILLI_PER_GPU and gpus >= 1
         kept.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total, selectors[sel]))
-    return Workload(kept, use_memory=use_memory)
+    return WorkloadMix(kept, use_memory=use_memory)
 
 
 def effective_free(snap: Snapshot, rows: IntArray) -> IntArray:
@@ -214,12 +214,12 @@ def _sel_key(s: Selector) -> tuple[object, ...]:
     return (tuple(sorted(s.match_labels.items())), s.gpu_models)
 
 
-class OnlineWorkload:
-    """A workload learned from the requests seen so far (for the live service).
+class OnlineWorkloadMix:
+    """A workload mix learned from the requests seen so far (for the live service).
 
     The tables are rebuilt after 16, 32, 64, ... requests and then every `refresh` requests, so a
     new class counts from the next rebuild and policies' caches survive in between; classes
-    covering `popularity` of the requests are kept, as in `Workload.from_requests`. A job is
+    covering `popularity` of the requests are kept, as in `WorkloadMix.from_requests`. A job is
     counted once however often it is scheduled (a pending job is retried every pass): the last
     `remember` job ids are kept to tell.
     """
@@ -238,7 +238,7 @@ class OnlineWorkload:
         self.refresh = refresh
         self.use_memory = use_memory
         self.popularity = popularity
-        self._current: Workload | None = None
+        self._current: WorkloadMix | None = None
         self._seen: dict[str, None] = {}  # insertion-ordered set of recent job ids
         self.remember = remember
 
@@ -257,7 +257,7 @@ class OnlineWorkload:
             self._next_rebuild = min(2 * self._total, self._total + self.refresh)
 
     @property
-    def workload(self) -> Workload:
+    def mix(self) -> WorkloadMix:
         if self._current is None:
             self._current = _from_counts(
                 self._counts, self._selectors, self.popularity, self.use_memory
@@ -270,21 +270,21 @@ class DeltaCache:
 
     A node's dV depends only on its own row and the request's class, so across decisions most of
     it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The cache resets
-    when the workload changes, and keeps `max_classes` classes for each of the `max_snapshots`
+    when the mix changes, and keeps `max_classes` classes for each of the `max_snapshots`
     snapshots (by `token`) used last.
     """
 
     def __init__(self, max_classes: int = 512, max_snapshots: int = 4) -> None:
         self.max_classes = max_classes
         self.max_snapshots = max_snapshots
-        self._workload: Workload | None = None
+        self._mix: WorkloadMix | None = None
         # per snapshot token (the live one, plus the copies a caller tries things on)
         self._by_token: dict[object, dict[tuple[object, ...], tuple[IntArray, FloatArray]]] = {}
 
-    def delta(self, workload: Workload, cands: Candidates) -> FloatArray:
+    def delta(self, mix: WorkloadMix, cands: Candidates) -> FloatArray:
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
-        if workload is not self._workload:
-            self._workload, self._by_token = workload, {}
+        if mix is not self._mix:
+            self._mix, self._by_token = mix, {}
         entries = self._by_token.pop(snap.token, None)
         if entries is None:
             entries = {}
@@ -309,7 +309,7 @@ class DeltaCache:
                 None if cands.card_fit is None else cands.card_fit[stale],
                 None if cands.card_mem is None else cands.card_mem[stale],
             )
-            values[sub.nodes] = workload.delta(sub)
+            values[sub.nodes] = mix.delta(sub)
             versions[sub.nodes] = snap.node_version[sub.nodes]
         out: FloatArray = values[rows]
         return out

@@ -49,6 +49,6 @@ def policy_class(name: str) -> type[Policy]:
 
 
 def make_policy(name: str = DEFAULT_POLICY, **options: Any) -> Policy:
-    """A fresh policy object; `options` go to its constructor (e.g. `workload=` for frag/fgd)."""
+    """A fresh policy object; `options` go to its constructor (e.g. `mix=` for frag/fgd)."""
     factory: Callable[..., Policy] = policy_class(name)
     return factory(**options)

@@ -1,7 +1,7 @@
 """gpuplane's fragmentation-aware policy: FGD, plus host memory and best-fit ties.
 
 Like FGD (`fgd.py`) it places each task where the expected GPU fragmentation of the node grows
-least under the workload's task distribution (`fragmentation.py`), scored as FGD does
+least under the workload mix's task distribution (`fragmentation.py`), scored as FGD does
 (int(100 * sigmoid(gain / 1000))). Two changes, each measured on the openb trace
 (benchmarks/README.md):
 1. a task class counts as able to use a node's free GPU only if the node also has the host
@@ -10,7 +10,7 @@ least under the workload's task distribution (`fragmentation.py`), scored as FGD
    placing) wins, then the earliest node; FGD takes the earliest node alone.
 Scoring at full precision instead of FGD's integer sigmoid was measured too and is worse
 (94.2 % vs 95.4 % at 130 %): the coarse bins are what let the tie-break consolidate.
-Without a given workload it learns the task distribution from the requests it is asked to place.
+Without a given mix it learns the task distribution from the requests it is asked to place.
 """
 
 from __future__ import annotations
