@@ -16,10 +16,11 @@ import heapq
 import json
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from gpuplane.batch.clips import ClipRef
 from gpuplane.batch.errors import BatchError
 
 
@@ -68,6 +69,7 @@ class Journal:
         self.path = path
         self.fsync = fsync
         self.done = IdSet()
+        self.skipped = 0  # clips `todo` left out, finished already
         self.torn_bytes = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         # one writer per run directory, also across processes: a second run of the same command
@@ -107,6 +109,14 @@ class Journal:
                     f"{self.path}:{n} is not a journal line ({exc}); "
                     "move the file away to start the run afresh"
                 ) from exc
+
+    def todo(self, clips: Iterable[ClipRef]) -> Iterator[ClipRef]:
+        """The clips not finished yet, streamed; those finished are counted in `skipped`."""
+        for ref in clips:
+            if ref.id in self.done:
+                self.skipped += 1
+            else:
+                yield ref
 
     def append(self, clip: str, record: dict[str, Any]) -> None:
         if clip in self.done:

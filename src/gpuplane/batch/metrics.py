@@ -26,6 +26,19 @@ class StageMetrics:
     def done(self) -> int:
         return self.computed + self.cached
 
+    def count(
+        self, start: float, end: float, share: float, bytes_written: int
+    ) -> tuple[float, float]:
+        """One computed task, on `share` of a card: returns its (compute, device) seconds, to the
+        microsecond, for the clip's journal record."""
+        dt = max(0.0, end - start)
+        self.computed += 1
+        self.compute_s += dt
+        self.device_s += dt * share
+        self.cache.writes += 1 if bytes_written else 0
+        self.cache.bytes_written += bytes_written
+        return round(dt, 6), round(dt * share, 6)
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "cache"}
         d["cache"] = asdict(self.cache) | {"hit_rate": self.cache.hit_rate}

@@ -65,6 +65,10 @@ class Stage:
     def is_class(self) -> bool:
         return inspect.isclass(self.fn)
 
+    def inputs_from(self, clip: Any, outputs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The stage's arguments: the decoded clip for `CLIP`, else that stage's output."""
+        return tuple(clip if d == CLIP else outputs[d] for d in self.inputs)
+
     def code_fingerprint(self) -> str:
         """Digest of the stage's source code (its bytecode when the source is unavailable)."""
         try:
@@ -160,6 +164,10 @@ class Pipeline:
             if s.name == name:
                 return s
         raise BatchError(f"no stage {name!r}; stages: {[s.name for s in self.stages]}")
+
+    def looked_up(self) -> tuple[Stage, ...]:
+        """The stages whose cache entry is read before they would run (`CachePolicy.USE`)."""
+        return tuple(s for s in self.stages if s.cache is CachePolicy.USE)
 
     def consumers(self, name: str) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if name in s.inputs)

@@ -1,10 +1,11 @@
-"""The prefetcher: I/O ahead of compute on its own pool, bounded by items and bytes.
+"""The prefetcher: a clip's fetch, ahead of compute on its own pool, bounded by items and bytes.
 
-`Budget` is the pure back-pressure core (ask with `can_admit`, commit with `admit`, `release`
-when the consumer is done with the data). `Prefetcher` runs `load(item)` jobs on a thread pool
-and never holds more than `max_items` loaded-but-unconsumed items or `max_bytes` of them; a
-single item larger than `max_bytes` is admitted only when nothing else is held, so it cannot
-deadlock.
+`Fetch` is what the I/O pool does per clip: its cache keys, its verified cache hits, and its
+bytes only if a stage still to run reads them. `Budget` is the pure back-pressure core (ask with
+`can_admit`, commit with `admit`, `release` when the consumer is done with the data).
+`Prefetcher` runs `load(item)` jobs on a thread pool and never holds more than `max_items`
+loaded-but-unconsumed items or `max_bytes` of them; a single item larger than `max_bytes` is
+admitted only when nothing else is held, so it cannot deadlock.
 """
 
 from __future__ import annotations
@@ -12,9 +13,40 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.batch.cache import StageCache
+from gpuplane.batch.clips import ClipReader, ClipRef, verified
 from gpuplane.batch.errors import BatchError
+from gpuplane.batch.flow import ClipState, reads_clip
+from gpuplane.batch.pipeline import Pipeline, cache_keys
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """A clip's fetch on the I/O pool: keys, verified cache hits, and the clip's bytes only if a
+    stage needs them (always with `verify`, whose digest of the bytes is the clip's version)."""
+
+    pipeline: Pipeline
+    cache: StageCache | None
+    reader: ClipReader
+    verify: bool
+
+    def __call__(self, ref: ClipRef, fs: Any) -> ClipState:
+        """Runs on an I/O thread, reading through `fs` (the driver's `ClipReader.fs_for`)."""
+        raw = self.reader.read(ref, fs) if self.verify else None
+        known = ref if raw is None else verified(ref, raw)
+        clip = ClipState(known, cache_keys(self.pipeline, known.fingerprint))
+        if self.cache is not None:
+            for s in self.pipeline.looked_up():
+                hit, value = self.cache.get(s.name, clip.keys[s.name])
+                if hit:
+                    clip.values[s.name] = value
+                    clip.hits.append(s.name)
+        if reads_clip(self.pipeline, clip.values):
+            clip.data = self.pipeline.decode(raw if raw is not None else self.reader.read(ref, fs))
+        return clip
 
 
 class Budget:
@@ -90,6 +122,11 @@ class Prefetcher:
         with self._cond:
             self.budget.release(size)
             self._cond.notify_all()
+
+    def usage(self) -> dict[str, int]:
+        """Its bounds and the most it held at once (for the invocation's record)."""
+        return {"max_items": self.budget.max_items, "max_bytes": self.budget.max_bytes,
+                "peak_items": self.peak_items, "peak_bytes": self.peak_bytes}  # fmt: skip
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -3,7 +3,8 @@
 Seconds per clip come, in order, from the caller, from the profiles earlier runs left in the
 stage cache, from timing one clip through the chain (`calibrate`), or from the declared slice
 share as a stand-in. `expected_hits` probes the cache for a few clips, so a stage that will be
-served from the cache is planned as nearly free and its devices go to the stages that will run.
+served from the cache is planned as nearly free (`plan_stages`) and its devices go to the stages
+that will run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.clips import ClipRef
-from gpuplane.batch.pipeline import CLIP, BoundStage, CachePolicy, Pipeline, cache_keys
+from gpuplane.batch.packing import Device, ModuleProfile, Plan, plan_packing
+from gpuplane.batch.pipeline import BoundStage, Pipeline, cache_keys
 
 UNKNOWN_CPU_STAGE_S = 0.01
 
@@ -24,7 +26,7 @@ def calibrate(pipeline: Pipeline, data: Any) -> dict[str, float]:
     values: dict[str, Any] = {}
     out: dict[str, float] = {}
     for s in pipeline.stages:
-        args = tuple(data if d == CLIP else values[d] for d in s.inputs)
+        args = s.inputs_from(data, values)
         bound = BoundStage(s)
         t = time.perf_counter()
         values[s.name] = bound(*args)
@@ -63,7 +65,30 @@ def expected_hits(
     hits = dict.fromkeys((s.name for s in pipeline.stages), 0)
     for ref in probe:
         keys = cache_keys(pipeline, ref.fingerprint)
-        for s in pipeline.stages:
-            if s.cache is CachePolicy.USE and cache.contains(s.name, keys[s.name]):
+        for s in pipeline.looked_up():
+            if cache.contains(s.name, keys[s.name]):
                 hits[s.name] += 1
     return {name: n / len(probe) for name, n in hits.items()}
+
+
+def plan_stages(
+    pipeline: Pipeline,
+    profile: Mapping[str, float],
+    hits: Mapping[str, float],
+    devices: Sequence[Device],
+    *,
+    heavy_share: float,
+    max_replicas: int,
+) -> Plan:
+    """The packing plan of the stages, each at its seconds per clip less its expected hits."""
+    mods = [
+        ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0) * (1 - hits.get(s.name, 0)))
+        for s in pipeline.stages
+    ]
+    return plan_packing(
+        mods,
+        devices,
+        heavy_share=heavy_share,
+        max_replicas=max_replicas,
+        max_cpu_replicas=min(4, max_replicas),
+    )

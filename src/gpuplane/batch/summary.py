@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuplane.batch.cache import CacheStats
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import iter_records
 from gpuplane.batch.metrics import StageMetrics, Timeline
 from gpuplane.batch.packing import Device, Plan
-from gpuplane.batch.pipeline import CachePolicy, Pipeline
+from gpuplane.batch.pipeline import Pipeline
 
 RUN = "run.json"
 JOURNAL = "results.jsonl"
@@ -113,7 +114,7 @@ def fold_journal(
 ) -> JournalFold:
     """One streaming pass over the journal; `failed` are the ids in the error log."""
     stages = {s.name: StageMetrics() for s in pipeline.stages}
-    looked_up = {s.name for s in pipeline.stages if cache_used and s.cache is CachePolicy.USE}
+    cache_read = {s.name for s in pipeline.looked_up()} if cache_used else set()
     per_invocation: Counter[int] = Counter()
     unresolved = set(failed)
     acc: dict[str, Any] = {}
@@ -129,7 +130,7 @@ def fold_journal(
                 m.cache.hits += 1
                 continue
             m.computed += 1
-            m.cache.misses += name in looked_up
+            m.cache.misses += name in cache_read
             compute_s, device_s = times.get(name, (0.0, 0.0))
             m.compute_s += compute_s
             m.device_s += device_s
@@ -144,7 +145,8 @@ class RunRecord:
 
     Only the driver uses it, while it holds the journal's lock: construct (refuses a directory
     of another pipeline version), `begin` once work is planned, `error` per failed clip, then
-    `close` once, also when the invocation failed or had nothing to do.
+    `close` once with this invocation's `entry`, also when the invocation failed
+    (`nothing_to_do` closes one that had nothing to do).
     """
 
     def __init__(self, out: Path, pipeline: Pipeline, cache_used: bool) -> None:
@@ -169,6 +171,38 @@ class RunRecord:
         line = {"clip": clip, "stage": stage, "error": repr(exc), "invocation": self.number}
         with (self.out / ERRORS).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
+
+    def nothing_to_do(self, skipped: int) -> dict[str, Any]:
+        """Close an invocation that found every clip done: run.json stays as it was."""
+        idle = {"status": "nothing_to_do", "done": 0, "skipped_already_done": skipped}
+        return self.close(None, None) | {"invocation": idle | {"errors": 0}}
+
+    def entry(
+        self,
+        started: float,
+        ended: float,
+        status: str,
+        skipped: int,
+        metrics: Mapping[str, StageMetrics],
+        stats: CacheStats,
+        prefetch: Mapping[str, int],
+    ) -> dict[str, Any]:
+        """This invocation's entry in run.json's `invocations`: what the journal cannot hold."""
+        cache = {
+            n: {"corrupt": stats.of(n).corrupt, "bytes_read": stats.of(n).bytes_read,
+                "writes": m.cache.writes, "bytes_written": m.cache.bytes_written}
+            for n, m in metrics.items()
+        }  # fmt: skip
+        return {
+            "invocation": self.number,
+            "started_at": started,
+            "finished_at": ended,
+            "wall_s": ended - started,
+            "status": status,
+            "skipped_already_done": skipped,
+            "cache": cache,
+            "prefetch": dict(prefetch),
+        }
 
     def begin(self, header: Mapping[str, Any], started: float) -> Timeline:
         """Mark this invocation running in run.json; returns the run's timeline to extend."""
