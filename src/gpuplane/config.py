@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gpuplane.batch.settings import BatchConfig
 from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import ConfigError
 from gpuplane.serve.settings import ServeSettings
@@ -21,6 +22,7 @@ from gpuplane.serve.settings import ServeSettings
 class Settings(ServeSettings):
     """The whole file: the gateway's sections at the top level, then one section per tier."""
 
+    batch: BatchConfig = BatchConfig()
     control: ControlConfig = ControlConfig()
 
 

@@ -1,25 +1,23 @@
-"""`gpuplane batch`: run a pipeline over clips, print its packing plan, manage the stage cache,
-compare two runs. Thin: parse, call `gpuplane.batch`, print.
+"""`gpuplane batch`: run a pipeline over clips, print its packing plan, manage the stage cache
+(`batch_cache.py`), compare two runs. Thin: parse, call `gpuplane.batch`, print. A flag left
+unset takes its value from the `batch:` section of --config (`batch/settings.py`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import sys
-import time
-from collections.abc import Callable, Mapping
-from enum import StrEnum
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpuplane.batch.cache import StageCache, parse_age, parse_size, plan_gc
+from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
 from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.errors import BatchError
@@ -29,39 +27,31 @@ from gpuplane.batch.pipeline import Pipeline, load_pipeline
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.batch.runners.local import detect_gpus
-from gpuplane.errors import GpuplaneError
-
-app = typer.Typer(help="Offline batch evaluation: prefetch, stage cache, packing.")
-cache_app = typer.Typer(help="Inspect and trim the stage cache.")
-app.add_typer(cache_app, name="cache")
-err = Console(stderr=True)
-T = TypeVar("T")
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-
-
-DEFAULT_CACHE = ".gpuplane/cache"
-VERIFY_CLIPS = (
-    "key clips by a sha256 of their bytes, not the store's checksum or size and mtime "
-    "(reads every clip, even when the cache has all its stages)"
+from gpuplane.cli import batch_cache
+from gpuplane.cli._batch_common import (
+    CACHE_OPTION,
+    CONFIG_OPTION,
+    OUTPUT_OPTION,
+    Output,
+    batch_settings,
+    emit,
+    err,
+    guard,
+    key_help,
+    stdout,
 )
 
-
-def _out() -> Console:
-    """Tables on stdout; wide when piped, so columns are not truncated."""
-    return Console(width=None if sys.stdout.isatty() else 160)
+app = typer.Typer(help="Offline batch evaluation: prefetch, stage cache, packing.")
+app.add_typer(batch_cache.app, name="cache")
 
 
-def _guard(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except GpuplaneError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+PIPELINE_ARG = typer.Argument(..., help="directory with pipeline.py, a .py, or module:attr")
+GPUS_OPTION = typer.Option(None, help=key_help("gpus"))
+GPU_MEM_OPTION = typer.Option(None, help=key_help("gpu_mem_mib"))
+STORAGE_OPTION = typer.Option(
+    [], help="KEY=VALUE for the clips' filesystem, repeatable; over batch.storage_options"
+)
+VERIFY_OPTION = typer.Option(None, help=key_help("verify_clips"))
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -72,15 +62,6 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
             raise BatchError(f"{what} {item!r}: write it as KEY=VALUE")
         out[key] = value
     return out
-
-
-def _emit(doc: Any, fmt: Output) -> None:
-    if fmt is Output.yaml:
-        import yaml
-
-        typer.echo(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))
-    else:
-        typer.echo(json.dumps(doc, indent=2, default=str))
 
 
 def _plan_table(plan: Plan) -> Table:
@@ -134,115 +115,96 @@ def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[Device, ...], bool]:
     return declared_devices(gpus, mem_mib), False
 
 
-def _default_out(pipe: Pipeline, clips: str) -> Path:
+def _default_out(runs_dir: str, pipe: Pipeline, clips: str) -> Path:
     tag = hashlib.sha256(f"{pipe.fingerprint()}|{clips}".encode()).hexdigest()[:10]
-    return Path(".gpuplane/runs") / f"{pipe.name}-{tag}"
+    return Path(runs_dir) / f"{pipe.name}-{tag}"
 
 
 @app.command()
 def run(
-    pipeline: str = typer.Argument(..., help="directory with pipeline.py, a .py, or module:attr"),
+    pipeline: str = PIPELINE_ARG,
     clips: str = typer.Option(..., "--clips", help="fsspec URL of the clips (a local dir works)"),
-    pattern: str = typer.Option("*", help="glob on clip file names"),
-    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache URL (fsspec)"),
-    out: Path | None = typer.Option(None, help="run directory; default derives from the inputs"),
-    gpus: int | None = typer.Option(
-        None, help="declare N cards (default: the GPUs nvidia-smi lists, else 2 declared)"
+    pattern: str | None = typer.Option(None, help=key_help("pattern")),
+    cache: str | None = CACHE_OPTION,
+    out: Path | None = typer.Option(
+        None, help="run directory; default: one under batch.runs_dir named after the inputs"
     ),
-    gpu_mem_mib: int = typer.Option(81920, help="memory of each declared card"),
-    runner: str = typer.Option("local", help="local | ray"),
-    ray_address: str | None = typer.Option(None, help="Ray cluster to join (ray runner)"),
-    threads: bool = typer.Option(False, help="local runner: threads instead of processes"),
-    cpu_slots: int | None = typer.Option(None, help="local runner: tasks at once (cores)"),
+    gpus: int | None = GPUS_OPTION,
+    gpu_mem_mib: int | None = GPU_MEM_OPTION,
+    runner: str | None = typer.Option(None, help=key_help("runner")),
+    ray_address: str | None = typer.Option(None, help=key_help("ray_address")),
+    threads: bool | None = typer.Option(None, help=key_help("threads")),
+    cpu_slots: int | None = typer.Option(None, help=key_help("cpu_slots")),
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable (a release)"),
-    storage_option: list[str] = typer.Option([], help="KEY=VALUE for the clips' filesystem"),
-    prefetch_items: int = typer.Option(8, help="clips held at once (downloading or computing)"),
-    prefetch_bytes: str = typer.Option("1G", help="bytes of clips held at once"),
-    io_workers: int = typer.Option(4, help="parallel downloads"),
+    storage_option: list[str] = STORAGE_OPTION,
+    prefetch_items: int | None = typer.Option(None, help=key_help("prefetch_items")),
+    prefetch_bytes: str | None = typer.Option(None, help=key_help("prefetch_bytes")),
+    io_workers: int | None = typer.Option(None, help=key_help("io_workers")),
     limit: int | None = typer.Option(None, help="only the first N clips"),
-    calibrate: bool = typer.Option(
-        False, help="time one clip before planning when no earlier run measured the stages"
-    ),
-    verify_clips: bool = typer.Option(False, help=VERIFY_CLIPS),
-    report: bool = typer.Option(True, help="write report.html in the run directory"),
-    progress: bool = typer.Option(True, help="show progress (off when not a terminal)"),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
+    calibrate: bool | None = typer.Option(None, help=key_help("calibrate")),
+    verify_clips: bool | None = VERIFY_OPTION,
+    report: bool | None = typer.Option(None, help=key_help("report")),
+    progress: bool | None = typer.Option(None, help=key_help("progress")),
+    config: Path | None = CONFIG_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Run PIPELINE over the clips; a re-run of the same command resumes where it stopped, and
     the run directory's run.json and report cover every clip of the run."""
 
     def go() -> dict[str, Any]:
+        cfg = batch_settings(
+            config, pattern=pattern, cache_url=cache, gpus=gpus, gpu_mem_mib=gpu_mem_mib,
+            runner=runner, ray_address=ray_address, threads=threads, cpu_slots=cpu_slots,
+            prefetch_items=prefetch_items, prefetch_bytes=prefetch_bytes, io_workers=io_workers,
+            calibrate=calibrate, verify_clips=verify_clips, report=report, progress=progress,
+        )  # fmt: skip
         versions = _pairs(stage_version, "--stage-version")
         pipe = load_pipeline(pipeline, versions)
-        opts_fs = _pairs(storage_option, "--storage-option")
-        refs: list[ClipRef] = list(list_clips(clips, pattern, opts_fs))[:limit]
+        opts_fs = cfg.storage_options | _pairs(storage_option, "--storage-option")
+        refs: list[ClipRef] = list(list_clips(clips, cfg.pattern, opts_fs))[:limit]
         if not refs:
-            raise BatchError(f"no clips matching {pattern!r} under {clips}")
-        out_dir = out or _default_out(pipe, clips)
-        devices, real = _devices(gpus, gpu_mem_mib)
+            raise BatchError(f"no clips matching {cfg.pattern!r} under {clips}")
+        out_dir = out or _default_out(cfg.runs_dir, pipe, clips)
+        devices, real = _devices(cfg.gpus, cfg.gpu_mem_mib)
         spec = WorkerSpec(
             str(Path(pipeline).resolve()) if Path(pipeline.split(":")[0]).exists() else pipeline,
             versions,
-            cache or None,
+            cfg.cache_url or None,
         )
         options: dict[str, Any] = {}
-        if runner == "local":
-            options = {"cpu_slots": cpu_slots, "threads": threads, "pin_devices": real}
-        elif runner == "ray":
-            options = {"address": ray_address}
+        if cfg.runner == "local":
+            options = {"cpu_slots": cfg.cpu_slots, "threads": cfg.threads, "pin_devices": real}
+        elif cfg.runner == "ray":
+            options = {"address": cfg.ray_address}
         run_opts = RunOptions(
             out_dir=out_dir,
             devices=devices,
             storage_options=opts_fs,
-            prefetch_items=prefetch_items,
-            prefetch_bytes=parse_size(prefetch_bytes),
-            io_workers=io_workers,
-            calibrate=calibrate,
-            verify_clips=verify_clips,
+            prefetch_items=cfg.prefetch_items,
+            prefetch_bytes=parse_size(cfg.prefetch_bytes),
+            io_workers=cfg.io_workers,
+            calibrate=cfg.calibrate,
+            verify_clips=cfg.verify_clips,
         )
         console = Console(stderr=True)
-        obs = RichObserver(console, progress and output is Output.table and console.is_terminal)
+        shown = cfg.progress and output is Output.table and console.is_terminal
+        obs = RichObserver(console, shown)
         try:
-            summary = Driver(pipe, spec, make_runner(runner, **options), run_opts, obs).run(
+            summary = Driver(pipe, spec, make_runner(cfg.runner, **options), run_opts, obs).run(
                 refs, total=len(refs)
             )
         finally:
             obs.stop()
-        if report:
+        if cfg.report:
             summary["report"] = str(write_report(summary, out_dir / "report.html"))
         summary["out_dir"] = str(out_dir)
         return summary
 
-    summary = _guard(go)
+    summary = guard(go)
     if output is not Output.table:
-        _emit(summary, output)
+        emit(summary, output)
     else:
-        t = Table(title=f"{summary['pipeline']}: {summary['status']}")
-        for col in STAGE_HEAD:
-            t.add_column(col)
-        for row in stage_rows(summary):
-            t.add_row(*map(str, row))
-        _out().print(t)
-        c, inv = summary["clips"], summary["invocation"]
-        if inv["status"] == "nothing_to_do":
-            typer.echo(f"nothing to do, {inv['skipped_already_done']} clips already done")
-        else:
-            typer.echo(
-                f"clips: {inv['done']} done, {inv['skipped_already_done']} already done, "
-                f"{inv['errors']} errors in this invocation ({inv['wall_s']:.1f} s)"
-            )
-        typer.echo(
-            f"run: {c['done']} clips done over {c['invocations']} invocations, "
-            f"wall {summary['wall_s']:.1f} s, {summary['throughput_clips_per_s']:.2f} clips/s, "
-            f"device-seconds {summary['device_seconds']:.1f}"
-        )
-        if summary.get("aggregate"):
-            agg = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in summary["aggregate"].items())  # fmt: skip
-            typer.echo(f"aggregate: {agg}")
-        typer.echo(f"run directory: {summary['out_dir']}")
-        if "report" in summary:
-            typer.echo(f"report: {summary['report']}")
+        _print_run(summary)
     if summary["clips"]["errors"]:
         err.print(
             f"[red]{summary['clips']['errors']} clips failed[/red]: see "
@@ -252,40 +214,71 @@ def run(
         raise typer.Exit(1)
 
 
+def _print_run(summary: Mapping[str, Any]) -> None:
+    t = Table(title=f"{summary['pipeline']}: {summary['status']}")
+    for col in STAGE_HEAD:
+        t.add_column(col)
+    for row in stage_rows(summary):
+        t.add_row(*map(str, row))
+    stdout().print(t)
+    c, inv = summary["clips"], summary["invocation"]
+    if inv["status"] == "nothing_to_do":
+        typer.echo(f"nothing to do, {inv['skipped_already_done']} clips already done")
+    else:
+        typer.echo(
+            f"clips: {inv['done']} done, {inv['skipped_already_done']} already done, "
+            f"{inv['errors']} errors in this invocation ({inv['wall_s']:.1f} s)"
+        )
+    typer.echo(
+        f"run: {c['done']} clips done over {c['invocations']} invocations, "
+        f"wall {summary['wall_s']:.1f} s, {summary['throughput_clips_per_s']:.2f} clips/s, "
+        f"device-seconds {summary['device_seconds']:.1f}"
+    )
+    if summary.get("aggregate"):
+        agg = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in summary["aggregate"].items())  # fmt: skip
+        typer.echo(f"aggregate: {agg}")
+    typer.echo(f"run directory: {summary['out_dir']}")
+    if "report" in summary:
+        typer.echo(f"report: {summary['report']}")
+
+
 @app.command()
 def plan(
-    pipeline: str = typer.Argument(..., help="directory with pipeline.py, a .py, or module:attr"),
+    pipeline: str = PIPELINE_ARG,
     clips: str = typer.Option(..., "--clips", help="clips to calibrate on (the first one is run)"),
-    gpus: int | None = typer.Option(
-        None, help="declare N cards (default: the GPUs nvidia-smi lists, else 2 declared)"
-    ),
-    gpu_mem_mib: int = typer.Option(81920, help="memory of each declared card"),
-    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache: expected hits lighten a stage"),
+    gpus: int | None = GPUS_OPTION,
+    gpu_mem_mib: int | None = GPU_MEM_OPTION,
+    cache: str | None = CACHE_OPTION,
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable"),
-    storage_option: list[str] = typer.Option([], help="KEY=VALUE for the clips' filesystem"),
-    verify_clips: bool = typer.Option(False, help=VERIFY_CLIPS),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
+    storage_option: list[str] = STORAGE_OPTION,
+    verify_clips: bool | None = VERIFY_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Measure each module on one clip and print which modules share which device."""
+    """Measure each module on one clip and print which modules share which device (expected
+    cache hits lighten a stage)."""
 
     def go() -> tuple[Plan, dict[str, float]]:
+        cfg = batch_settings(
+            config, gpus=gpus, gpu_mem_mib=gpu_mem_mib, cache_url=cache, verify_clips=verify_clips
+        )
         pipe = load_pipeline(pipeline, _pairs(stage_version, "--stage-version"))
-        opts_fs = _pairs(storage_option, "--storage-option")
+        opts_fs = cfg.storage_options | _pairs(storage_option, "--storage-option")
         head = list(itertools.islice(list_clips(clips, storage_options=opts_fs), 8))
         if not head:
             raise BatchError(f"no clips under {clips} to calibrate on")
-        devices, _ = _devices(gpus, gpu_mem_mib)
+        devices, _ = _devices(cfg.gpus, cfg.gpu_mem_mib)
         run_opts = RunOptions(
-            Path("."), devices, storage_options=opts_fs, calibrate=True, verify_clips=verify_clips
-        )
-        drv = Driver(
-            pipe, WorkerSpec(None, cache_url=cache or None), make_runner("local"), run_opts
-        )
-        return drv.plan(head[0], head)
+            Path("."), devices, storage_options=opts_fs, calibrate=True,
+            verify_clips=cfg.verify_clips,
+        )  # fmt: skip
+        spec = WorkerSpec(None, cache_url=cfg.cache_url or None)
+        return Driver(pipe, spec, make_runner("local"), run_opts).plan(head[0], head)
 
-    p, profile = _guard(go)
+    p, profile = guard(go)
     if output is not Output.table:
-        _emit(
+        emit(
             {
                 "replicas": dict(p.replica_counts),
                 "rates": dict(p.rates),
@@ -297,107 +290,22 @@ def plan(
             output,
         )
         return
-    _out().print(_plan_table(p))
+    stdout().print(_plan_table(p))
     typer.echo("device load: " + ", ".join(f"{d} {v:.2f}" for d, v in p.device_load.items()))
     for note in p.notes:
         typer.echo(note)
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    return {k: getattr(obj, k) for k in obj.__slots__}
-
-
-@cache_app.command("ls")
-def cache_ls(
-    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache URL"),
-    stage: str | None = typer.Option(None, help="only this stage"),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
-) -> None:
-    """List cache entries."""
-    entries = _guard(lambda: [e for e in StageCache(cache).entries() if stage in (None, e.stage)])
-    if output is not Output.table:
-        _emit([vars_of(e) for e in entries], output)
-        return
-    t = Table()
-    for col in ("stage", "key", "bytes", "age"):
-        t.add_column(col)
-    now = time.time()
-    for e in sorted(entries, key=lambda e: (e.stage, e.key)):
-        t.add_row(e.stage, e.key[:16], str(e.size), f"{now - e.mtime:.0f} s")
-    _out().print(t)
-
-
-@cache_app.command("du")
-def cache_du(
-    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache URL"),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
-) -> None:
-    """Entries and bytes per stage."""
-    usage: dict[str, dict[str, int]] = {}
-    for e in _guard(lambda: list(StageCache(cache).entries())):
-        u = usage.setdefault(e.stage, {"entries": 0, "bytes": 0})
-        u["entries"] += 1
-        u["bytes"] += e.size
-    if output is not Output.table:
-        _emit(usage, output)
-        return
-    t = Table()
-    for col in ("stage", "entries", "bytes"):
-        t.add_column(col)
-    for name, u in sorted(usage.items()):
-        t.add_row(name, str(u["entries"]), str(u["bytes"]))
-    t.add_row("total", str(sum(u["entries"] for u in usage.values())),
-              str(sum(u["bytes"] for u in usage.values())))  # fmt: skip
-    _out().print(t)
-
-
-@cache_app.command("gc")
-def cache_gc(
-    cache: str = typer.Option(DEFAULT_CACHE, help="stage cache URL"),
-    max_age: str | None = typer.Option(None, help="drop entries older than this (30m, 12h, 7d)"),
-    max_size: str | None = typer.Option(None, help="then drop the oldest until under (10G)"),
-    dry_run: bool = typer.Option(False, help="say what would go, remove nothing"),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
-) -> None:
-    """Evict entries by age and total size (oldest first)."""
-
-    def go() -> dict[str, Any]:
-        if max_age is None and max_size is None:
-            raise BatchError("say what to evict: --max-age 7d and/or --max-size 10G")
-        store = StageCache(cache)
-        gc = plan_gc(
-            list(store.entries()),
-            time.time(),
-            parse_age(max_age) if max_age else None,
-            parse_size(max_size) if max_size else None,
-        )
-        if not dry_run:
-            for e in gc.remove:
-                store.remove(e)
-        return {"removed": len(gc.remove), "freed_bytes": gc.freed_bytes,
-                "kept_bytes": gc.keep_bytes, "dry_run": dry_run}  # fmt: skip
-
-    doc = _guard(go)
-    if output is not Output.table:
-        _emit(doc, output)
-    else:
-        verb = "would remove" if dry_run else "removed"
-        typer.echo(
-            f"{verb} {doc['removed']} entries ({doc['freed_bytes']} bytes); "
-            f"{doc['kept_bytes']} bytes kept"
-        )
 
 
 @app.command()
 def compare(
     run_a: Path = typer.Argument(..., help="run directory (the baseline)"),
     run_b: Path = typer.Argument(..., help="run directory (the candidate)"),
-    output: Output = typer.Option(Output.table, "-o", "--output"),
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Compare two runs: totals, per-stage compute and cache hits, clips whose results changed."""
-    doc = _guard(lambda: compare_runs(run_a, run_b))
+    doc = guard(lambda: compare_runs(run_a, run_b))
     if output is not Output.table:
-        _emit(doc, output)
+        emit(doc, output)
         return
     t = Table(title=f"{run_a} → {run_b}")
     for col in ("", "A", "B", "B/A"):
@@ -405,7 +313,7 @@ def compare(
     for k, v in doc["totals"].items():
         r = v["b_over_a"]
         t.add_row(k, f"{v['a']:.3f}", f"{v['b']:.3f}", "-" if r is None else f"{r:.2f}")
-    _out().print(t)
+    stdout().print(t)
     s = Table(title="stages")
     for col in ("stage", "version A→B", "computed A→B", "hit rate A→B", "results changed"):
         s.add_column(col)
@@ -418,7 +326,7 @@ def compare(
             f"{hr[0]} → {hr[1]}",
             str(doc["changed_results"].get(name, 0)),
         )
-    _out().print(s)
+    stdout().print(s)
     c = doc["clips"]
     typer.echo(f"clips in both: {c['common']}, only in A: {c['only_a']}, only in B: {c['only_b']}")
 

@@ -127,12 +127,16 @@ def register(name: str) -> Callable[[type[Runner]], type[Runner]]:
     return wrap
 
 
-def make_runner(name: str, **options: Any) -> Runner:
-    """Instantiate a runner by name; unknown names fail with the list of valid ones."""
+def runner_names() -> list[str]:
+    """The runners' names, sorted."""
     # importing the modules registers them; ray itself is imported only when a Ray runner starts
     for module in ("local", "ray"):
         importlib.import_module(f"gpuplane.batch.runners.{module}")
+    return sorted(RUNNERS)
 
-    if name not in RUNNERS:
+
+def make_runner(name: str, **options: Any) -> Runner:
+    """Instantiate a runner by name; unknown names fail with the list of valid ones."""
+    if name not in runner_names():
         raise BatchError(f"unknown runner {name!r}; choose one of {sorted(RUNNERS)}")
     return RUNNERS[name](**options)

@@ -1,0 +1,120 @@
+"""`gpuplane batch cache`: list, measure and trim the stage cache. Thin: parse, call
+`gpuplane.batch.cache`, print.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from gpuplane.batch.cache import Entry, StageCache, parse_age, parse_size, plan_gc
+from gpuplane.batch.errors import BatchError
+from gpuplane.cli._batch_common import (
+    CACHE_OPTION,
+    CONFIG_OPTION,
+    OUTPUT_OPTION,
+    Output,
+    batch_settings,
+    emit,
+    guard,
+    stdout,
+)
+
+app = typer.Typer(help="Inspect and trim the stage cache.")
+
+
+def _store(config: Path | None, cache: str | None) -> StageCache:
+    return StageCache(batch_settings(config, cache_url=cache).cache_url)
+
+
+def _entries(config: Path | None, cache: str | None) -> list[Entry]:
+    return guard(lambda: list(_store(config, cache).entries()))
+
+
+@app.command("ls")
+def cache_ls(
+    cache: str | None = CACHE_OPTION,
+    stage: str | None = typer.Option(None, help="only this stage"),
+    config: Path | None = CONFIG_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """List cache entries."""
+    entries = [e for e in _entries(config, cache) if stage in (None, e.stage)]
+    if output is not Output.table:
+        emit([dataclasses.asdict(e) for e in entries], output)
+        return
+    t = Table()
+    for col in ("stage", "key", "bytes", "age"):
+        t.add_column(col)
+    now = time.time()
+    for e in sorted(entries, key=lambda e: (e.stage, e.key)):
+        t.add_row(e.stage, e.key[:16], str(e.size), f"{now - e.mtime:.0f} s")
+    stdout().print(t)
+
+
+@app.command("du")
+def cache_du(
+    cache: str | None = CACHE_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Entries and bytes per stage."""
+    usage: dict[str, dict[str, int]] = {}
+    for e in _entries(config, cache):
+        u = usage.setdefault(e.stage, {"entries": 0, "bytes": 0})
+        u["entries"] += 1
+        u["bytes"] += e.size
+    if output is not Output.table:
+        emit(usage, output)
+        return
+    t = Table()
+    for col in ("stage", "entries", "bytes"):
+        t.add_column(col)
+    for name, u in sorted(usage.items()):
+        t.add_row(name, str(u["entries"]), str(u["bytes"]))
+    t.add_row("total", str(sum(u["entries"] for u in usage.values())),
+              str(sum(u["bytes"] for u in usage.values())))  # fmt: skip
+    stdout().print(t)
+
+
+@app.command("gc")
+def cache_gc(
+    cache: str | None = CACHE_OPTION,
+    max_age: str | None = typer.Option(None, help="drop entries older than this (30m, 12h, 7d)"),
+    max_size: str | None = typer.Option(None, help="then drop the oldest until under (10G)"),
+    dry_run: bool = typer.Option(False, help="say what would go, remove nothing"),
+    config: Path | None = CONFIG_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Evict entries by age and total size (oldest first)."""
+
+    def go() -> dict[str, Any]:
+        if max_age is None and max_size is None:
+            raise BatchError("say what to evict: --max-age 7d and/or --max-size 10G")
+        store = _store(config, cache)
+        gc = plan_gc(
+            list(store.entries()),
+            time.time(),
+            parse_age(max_age) if max_age else None,
+            parse_size(max_size) if max_size else None,
+        )
+        if not dry_run:
+            for e in gc.remove:
+                store.remove(e)
+        return {"removed": len(gc.remove), "freed_bytes": gc.freed_bytes,
+                "kept_bytes": gc.keep_bytes, "dry_run": dry_run}  # fmt: skip
+
+    doc = guard(go)
+    if output is not Output.table:
+        emit(doc, output)
+    else:
+        verb = "would remove" if dry_run else "removed"
+        typer.echo(
+            f"{verb} {doc['removed']} entries ({doc['freed_bytes']} bytes); "
+            f"{doc['kept_bytes']} bytes kept"
+        )
