@@ -3,7 +3,7 @@ import random
 import pytest
 
 from gpuplane.errors import ConfigError
-from gpuplane.serve.placement import SlotsPolicy, make_policy
+from gpuplane.serve.placement import SlotsPolicy, SlotsWithoutPrefixPolicy, make_policy
 from gpuplane.serve.prefix import PrefixIndex, block_hashes, prompt_text
 from gpuplane.serve.slots import InstanceSlots
 
@@ -59,21 +59,21 @@ def inst(iid: str, in_flight: int, capacity: int = 4) -> InstanceSlots:
 
 
 def test_prefix_affinity_wins_when_not_much_busier() -> None:
-    policy = SlotsPolicy(use_prefix=True, max_imbalance=0.5)
+    policy = SlotsPolicy(max_imbalance=0.5)
     choice = policy.choose([inst("a", 1), inst("b", 0)], {"a": 10}, random.Random(0))
     assert choice is not None
     assert (choice.instance_id, choice.reason) == ("a", "prefix")
 
 
 def test_prefix_affinity_yields_to_a_much_less_loaded_instance() -> None:
-    policy = SlotsPolicy(use_prefix=True, max_imbalance=0.5)
+    policy = SlotsPolicy(max_imbalance=0.5)
     choice = policy.choose([inst("a", 3), inst("b", 0)], {"a": 10}, random.Random(0))
     assert choice is not None
     assert (choice.instance_id, choice.reason) == ("b", "least_loaded")
 
 
 def test_least_utilised_with_random_ties() -> None:
-    policy = SlotsPolicy(use_prefix=False)
+    policy = SlotsWithoutPrefixPolicy()
     picks = {
         policy.choose([inst("a", 1), inst("b", 1), inst("c", 2)], {}, random.Random(s)).instance_id  # type: ignore[union-attr]
         for s in range(30)

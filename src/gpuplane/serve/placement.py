@@ -1,8 +1,9 @@
 """Placement policies: which instance with a free slot gets a request.
 
 Pure. A policy sees only candidates that have a free slot and are healthy (the slot table
-guarantees that), plus, per instance, how many leading prompt blocks it holds. Policies register
-by name; the config's `gateway.placement.policy` picks one.
+guarantees that), plus, per instance, how many leading prompt blocks it holds. What else a policy
+relies on it declares as data (`uses_prefix`, `uses_speed`), which the router reads once when it
+is made. Policies register by name; the config's `gateway.placement.policy` picks one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import operator
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from gpuplane.errors import ConfigError
 from gpuplane.serve.slots import InstanceSlots
@@ -26,8 +27,12 @@ class Choice:
 
 
 class PlacementPolicy(Protocol):
-    uses_prefix: bool  # the router keeps a prefix index and passes `affinity`
-    uses_speed: bool  # the router leaves out candidates much slower to a first token
+    # places by prefix: the router hashes prompts, keeps the prefix index and passes `affinity`
+    # (empty otherwise), and hands a freed slot to a waiter whose prefix it holds
+    uses_prefix: ClassVar[bool]
+    # the router leaves out candidates much slower to a first token, and a request may wait for
+    # a busy instance much quicker for it (`speed.py`, `delay.py`)
+    uses_speed: ClassVar[bool]
 
     def choose(
         self,
@@ -58,13 +63,13 @@ def least_utilised(candidates: Sequence[InstanceSlots], rng: random.Random) -> I
 
 
 class SlotsPolicy:
-    """gpuplane's policy: prefix affinity unless that instance is much busier, else least
-    utilised; among candidates the router found quick enough to a first token."""
+    """gpuplane's policy (`slots_prefix`): prefix affinity unless that instance is much busier,
+    else least utilised; among candidates the router found quick enough to a first token."""
 
-    uses_speed = True
+    uses_prefix: ClassVar[bool] = True
+    uses_speed: ClassVar[bool] = True
 
-    def __init__(self, use_prefix: bool = True, max_imbalance: float = 0.5) -> None:
-        self.uses_prefix = use_prefix
+    def __init__(self, max_imbalance: float = 0.5) -> None:
         self.max_imbalance = max_imbalance
 
     def choose(
@@ -76,7 +81,7 @@ class SlotsPolicy:
         if not candidates:
             return None
         least = least_utilised(candidates, rng)
-        if self.uses_prefix and affinity:
+        if affinity:
             best_blocks = max((affinity.get(c.id, 0) for c in candidates), default=0)
             if best_blocks > 0:
                 holders = [c for c in candidates if affinity.get(c.id, 0) == best_blocks]
@@ -90,6 +95,13 @@ class SlotsPolicy:
         return Choice(least.id, "least_loaded", affinity.get(least.id, 0))
 
 
+class SlotsWithoutPrefixPolicy(SlotsPolicy):
+    """`slots`: gpuplane's policy without prefix affinity. It uses no prefixes, so the router
+    hands it no affinity and it places on the least utilised candidate."""
+
+    uses_prefix: ClassVar[bool] = False
+
+
 class RoundRobinPolicy:
     """The next instance after the last one chosen, in configuration order (peer routers' default).
 
@@ -97,7 +109,8 @@ class RoundRobinPolicy:
     sends a request to a full instance; it just ignores load and prefixes.
     """
 
-    uses_prefix = uses_speed = False
+    uses_prefix: ClassVar[bool] = False
+    uses_speed: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._last: str | None = None
@@ -119,7 +132,8 @@ class RoundRobinPolicy:
 class LeastConnectionsPolicy:
     """The candidate with the fewest requests in flight (not relative to capacity)."""
 
-    uses_prefix = uses_speed = False
+    uses_prefix: ClassVar[bool] = False
+    uses_speed: ClassVar[bool] = False
 
     def choose(
         self,
@@ -136,7 +150,8 @@ class LeastConnectionsPolicy:
 class PowerOfTwoPolicy:
     """Two candidates drawn at random; the one with fewer requests in flight wins."""
 
-    uses_prefix = uses_speed = False
+    uses_prefix: ClassVar[bool] = False
+    uses_speed: ClassVar[bool] = False
 
     def choose(
         self,
@@ -155,8 +170,8 @@ class PowerOfTwoPolicy:
 PolicyFactory = Callable[[float], PlacementPolicy]
 
 POLICIES: dict[str, PolicyFactory] = {
-    "slots_prefix": lambda imbalance: SlotsPolicy(True, imbalance),
-    "slots": lambda imbalance: SlotsPolicy(False, imbalance),
+    "slots_prefix": SlotsPolicy,
+    "slots": SlotsWithoutPrefixPolicy,
     "round_robin": lambda imbalance: RoundRobinPolicy(),
     "least_connections": lambda imbalance: LeastConnectionsPolicy(),
     "power_of_two": lambda imbalance: PowerOfTwoPolicy(),
