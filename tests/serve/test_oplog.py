@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gpuplane.serve.errors import Rejection
 from gpuplane.serve.oplog import GatewayLog, RateLimit
-from gpuplane.serve.router import Rejection
 from tests.serve.test_gateway import CHAT, gateway
 
 

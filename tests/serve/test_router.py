@@ -8,15 +8,9 @@ import random
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.prefix import block_hashes
-from gpuplane.serve.router import (
-    MIN_SPEED_SAMPLES,
-    FailureKind,
-    ModelRouter,
-    Rejected,
-    Rejection,
-    RouterEvents,
-)
+from gpuplane.serve.router import MIN_SPEED_SAMPLES, ModelRouter, RouterEvents
 
 pytestmark = pytest.mark.anyio
 
@@ -160,16 +154,16 @@ async def test_queue_timeout_and_full() -> None:
 
 async def test_passive_health_marks_down_and_probe_brings_back() -> None:
     router, _ = make_router([1, 1], health={"failure_threshold": 2})
-    router.report_failure("http://i0", FailureKind.TIMEOUT)
+    router.health.report_failure("http://i0", FailureKind.TIMEOUT)
     assert router.slots.get("http://i0").healthy
-    router.report_failure("http://i0", FailureKind.STATUS)
+    router.health.report_failure("http://i0", FailureKind.STATUS)
     assert not router.slots.get("http://i0").healthy
-    router.report_failure("http://i1", FailureKind.CONNECT)
+    router.health.report_failure("http://i1", FailureKind.CONNECT)
     assert not router.slots.get("http://i1").healthy
     with pytest.raises(Rejected) as down:
         await router.acquire([])
     assert down.value.reason is Rejection.NO_HEALTHY_INSTANCE
-    router.report_success("http://i1")
+    router.health.report_success("http://i1")
     assert (await router.acquire([])).lease.instance_id == "http://i1"
 
 

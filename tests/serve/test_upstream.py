@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuplane.serve.engines.sim import SimFleet, start_sim
-from gpuplane.serve.router import FailureKind
+from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.settings import GatewayConfig
 from gpuplane.serve.upstream import Upstream, UpstreamFailure
 from tests.conftest import free_port

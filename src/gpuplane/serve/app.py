@@ -27,12 +27,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.errors import error_response
+from gpuplane.serve.errors import FailureKind, error_response
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.proxy import ProxyCall, Tenant
-from gpuplane.serve.router import FailureKind, ModelRouter
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import ServeSettings
 from gpuplane.serve.upstream import Upstream
 
@@ -138,9 +138,9 @@ class Gateway:
         results = await asyncio.gather(*(c[2] for c in checks))
         for (router, iid, _), failure in zip(checks, results, strict=True):
             if failure is None:
-                router.report_success(iid)
+                router.health.report_success(iid)
             else:
-                router.report_failure(iid, FailureKind.TIMEOUT, failure)
+                router.health.report_failure(iid, FailureKind.TIMEOUT, failure)
 
     # -- state ----------------------------------------------------------------------------
 

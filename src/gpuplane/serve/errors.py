@@ -1,11 +1,38 @@
-"""OpenAI-shaped error bodies: `{"error": {"message", "type", "param", "code"}}`."""
+"""The gateway's error kinds (a request refused a slot, an engine attempt failed) and its
+OpenAI-shaped error bodies: `{"error": {"message", "type", "param", "code"}}`."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from enum import StrEnum
 
 from starlette.responses import JSONResponse
+
+
+class Rejection(StrEnum):
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    NO_HEALTHY_INSTANCE = "no_healthy_instance"
+
+
+class Rejected(Exception):
+    """The request gets no slot; `reason` and `retry_after_s` feed the HTTP answer."""
+
+    def __init__(self, reason: Rejection, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class FailureKind(StrEnum):
+    """Why an attempt on an engine instance failed, as passive health counts it."""
+
+    CONNECT = "connect"  # nothing listens: the instance is down
+    TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    STATUS = "status"  # 5xx
+
 
 _TYPES = {
     400: "invalid_request_error",

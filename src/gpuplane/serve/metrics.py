@@ -25,8 +25,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gpuplane.serve.errors import Rejection
 from gpuplane.serve.placement import Choice
-from gpuplane.serve.router import ModelRouter, Rejection, RouterEvents
+from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.slots import Lease
 
 # The model label of requests refused before they named a configured model: a label per name a

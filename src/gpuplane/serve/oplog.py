@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from gpuplane.serve.router import Rejection
+from gpuplane.serve.errors import Rejection
 
 log = logging.getLogger("gpuplane.gateway")
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from gpuplane.serve.errors import error_body, sse_error_event
+from gpuplane.serve.errors import FailureKind, Rejected, Rejection, error_body, sse_error_event
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
-from gpuplane.serve.router import Admission, FailureKind, ModelRouter, Rejected, Rejection
+from gpuplane.serve.router import Admission, ModelRouter
 from gpuplane.serve.upstream import (
     PASSED_RESPONSE_HEADERS,
     EngineResponse,
@@ -252,7 +252,9 @@ class ProxyCall:
             if failure is None:
                 return
             self.series.failed(admission.lease.instance_id, failure.kind.value)
-            self.router.report_failure(admission.lease.instance_id, failure.kind, str(failure))
+            self.router.health.report_failure(
+                admission.lease.instance_id, failure.kind, str(failure)
+            )
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}
@@ -306,7 +308,7 @@ class ProxyCall:
             self.silent_since = None
             if response is not None:
                 self.upstream.close(response)
-        self.router.report_success(admission.lease.instance_id)
+        self.router.health.report_success(admission.lease.instance_id)
         return None
 
     async def _failed(self, send: Send, failure: UpstreamFailure) -> UpstreamFailure:

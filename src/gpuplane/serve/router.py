@@ -1,6 +1,7 @@
-"""One model's router: admit (slot) → place → queue when full → release, plus health state.
+"""One model's router: admit (slot) → place → queue when full → release.
 
-The async shell around the pure cores (SlotTable, FairQueue, PrefixIndex, a placement policy).
+The async shell around the pure cores (SlotTable, FairQueue, PrefixIndex, a placement policy,
+instance health).
 Everything here runs on one event loop and never awaits while it mutates, so each method is
 atomic with respect to the others. `release` is idempotent and hands a freed slot straight to the
 next waiter.
@@ -15,37 +16,16 @@ import random
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import NoReturn
 
 from gpuplane.averages import RunningMean
+from gpuplane.serve.errors import Rejected, Rejection
+from gpuplane.serve.health import InstanceHealth
 from gpuplane.serve.placement import Choice, make_policy
 from gpuplane.serve.prefix import PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotRefusal, SlotTable
-
-
-class Rejection(StrEnum):
-    QUEUE_FULL = "queue_full"
-    QUEUE_TIMEOUT = "queue_timeout"
-    NO_HEALTHY_INSTANCE = "no_healthy_instance"
-
-
-class Rejected(Exception):
-    """The request gets no slot; `reason` and `retry_after_s` feed the HTTP answer."""
-
-    def __init__(self, reason: Rejection, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-
-class FailureKind(StrEnum):
-    CONNECT = "connect"  # nothing listens: the instance is down
-    TIMEOUT = "timeout"
-    PROTOCOL = "protocol"
-    STATUS = "status"  # 5xx
 
 
 @dataclass(slots=True)
@@ -105,11 +85,6 @@ class RouterEvents:
     health_changed: Callable[[str, str, bool, str], None] = lambda model, iid, ok, why: None
 
 
-@dataclass(slots=True)
-class _Health:
-    consecutive_failures: int = 0
-
-
 class ModelRouter:
     def __init__(
         self,
@@ -147,8 +122,8 @@ class ModelRouter:
         self.locality_wait_s = locality_wait_s
         self._clock = clock
         self._rng = rng or random.Random()
+        self.health = InstanceHealth(self.slots, cfg.health.failure_threshold, self._health_changed)
         ids = [i.id for i in self.slots.instances]
-        self._health = {i: _Health() for i in ids}
         # how long a lease is held, over the fleet and per instance (a slower card holds longer)
         self._hold = RunningMean(0.1)
         self._holds = {i: RunningMean(0.1) for i in ids}
@@ -185,7 +160,7 @@ class ModelRouter:
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         """
         if not self.slots.healthy_count:
-            self._reject(Rejection.NO_HEALTHY_INSTANCE, self._unhealthy_message())
+            self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
         affinity = self._affinity(blocks)
         preferred = None if avoid else self._quicker_busy(blocks, affinity)
         if not len(self.queue) and preferred is None:
@@ -285,53 +260,8 @@ class ModelRouter:
             self.release(Admission(lease, inst.url, Choice(inst.id, "reaped")))
         return len(expired)
 
-    # -- health ---------------------------------------------------------------------------
-
-    def report_success(self, instance_id: str) -> None:
-        self._health[instance_id].consecutive_failures = 0
-        self._set_healthy(instance_id, True, "it answered a health probe or a request")
-
-    def report_failure(self, instance_id: str, kind: FailureKind, detail: str = "") -> None:
-        """Passive health: a refused connection marks the instance down at once; other failures
-        count until `failure_threshold` in a row. `detail` says what failed, for the log."""
-        health = self._health[instance_id]
-        health.consecutive_failures += 1
-        n = health.consecutive_failures
-        if kind is FailureKind.CONNECT or n >= self.cfg.health.failure_threshold:
-            self._set_healthy(
-                instance_id, False, f"{n} failure(s) in a row, the last ({kind.value}): {detail}"
-            )
-
-    def report_engine(
-        self, instance_id: str, *, up: bool, error: str | None, crash_looping: bool
-    ) -> None:
-        """What the instance's supervisor saw: its process answers again (`up`), or exited and
-        waits to restart; `error` is the diagnosis of its last exit."""
-        inst = self.slots.get(instance_id)
-        inst.last_error = error
-        inst.crash_looping = crash_looping
-        if up:
-            self.report_success(instance_id)
-        else:
-            self._set_healthy(instance_id, False, f"its engine exited ({error or 'no diagnosis'})")
-
-    def _unhealthy_message(self) -> str:
-        """Why no instance can take a request: the supervisors' diagnoses where they have one."""
-        insts = self.slots.instances
-        if all(i.crash_looping for i in insts):
-            return f"model '{self.name}' cannot be served: " + "; ".join(
-                str(i.last_error) for i in insts
-            )
-        known = "; ".join(str(i.last_error) for i in insts if i.last_error)
-        return (
-            f"all {len(insts)} instances of model '{self.name}' are unhealthy; retry later or "
-            "check the engines" + (f". Their last exits: {known}" if known else "")
-        )
-
-    def _set_healthy(self, instance_id: str, healthy: bool, reason: str) -> None:
-        if not self.slots.set_healthy(instance_id, healthy):
-            return
-        self.events.health_changed(self.name, instance_id, healthy, reason)
+    def _health_changed(self, instance_id: str, healthy: bool, why: str) -> None:
+        self.events.health_changed(self.name, instance_id, healthy, why)
         if healthy:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
         self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now

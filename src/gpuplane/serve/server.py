@@ -142,7 +142,7 @@ def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:
     no `name`, an instance's id is its URL)."""
 
     def report(status: EngineStatus) -> None:
-        router.report_engine(
+        router.health.report_engine(
             status.url,
             up=status.state is EngineState.RUNNING,
             error=status.error,

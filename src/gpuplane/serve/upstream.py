@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
-from gpuplane.serve.router import FailureKind
+from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.settings import GatewayConfig
 
 # Headers of the client's request that are forwarded to the engine.
