@@ -1,9 +1,9 @@
 """The runner interface (where stage tasks execute) and the worker side every runner shares.
 
-The driver (`gpuplane.batch.driver`) owns scheduling, the cache reads, resume and the report; a
-runner only executes `Task`s on the replicas the packing plan names. Call order:
-`start(spec, plan)` once, then any number of `submit(task, replica)` (at most `capacity`
-in flight), then `stop()` (idempotent, also after a failed start).
+The driver (`gpuplane.batch.driver`, over `flow` and `prefetch`) owns scheduling, the cache
+reads, resume and the record; a runner only executes `Task`s on the replicas the plan names.
+Call order: `start(spec, plan)` once, then any number of `submit(task, replica)` (at most
+`capacity` in flight), then `stop()` (idempotent, also after a failed start).
 """
 
 from __future__ import annotations
