@@ -47,7 +47,7 @@ from gpuplane.config import Settings, parse_settings
 from gpuplane.serve.engines.base import get_adapter
 from gpuplane.serve.engines.sim import fleet_params
 from gpuplane.serve.engines.sim.model import InstanceCore
-from gpuplane.serve.prefix import block_hashes, prompt_text
+from gpuplane.serve.prefix import prompt_text
 from gpuplane.serve.router import ModelRouter
 
 if TYPE_CHECKING:
@@ -138,7 +138,6 @@ async def rate_run(
     bodies: list[dict[str, Any]],
     rate: float,
     seed: int,
-    block_chars: int,
 ) -> dict[str, Any]:
     """One open-loop run of `bodies` at `rate` through `router`, engine caches emptied first."""
     loop = asyncio.get_running_loop()
@@ -151,8 +150,7 @@ async def rate_run(
     e2es: list[float] = []
 
     async def request(body: dict[str, Any], arrived: float) -> None:
-        text = prompt_text(body)
-        admission = await router.acquire(block_hashes(text, block_chars))
+        admission = await router.acquire(body)
         sent = loop.time()
 
         def first_token() -> None:
@@ -161,8 +159,9 @@ async def rate_run(
             router.observe_first_byte(admission, now - sent)
 
         engine = engines[admission.lease.instance_id]
+        text = prompt_text(body)
         await engine.generate(text, int(body.get("max_tokens", OUTPUT_TOKENS)), first_token)
-        router.release(admission)
+        router.finish(admission)
         e2es.append(loop.time() - arrived)
 
     rng = random.Random(seed)
@@ -203,10 +202,9 @@ def sequence(contender: str, slowdown: dict[int, float], seed: int) -> list[dict
             for i, (inst, p) in enumerate(zip(router.instances, params, strict=True))
         }
         bodies = make_workload(GROUPS, PER_GROUP, seed=42)
-        chars = cfg.gateway.placement.prefix_block_chars
         capacity = nominal_capacity(slowdown)
         return [
-            loop.run_until_complete(rate_run(router, engines, bodies, rate * capacity, seed, chars))
+            loop.run_until_complete(rate_run(router, engines, bodies, rate * capacity, seed))
             for rate in RATES
         ]
     finally:

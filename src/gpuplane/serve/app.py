@@ -30,7 +30,6 @@ from gpuplane.serve.engines import get_adapter
 from gpuplane.serve.errors import FailureKind, error_response
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
-from gpuplane.serve.prefix import block_hashes, prompt_text
 from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import ServeSettings
@@ -316,11 +315,6 @@ async def _completion(
     if upstream_model and upstream_model != req.model:
         payload["model"] = upstream_model
         raw = orjson.dumps(payload)
-    blocks = (
-        block_hashes(prompt_text(payload), gw.cfg.placement.prefix_block_chars)
-        if router.wants_prefix()
-        else []
-    )
     return ProxyCall(
         router=router,
         upstream=gw.upstream,
@@ -328,9 +322,9 @@ async def _completion(
         oplog=gw.oplog,
         path=scope["path"],
         body=raw,
+        parsed=payload,
         headers=headers,
         stream=req.stream,
-        blocks=blocks,
         tenant=tenant,
         deadline_s=gw.cfg.request_timeout_s,
         idle_s=gw.cfg.idle_timeout_s,

@@ -3,7 +3,8 @@
 Pure. A prompt is cut into fixed-size character blocks and each block is hashed together with
 the hash of everything before it, so equal hashes mean equal prefixes. The index maps a block
 hash to the instances that served it most recently, and evicts least-recently-used blocks past
-its bound. `match` answers, per instance, how many leading blocks of a prompt it holds.
+its bound. `match` answers, per instance, how many leading blocks of a prompt it holds, and
+`is_hit` whether that many make a cache hit worth placing (or waiting) for.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_BLOCKS_PER_PROMPT = 1024  # prefixes longer than this many blocks are compared up to here
+# A prefix worth placing for (and waiting for) covers at least this share of the prompt's blocks.
+LOCALITY_MIN_SHARE = 0.5
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
@@ -46,6 +49,11 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
         h = hash((h, text[start : start + block_chars]))
         out.append(h)
     return out
+
+
+def is_hit(matched: int, blocks: Sequence[int]) -> bool:
+    """Do `matched` leading blocks of a prompt's `blocks` make a cache hit worth placing for?"""
+    return bool(blocks) and matched >= LOCALITY_MIN_SHARE * len(blocks)
 
 
 class _CacheModel(ABC):

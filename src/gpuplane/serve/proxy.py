@@ -7,7 +7,7 @@ deadline, and ends a stream whose engine stays silent between two chunks for
 `gateway.idle_timeout_s`. Before the first byte only the deadline counts: a long prefill or a
 long non-streamed answer is silent too, and sending it to another instance would run it twice.
 If the client leaves (while queued, before the first byte or mid-stream) the work is cancelled,
-the engine request is aborted, and the `finally` releases the lease exactly once.
+the engine request is aborted, and the router's `finish` frees the slot exactly once.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import asyncio
 import enum
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -33,9 +34,6 @@ from gpuplane.serve.upstream import (
 )
 
 _DONE = b"data: [DONE]"
-# Failures that leave the engine's request running until the engine notices the dropped
-# connection (a refused connection never reached it; a 5xx answer ended it).
-_DROPPED = frozenset({FailureKind.TIMEOUT, FailureKind.PROTOCOL})
 # The client's connection is watched from this age of a request on: a request that ends sooner
 # starts no watcher task, and a client that leaves earlier is noticed at this age.
 WATCH_AFTER_S = 0.02
@@ -65,7 +63,6 @@ class ProxyCall:
         "_timer",
         "_timer_at",
         "_watcher",
-        "blocks",
         "cancelled_by",
         "client_left",
         "deadline_s",
@@ -73,6 +70,7 @@ class ProxyCall:
         "finished",
         "idle_s",
         "oplog",
+        "parsed",
         "path",
         "payload",
         "request_headers",
@@ -96,9 +94,9 @@ class ProxyCall:
         oplog: GatewayLog,
         path: str,
         body: bytes,
+        parsed: Mapping[str, Any],
         headers: Mapping[str, str],
         stream: bool,
-        blocks: Sequence[int],
         tenant: Tenant,
         deadline_s: float,
         idle_s: float,
@@ -110,9 +108,9 @@ class ProxyCall:
         self.oplog = oplog
         self.path = path
         self.payload = body
+        self.parsed = parsed  # the body as JSON: the router places by its prompt
         self.request_headers = headers
         self.stream = stream
-        self.blocks = blocks
         self.tenant = tenant
         self.deadline_s = deadline_s
         self.idle_s = idle_s
@@ -214,17 +212,17 @@ class ProxyCall:
             await self._finish(send, sse_error_event(message, "request_timeout"))
 
     async def _serve(self, send: Send) -> None:
-        """Acquire, proxy, release; a failure before the first byte (a refused or broken
-        connection, a 5xx answer; never silence) is retried elsewhere up to `retries` times.
-        A refused connection uses up no retry: nothing reached an engine, and the instance is
-        marked down at once, so the next try goes elsewhere (with every instance down the
-        router refuses with 503)."""
+        """Acquire, proxy, finish (release, health); a failure before the first byte (a
+        refused or broken connection, a 5xx answer; never silence) is retried elsewhere up to
+        `retries` times. A refused connection uses up no retry: nothing reached an engine, and
+        the instance is marked down at once, so the next try goes elsewhere (with every
+        instance down the router refuses with 503)."""
         avoid: frozenset[str] = frozenset()
         retries_left = self.retries
         while True:
             try:
                 admission = await self.router.acquire(
-                    self.blocks,
+                    self.parsed,
                     tenant=self.tenant.name,
                     weight=self.tenant.weight,
                     priority=self.tenant.priority,
@@ -243,18 +241,16 @@ class ProxyCall:
                 return
             if not avoid:
                 self.series.queue_wait.observe(time.monotonic() - self.started)
-            aborted = True  # until _attempt returns: a cancellation drops the engine's request
             try:
                 failure = await self._attempt(admission, send)
-                aborted = failure is not None and failure.kind in _DROPPED
-            finally:
-                self.router.release(admission, aborted=aborted)
+            except BaseException:
+                self.router.finish(admission, dropped=True)  # the engine's request is left
+                raise
             if failure is None:
+                self.router.finish(admission)
                 return
+            self.router.finish(admission, failure.kind, str(failure))
             self.series.failed(admission.lease.instance_id, failure.kind.value)
-            self.router.health.report_failure(
-                admission.lease.instance_id, failure.kind, str(failure)
-            )
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}
@@ -308,7 +304,6 @@ class ProxyCall:
             self.silent_since = None
             if response is not None:
                 self.upstream.close(response)
-        self.router.health.report_success(admission.lease.instance_id)
         return None
 
     async def _failed(self, send: Send, failure: UpstreamFailure) -> UpstreamFailure:

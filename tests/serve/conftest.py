@@ -1,0 +1,130 @@
+"""Shared serve fixtures: routers on an injected clock, and the teardown check that a test leaves
+no lease, no waiter and no task behind (`leftovers`, used by every async serve test module)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import pytest
+
+from gpuplane.config import parse_settings
+from gpuplane.serve.router import ModelRouter, RouterEvents
+from gpuplane.serve.speed import MIN_SPEED_SAMPLES
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_router(
+    capacities: list[int], clock: Clock | None = None, **gateway: object
+) -> tuple[ModelRouter, list[str]]:
+    """A router over instances http://i0, http://i1, ... of these capacities, with the
+    instances whose leases it reaped."""
+    instances = [{"url": f"http://i{n}", "max_concurrency": c} for n, c in enumerate(capacities)]
+    settings = parse_settings(
+        {"gateway": gateway, "models": [{"name": "m", "instances": instances}]}
+    )
+    reaped: list[str] = []
+    events = RouterEvents(reaped=lambda model, lease: reaped.append(lease.instance_id))
+    router = ModelRouter(
+        settings.models[0],
+        settings.gateway,
+        capacities,
+        events=events,
+        clock=clock or Clock(),
+        rng=random.Random(0),
+    )
+    return router, reaped
+
+
+def prompt(text: str) -> dict[str, Any]:
+    """A completion request's body with this prompt."""
+    return {"prompt": text}
+
+
+SYSTEM = prompt("the shared system prompt " * 30)  # 11 blocks of the default 64 characters
+SLOW = "http://i2"
+
+
+async def fleet_with_a_slow_card(hold_s: float, policy: str = "slots_prefix") -> ModelRouter:
+    """Three one-slot instances; i2 takes three times as long to a first token as the others,
+    and every generation held its slot `hold_s`."""
+    clock = Clock()
+    router, _ = make_router([1, 1, 1], clock, placement={"policy": policy})
+    ids = frozenset(i.id for i in router.instances)
+    for _ in range(MIN_SPEED_SAMPLES + 1):  # the first answer has no fleet mean to compare
+        for iid in sorted(ids):
+            admission = await router.acquire({}, avoid=ids - {iid})
+            router.observe_first_byte(admission, 0.3 if iid == SLOW else 0.1)
+            clock.now += hold_s
+            router.finish(admission)
+    return router
+
+
+def _held(routers: Iterable[ModelRouter], tasks: set[asyncio.Future[Any]]) -> list[str]:
+    """What is still held: leases and waiters per router, and the tasks still running."""
+    left = [
+        f"model {r.name}: {r.slots.in_flight} lease(s), {len(r.queue)} waiter(s)"
+        for r in routers
+        if r.slots.in_flight or len(r.queue)
+    ]
+    return left + [f"task {t!r}" for t in tasks if not t.done()]
+
+
+async def assert_released(
+    routers: Iterable[ModelRouter],
+    tasks: Iterable[asyncio.Future[Any]] = (),
+    timeout_s: float = 5.0,
+) -> None:
+    """Wait until none of `routers` holds a lease or a waiter and every one of `tasks` is done
+    (an engine request the gateway dropped frees its slot `abort_grace_s` late); fail after
+    `timeout_s`, naming what is left."""
+    routers, pending = list(routers), set(tasks)
+    for _ in range(max(1, int(timeout_s / 0.05))):
+        if not _held(routers, pending):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"left behind: {'; '.join(_held(routers, pending))}")
+
+
+@pytest.fixture
+async def leftovers(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[ModelRouter]]:
+    """The routers made during the test (yielded); at its end none may hold a lease or a
+    waiter, and no task the test started may still run."""
+    made: list[ModelRouter] = []
+    init = ModelRouter.__init__
+
+    def tracked(self: ModelRouter, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ModelRouter, "__init__", tracked)
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    started: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        if previous is not None:
+            task = previous(loop, coro, **kwargs)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+        if loop.is_running():  # started by the test's code, not by the test runner
+            started.add(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield made
+    finally:
+        loop.set_task_factory(previous)
+    current = asyncio.current_task()
+    await assert_released(made, [t for t in started if t is not current])

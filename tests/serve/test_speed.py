@@ -1,0 +1,92 @@
+"""Learned instance speed through the router: the fleet's time to first byte for cached and
+uncached prompts, each instance's ratio to it, and placement that keeps prompts off much slower
+cards (`serve/speed.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuplane.serve.speed import Answer, InstanceSpeeds
+from tests.serve.conftest import SLOW, SYSTEM, fleet_with_a_slow_card, make_router
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
+
+
+async def test_learns_the_time_to_first_token_of_cached_and_uncached_prompts() -> None:
+    router, _ = make_router([1, 1], placement={"locality_wait_s": 30})
+    cold = await router.acquire(SYSTEM)
+    router.observe_first_byte(cold, 8.0)
+    router.finish(cold)
+    warm = await router.acquire(SYSTEM)
+    assert warm.cached
+    router.observe_first_byte(warm, 0.5)
+    router.finish(warm)
+    iid = warm.lease.instance_id
+    assert router.speeds.first_byte_s(iid, hit=False) == pytest.approx(8.0)
+    assert router.speeds.first_byte_s(iid, hit=True) == pytest.approx(0.5)
+    # a "cached" placement that comes back at cold speed means the engine evicted it
+    again = await router.acquire(SYSTEM)
+    router.observe_first_byte(again, 8.0)
+    router.finish(again)
+    assert router.index.match(again.blocks).get(again.lease.instance_id, 0) == 0
+
+
+async def test_an_answer_at_the_other_kinds_speed_says_so_and_teaches_nothing() -> None:
+    speeds = InstanceSpeeds(["a", "b"], locality_wait_s=0.0, compare=True)
+    for _ in range(3):
+        assert speeds.observe("a", cached=False, seconds=1.0) is Answer.LEARNED
+        assert speeds.observe("b", cached=False, seconds=1.0) is Answer.LEARNED
+    assert speeds.observe("a", cached=True, seconds=0.1) is Answer.LEARNED
+    before = (speeds.speed("a"), speeds.first_byte_s("a", False), speeds.first_byte_s("a", True))
+    assert speeds.observe("a", cached=True, seconds=1.0) is Answer.EVICTED
+    assert speeds.observe("a", cached=False, seconds=0.1) is Answer.HELD
+    after = (speeds.speed("a"), speeds.first_byte_s("a", False), speeds.first_byte_s("a", True))
+    assert after == before
+
+
+async def test_an_answer_at_the_other_kinds_speed_teaches_no_speed() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)
+    before = router.speeds.speed("http://i0")
+    # placed as uncached, answered as fast as a hit: the engine held the prefix after all
+    surprise = await router.acquire({}, avoid=frozenset({"http://i1", SLOW}))
+    router.observe_first_byte(surprise, 0.001)
+    router.finish(surprise)
+    assert router.speeds.speed("http://i0") == before
+
+
+async def test_learns_how_much_slower_an_instance_is_and_keeps_cold_prompts_off_it() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)  # nothing frees soon: no waiting
+    speeds = router.speeds
+    assert speeds.speed(SLOW) > 2.5 * speeds.speed("http://i0")
+    assert speeds.first_byte_s(SLOW, hit=False) > 2.5 * speeds.first_byte_s("http://i1", False)
+    quick = [await router.acquire({}) for _ in range(2)]
+    assert {a.lease.instance_id for a in quick} == {"http://i0", "http://i1"}
+    # the quick ones are full and free nothing in time: the slow card now beats waiting
+    slow = await asyncio.wait_for(router.acquire({}), 1)
+    assert slow.lease.instance_id == SLOW
+    for admission in [*quick, slow]:
+        router.finish(admission)
+
+
+async def test_a_prompt_cached_on_the_slow_card_goes_there() -> None:
+    router = await fleet_with_a_slow_card(hold_s=100.0)
+    ids = frozenset(i.id for i in router.instances)
+    seeded = await router.acquire(SYSTEM, avoid=ids - {SLOW})
+    router.finish(seeded)
+    warm = await router.acquire(SYSTEM)  # 3x a hit beats a cold prefill on a quick card
+    assert warm.lease.instance_id == SLOW
+    assert warm.cached
+    router.finish(warm)
+
+
+async def test_baseline_policies_place_on_the_slow_card_as_peer_routers_do() -> None:
+    router = await fleet_with_a_slow_card(hold_s=0.01, policy="least_connections")
+    tasks = [asyncio.create_task(router.acquire({})) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not len(router.queue)  # none waits for a quicker card
+    placed = [task.result() for task in tasks]
+    assert {a.lease.instance_id for a in placed} == {"http://i0", "http://i1", SLOW}
+    for admission in placed:
+        router.finish(admission)
