@@ -9,7 +9,7 @@ import pytest
 
 from tests.serve.test_gateway import CHAT, error_of, gateway
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
 
 async def test_a_long_non_streamed_answer_is_served_once_by_one_instance() -> None:

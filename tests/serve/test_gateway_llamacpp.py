@@ -6,19 +6,22 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gpuplane.config import Settings, parse_settings
+from gpuplane.config import parse_settings
+from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.supervisor import Supervisor
 from tests.conftest import gateway_settings
+from tests.serve.conftest import assert_released
 from tests.serve.llama_harness import chat_body, llama_instances, stream_chat
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
 SYSTEM = "You are the help desk of a GPU cloud. " + " ".join(
     f"Policy {i}: explain quota rule {i} calmly and briefly." for i in range(40)
@@ -31,22 +34,18 @@ async def engines(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sup
         yield supervisor
 
 
-def settings_for(supervisor: Supervisor, **gateway: Any) -> Settings:
+@asynccontextmanager
+async def gateway_over(
+    supervisor: Supervisor, **config: Any
+) -> AsyncIterator[tuple[str, httpx.AsyncClient, Gateway]]:
+    """A gateway served in front of the supervisor's engines: its URL, a client, and itself
+    (whose routers `assert_released` waits on: a real engine may take a while to stop)."""
     instances = [{"url": p.url, "max_concurrency": 1} for p in supervisor.processes]
     models = [{"name": "smollm2", "engine": "llamacpp", "instances": instances}]
-    return parse_settings(gateway_settings(models, **gateway))
-
-
-async def wait_idle(client: httpx.AsyncClient, base: str, timeout_s: float = 60) -> dict[str, Any]:
-    """The gateway's state once nothing is in flight or queued (fails after `timeout_s`)."""
-    state: dict[str, Any] = {}
-    for _ in range(int(timeout_s / 0.1)):
-        state = (await client.get(f"{base}/admin/state")).json()
-        busy = sum(i["in_flight"] for i in state["instances"]) + state["models"][0]["queued"]
-        if busy == 0:
-            return state
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"gateway still busy after {timeout_s} s: {state}")
+    settings = parse_settings(gateway_settings(models, **config))
+    gw = Gateway(settings)
+    async with serving(settings, gw) as base, httpx.AsyncClient(timeout=300) as client:
+        yield base, client, gw
 
 
 async def wait_busy(client: httpx.AsyncClient, base: str) -> None:
@@ -67,7 +66,7 @@ async def test_gateway_serves_8_concurrent_streams_that_one_instance_cannot(
     engines: Supervisor,
 ) -> None:
     questions = [f"Name one use of a GPU, example {i}." for i in range(8)]
-    async with serving(settings_for(engines)) as base, httpx.AsyncClient(timeout=300) as client:
+    async with gateway_over(engines) as (base, client, gw):
         through_gateway = await asyncio.gather(
             *(stream_chat(client, f"{base}/v1/chat/completions", chat_body(q)) for q in questions)
         )
@@ -75,16 +74,15 @@ async def test_gateway_serves_8_concurrent_streams_that_one_instance_cannot(
         straight = await asyncio.gather(
             *(stream_chat(client, direct, chat_body(q)) for q in questions)
         )
-        state = await wait_idle(client, base)
+        await assert_released(gw.routers.values(), timeout_s=60)
     assert all(r.complete for r in through_gateway), [r for r in through_gateway if not r.complete]
     assert all(r.text for r in through_gateway)
     # llama.cpp's server runs one generation at a time: concurrent requests cut each other off
     assert sum(r.complete for r in straight) < len(questions)
-    assert all(i["in_flight"] == 0 for i in state["instances"])
 
 
 async def test_client_disconnects_mid_stream_free_every_slot(engines: Supervisor) -> None:
-    async with serving(settings_for(engines)) as base, httpx.AsyncClient(timeout=300) as client:
+    async with gateway_over(engines) as (base, client, gw):
 
         async def read_first_chunk_then_leave(i: int) -> None:
             body = chat_body(f"Write a long story about GPU number {i}.", max_tokens=400)
@@ -95,10 +93,9 @@ async def test_client_disconnects_mid_stream_free_every_slot(engines: Supervisor
 
         # 4 clients on 2 slots: two leave mid-stream, two leave while queued or right after
         await asyncio.gather(*(read_first_chunk_then_leave(i) for i in range(4)))
-        state = await wait_idle(client, base)
+        await assert_released(gw.routers.values(), timeout_s=60)
         after = await stream_chat(client, f"{base}/v1/chat/completions", chat_body("Say hi."))
         metrics = (await client.get(f"{base}/metrics")).text
-    assert all(i["in_flight"] == 0 for i in state["instances"])
     assert after.complete
     assert metric(metrics, "gpuplane_leases_reaped_total") == 0
     assert metric(metrics, 'gpuplane_requests_total{model="smollm2",status="499"}') >= 2
@@ -107,8 +104,7 @@ async def test_client_disconnects_mid_stream_free_every_slot(engines: Supervisor
 async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
     engines: Supervisor,
 ) -> None:
-    settings = settings_for(engines, health={"probe_interval_s": 0.2})
-    async with serving(settings) as base, httpx.AsyncClient(timeout=300) as client:
+    async with gateway_over(engines, health={"probe_interval_s": 0.2}) as (base, client, gw):
         body = chat_body("Write a very long story about a data centre.", max_tokens=600)
         killed: dict[str, Any] = {}
         async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
@@ -120,7 +116,7 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
                 if line.startswith("data: {") and len(lines) == 2:
                     os.kill(proc.pid or 0, signal.SIGKILL)
                 lines.append(line)
-        state = await wait_idle(client, base)
+        await assert_released(gw.routers.values(), timeout_s=60)
         for _ in range(100):  # the supervisor sees the exit (until then `ready` is the old one's)
             if proc.restarts > killed["restarts"]:
                 break
@@ -136,7 +132,6 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
         )
     assert any('"error"' in line for line in lines), lines[-3:]
     assert "data: [DONE]" not in lines
-    assert all(i["in_flight"] == 0 for i in state["instances"])
     assert proc.restarts == killed["restarts"] + 1
     assert proc.pid != killed["pid"]
     assert all(i["healthy"] for i in state["instances"])
@@ -148,8 +143,7 @@ async def test_shared_system_prompt_sticks_to_its_instance_unless_it_is_busy(
 ) -> None:
     # a request waits at most 0.5 s for the busy instance holding its prefix, far less than
     # the 300-token generation that keeps it busy below
-    settings = settings_for(engines, placement={"locality_wait_s": 0.5})
-    async with serving(settings) as base, httpx.AsyncClient(timeout=300) as client:
+    async with gateway_over(engines, placement={"locality_wait_s": 0.5}) as (base, client, _):
         url = f"{base}/v1/chat/completions"
         first = await stream_chat(client, url, chat_body("Hello?", SYSTEM, max_tokens=4))
         again = [

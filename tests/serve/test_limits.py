@@ -22,7 +22,7 @@ from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 from tests.serve.test_gateway import CHAT, gateway
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
 ROOT = Path(__file__).resolve().parents[2]
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]

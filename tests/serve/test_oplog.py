@@ -70,6 +70,7 @@ def test_rejections_are_logged_once_per_model_reason_and_window(
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("leftovers")
 async def test_an_instance_going_down_and_recovering_is_logged_with_the_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -98,6 +99,7 @@ async def test_an_instance_going_down_and_recovering_is_logged_with_the_reason(
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("leftovers")
 async def test_requests_refused_for_capacity_are_logged_rate_limited(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -11,7 +11,7 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
 
 async def test_idle_client_connections_close_after_the_keepalive_setting() -> None:

@@ -17,7 +17,7 @@ from gpuplane.serve.settings import GatewayConfig
 from gpuplane.serve.upstream import Upstream, UpstreamFailure
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
 HEADERS = {"content-type": "application/json", "authorization": "Bearer not-forwarded"}
 
