@@ -14,13 +14,13 @@ the estate's capacity while it lasts, so both setups end up with a backlog to wo
     quota, i.e. not limited): at every arrival and completion one pass goes over the whole queue
     in the service's order (priority, fair share, oldest), later jobs backfill around ones that
     do not fit, and a job starts when the pass admits it. (b) runs without and with node
-    reservations for jobs that waited too long (the service's defaults `reserve_after_s` and
-    `max_reservations`, or `--reserve-after-h` / `--max-reservations`); (a) runs without them.
+    reservations for jobs that waited too long (the service's defaults `nominate_after_s` and
+    `max_nominations`, or `--reserve-after-h` / `--max-reservations`); (a) runs without them.
 The snapshot knows each model's speed (`gpu_speeds`); the core's GPU-speed score term is off (its
 default) unless `--speed-weight W` adds a unified run with it. Completions feed the estate's work
-history, so the pass's delay scheduling for faster GPUs (`control.delay`, the service's default
-`wait_for_faster_gpu`; `--wait-for-faster off` turns it off) works as in the service; in (a) every
-job has one GPU model, so it changes nothing there.
+history, so the pass's delay scheduling for faster GPUs (`control.admission.delay`, the service's
+default `wait_for_faster_gpu`; `--wait-for-faster off` turns it off) works as in the service; in
+(a) every job has one GPU model, so it changes nothing there.
 
 Time limits (the job spec's `time_limit`, stated for a card of speed 1.0 and scaled by the
 node's speed): the same streams run again with the limits users would set. The model is the
@@ -55,8 +55,7 @@ from typing import Any
 import numpy as np
 
 from _results import save
-from gpuplane.control.admission import PendingJob, ReservePolicy, run_pass
-from gpuplane.control.estate import Estate
+from gpuplane.control.admission import Estate, NominationPolicy, PendingJob, run_pass
 from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import (
     DeviceInfo,
@@ -167,7 +166,7 @@ def simulate(
     jobs: list[Job],
     nodes: list[NodeInfo],
     unified: bool,
-    reserve: ReservePolicy | None,
+    reserve: NominationPolicy | None,
     speed_weight: float = 0.0,
     wait_for_faster: bool = ControlConfig().wait_for_faster_gpu,
     limits: dict[str, float] | None = None,
@@ -216,7 +215,7 @@ def simulate(
             longest_first=longest_first,
         )
         passes += 1
-        reserved.update(estate.reserved)
+        reserved.update(estate.nominated)
         for a in result.admitted:
             job = by_id[a.job_id]
             del pending[a.job_id]
@@ -254,7 +253,7 @@ def scenario(
     with time limits, isolated and unified with node reservations."""
     jobs = job_stream(args.jobs, nodes, args.load, shares, np.random.default_rng(seed))
     share = {t: sum(j.team == t for j in jobs) / len(jobs) for t in TEAMS}
-    reserve = ReservePolicy(args.reserve_after_h * HOUR, args.max_reservations)
+    reserve = NominationPolicy(args.reserve_after_h * HOUR, args.max_reservations)
     wait = args.wait_for_faster == "on"
     rows = []
     ratios: dict[str, float] = {}
@@ -342,13 +341,13 @@ def main() -> None:
     ap.add_argument(
         "--reserve-after-h",
         type=float,
-        default=defaults.reserve_after_s / HOUR,
+        default=defaults.nominate_after_s / HOUR,
         help="wait before a job gets a node reservation (default: the service's)",
     )
     ap.add_argument(
         "--max-reservations",
         type=int,
-        default=defaults.max_reservations,
+        default=defaults.max_nominations,
         help="node reservations at once (default: the service's)",
     )
     ap.add_argument(

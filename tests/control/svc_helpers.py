@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, select, text
 
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.service import ControlService
@@ -20,26 +19,73 @@ from gpuplane.control.settings import (
     DeclaredNode,
     TeamConfig,
 )
-from gpuplane.control.store import MIGRATIONS
+from gpuplane.control.store import MIGRATIONS, Store
 
 A100 = "A100-80GB"
 SLEEP = ["sleep", "30"]
 
 
-def old_store(tmp_path: Path, revision: str, *rows: str) -> tuple[str, Config]:
-    """A SQLite store migrated only up to `revision`, holding `rows` (SQL inserts): what an
-    older gpuplane left behind. Returns its URL and the Alembic config that migrated it."""
-    url = f"sqlite:///{tmp_path}/old.db"
-    engine = create_engine(url)
+def old_store(url: str, revision: str, *rows: str) -> Config:
+    """Migrate the empty store at `url` only up to `revision` and insert `rows` (SQL): what an
+    older gpuplane left behind. Returns the Alembic config that migrated it."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
+    engine = create_engine(url)
+    try:
+        migrate(engine, cfg, revision, *rows)
+    finally:
+        engine.dispose()
+    return cfg
+
+
+def migrate(engine: Engine, cfg: Config, revision: str, *rows: str, down: bool = False) -> None:
+    """Upgrade (with `down`, downgrade) the store of `engine` to `revision`, then run `rows`."""
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        (command.downgrade if down else command.upgrade)(cfg, revision)
         for row in rows:
             conn.execute(text(row))
-    engine.dispose()
-    return url, cfg
+
+
+# A store at migration 0004 (before the milli-GPU columns were renamed): a team with a quota
+# and a running job holding one card.
+RUNNING_AT_0004 = (
+    "INSERT INTO clusters (name, adapter, labels, created_at) VALUES ('c', 'local', '{}', 1.0)",
+    "INSERT INTO nodes (id, cluster_name, name, labels, cpu_millis, memory_mib) "
+    "VALUES (1, 'c', 'n', '{}', 1000, 1024)",
+    "INSERT INTO devices (id, node_id, \"index\", model, mem_mib) VALUES (1, 1, 0, 'A100', 81920)",
+    "INSERT INTO teams (name, cohort, weight) VALUES ('t', NULL, 1.0)",
+    "INSERT INTO quotas (team_name, flavor, nominal_milli_gpus, borrowing_limit_milli_gpus, "
+    "lending_limit_milli_gpus) VALUES ('t', 'A100', 2000, 500, 1000)",
+    "INSERT INTO jobs (id, name, team_name, state, priority, spec, reasons, node_id, flavor, "
+    "milli_gpus, gpu_mem_mib, cpu_millis, memory_mib, attempts, created_at) VALUES ('j', 'j', "
+    "'t', 'running', 0, '{}', '{}', 1, 'A100', 1000, 81920, 0, 0, 0, 1.0)",
+    "INSERT INTO allocations (job_id, device_id, mem_mib, gpu_milli) VALUES ('j', 1, 81920, 1000)",
+)
+
+
+def assert_gpu_milli_columns_renamed_in_place(url: str) -> None:
+    """Migration 0005, as the store runs it (on SQLite with foreign keys on), renames the
+    milli-GPU columns of a store holding a running job and keeps every row: the job's card
+    stays allocated to it. Its downgrade gives the old names back with the same rows."""
+    cfg = old_store(url, "0004", *RUNNING_AT_0004)
+    store = Store(url)
+    try:
+        for revision, down in (("head", False), ("0004", True), ("head", False)):
+            migrate(store.engine, cfg, revision, down=down)
+            milli = "milli_gpus" if down else "gpu_milli"
+            limits = ", ".join(
+                f"{k}_{milli}" for k in ("nominal", "borrowing_limit", "lending_limit")
+            )
+            with store.engine.connect() as conn:
+                assert conn.execute(text(f"SELECT id, {milli} FROM jobs")).all() == [("j", 1000)]
+                assert conn.execute(text(f"SELECT {limits} FROM quotas")).all() == [
+                    (2000, 500, 1000)
+                ]
+                allocations = text("SELECT job_id, device_id, gpu_milli FROM allocations")
+                assert conn.execute(allocations).all() == [("j", 1, 1000)]
+    finally:
+        store.close()
 
 
 def config(
@@ -157,7 +203,7 @@ def assert_quota_respected(
     """Each team's admitted milli-GPUs stay within nominal + borrowing limit (team -> both)."""
     with service.store.session() as session:
         rows = session.execute(
-            select(Job.team_name, func.sum(Job.milli_gpus))
+            select(Job.team_name, func.sum(Job.gpu_milli))
             .where(Job.state.in_(ACTIVE_STATES))
             .group_by(Job.team_name)
         ).all()

@@ -1,4 +1,4 @@
-"""Quota arithmetic (pure): nominal quota, cohort borrowing, fair-share order, reclaim order."""
+"""Quota arithmetic (pure): nominal quota, cohort borrowing, lending limits, dominant shares."""
 
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ from hypothesis import strategies as st
 
 from gpuplane.control.quota import (
     Amount,
-    FairQueue,
     FlavorQuota,
-    Queued,
     QuotaBook,
-    Running,
     TeamQuota,
     charge,
     dominant_share,
-    reclaim_candidates,
 )
 from gpuplane.control.scheduler import Request
 
@@ -66,7 +62,7 @@ def test_a_flavor_without_quota_is_refused_with_the_flavors_the_team_has() -> No
 
 def test_borrowing_from_the_cohort_up_to_the_borrowing_limit() -> None:
     b = book(
-        TeamQuota("a", "ml", flavors={A100: FlavorQuota(1000, borrowing_limit_milli_gpus=1000)}),
+        TeamQuota("a", "ml", flavors={A100: FlavorQuota(1000, borrowing_limit_gpu_milli=1000)}),
         TeamQuota("b", "ml", flavors={A100: FlavorQuota(4000)}),
     )
     decision = b.check("a", A100, gpus(2))
@@ -85,7 +81,7 @@ def test_borrowing_from_the_cohort_up_to_the_borrowing_limit() -> None:
 
 def test_a_lending_limit_keeps_the_rest_of_the_nominal_quota_for_its_team() -> None:
     b = book(
-        TeamQuota("lender", "ml", flavors={A100: FlavorQuota(4000, lending_limit_milli_gpus=1000)}),
+        TeamQuota("lender", "ml", flavors={A100: FlavorQuota(4000, lending_limit_gpu_milli=1000)}),
         TeamQuota("borrower", "ml", flavors={A100: FlavorQuota(0)}),
     )
     assert b.check("borrower", A100, gpus(1)).ok
@@ -123,42 +119,6 @@ def test_dominant_share_and_weight() -> None:
     assert dominant_share(Amount(), Amount()) == 0.0
 
 
-def test_queue_orders_by_priority_then_smallest_dominant_share_then_fifo() -> None:
-    usage = {"a": 0.0, "b": 0.0, "c": 0.0}
-    jobs = [
-        Queued("a1", "a", 0, 1.0),
-        Queued("a2", "a", 0, 2.0),
-        Queued("a3", "a", 0, 3.0),
-        Queued("b1", "b", 0, 4.0),
-        Queued("hi", "c", 5, 9.0),
-    ]
-    order = []
-    for job in FairQueue(jobs, lambda t: usage[t]):
-        order.append(job.job_id)
-        usage[job.team] += 0.1  # each admission raises the team's share
-    assert order == ["hi", "a1", "b1", "a2", "a3"]
-
-
-def test_reclaim_takes_borrowers_lowest_priority_newest_first() -> None:
-    b = book(
-        TeamQuota("owner", "ml", flavors={A100: FlavorQuota(2000)}),
-        TeamQuota("borrower", "ml", flavors={A100: FlavorQuota(0)}),
-        TeamQuota("outsider", None, flavors={A100: FlavorQuota(0)}),
-    )
-    running = [
-        Running("old-low", "borrower", A100, 0, 1.0),
-        Running("new-low", "borrower", A100, 0, 2.0),
-        Running("high", "borrower", A100, 9, 3.0),
-        Running("other", "outsider", A100, 0, 1.0),
-        Running("mine", "owner", A100, 0, 1.0),
-    ]
-    for r in running:
-        b.reserve(r.job_id, r.team, A100, gpus(0.5))
-    victims = reclaim_candidates(b, "owner", A100, running)
-    assert [v.job_id for v in victims] == ["new-low", "old-low", "high"]
-    assert reclaim_candidates(b, "outsider", A100, running) == []
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     nominal=st.lists(st.integers(0, 4000), min_size=3, max_size=3),
@@ -181,8 +141,8 @@ def test_admitted_usage_never_exceeds_quota(
             flavors={
                 A100: FlavorQuota(
                     nominal[i],
-                    borrowing_limit_milli_gpus=limits[i],
-                    lending_limit_milli_gpus=lending[i],
+                    borrowing_limit_gpu_milli=limits[i],
+                    lending_limit_gpu_milli=lending[i],
                 )
             },
         )
@@ -194,7 +154,7 @@ def test_admitted_usage_never_exceeds_quota(
         if not decision.ok:
             continue
         b.reserve(f"j{k}", f"t{team}", A100, Amount(milli, 0))
-        used = [b.usage(f"t{i}", A100).milli_gpus for i in range(3)]
+        used = [b.usage(f"t{i}", A100).gpu_milli for i in range(3)]
         limit = limits[team]
         assert used[team] <= nominal[team] + (limit if limit is not None else sum(nominal))
         if decision.borrowing:

@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuplane.control import queries
-from gpuplane.control.service import (
-    ConflictError,
-    ControlService,
-    InfeasibleJobError,
-    NotFoundError,
-)
+from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.service import ControlService
 from gpuplane.control.settings import QuotaConfig, TeamConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.views import TeamSet
@@ -53,10 +49,10 @@ def test_the_minimal_job_runs_as_a_process_on_a_slice(service: ControlService) -
 def test_impossible_requests_are_refused_at_submit_with_the_reason(service: ControlService) -> None:
     with pytest.raises(InfeasibleJobError, match="204800 MiB") as exc:
         service.submit(job("big", gpu_mem_mib=200 * 1024))
-    assert exc.value.reasons[0]["code"] == "ExceedsCapacity"
+    assert exc.value.reasons[0].code == "ExceedsCapacity"
     with pytest.raises(InfeasibleJobError, match="H100") as exc:
         service.submit({**job("h100", gpus=1), "selector": {"gpu_models": ["H100"]}})
-    assert exc.value.reasons[0]["code"] == "NoMatchingNode"
+    assert exc.value.reasons[0].code == "NoMatchingNode"
     with pytest.raises(InfeasibleJobError):
         service.submit(job("three", gpus=3))
     with pytest.raises(SpecError, match=r"resources\.gpu_cores_pct"):
@@ -80,7 +76,7 @@ def test_a_job_that_does_not_fit_now_waits_with_a_reason_per_cluster(
     dry = service.submit(job("third", gpus=1), dry_run=True)
     assert dry["fits"] is False
     assert dry["queued_ahead"] == 1
-    assert dry["reasons"][0]["code"] == "InsufficientGpus"
+    assert dry["reasons"][0].code == "InsufficientGpus"
     service.cancel(first)
     assert wait_state(service, second, "running").cluster_name == "local"
     assert queries.get_job(service, second).reasons == []

@@ -14,7 +14,7 @@ from sqlalchemy import inspect, select, text, update
 
 from gpuplane.control.models import Base, SchedulerLock
 from gpuplane.control.store import Store, StoreError
-from tests.control.svc_helpers import old_store
+from tests.control.svc_helpers import assert_gpu_milli_columns_renamed_in_place, old_store
 
 
 @pytest.fixture
@@ -94,8 +94,9 @@ def test_an_unwritable_sqlite_file_is_refused_with_the_path(tmp_path: Path) -> N
 
 def test_upgrading_an_old_store_keeps_its_rows(tmp_path: Path) -> None:
     """A store created at the first migration is brought to head on open, data intact."""
-    url, cfg = old_store(
-        tmp_path,
+    url = f"sqlite:///{tmp_path}/old.db"
+    cfg = old_store(
+        url,
         "0001",
         "INSERT INTO teams (name, cohort, weight) VALUES ('old', NULL, 1.0)",
         "INSERT INTO quotas (team_name, flavor, nominal_milli_gpus) "
@@ -108,10 +109,16 @@ def test_upgrading_an_old_store_keeps_its_rows(tmp_path: Path) -> None:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head
             row = conn.execute(
                 text(
-                    "SELECT nominal_milli_gpus, lending_limit_milli_gpus "
+                    "SELECT nominal_gpu_milli, lending_limit_gpu_milli "
                     "FROM quotas WHERE team_name = 'old'"
                 )
             ).one()
             assert tuple(row) == (2000, None)
     finally:
         store.close()
+
+
+def test_the_milli_gpu_columns_are_renamed_in_place_keeping_a_running_jobs_card(
+    tmp_path: Path,
+) -> None:
+    assert_gpu_milli_columns_renamed_in_place(f"sqlite:///{tmp_path}/old.db")

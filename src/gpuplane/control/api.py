@@ -20,12 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpuplane import __version__
 from gpuplane.control import queries
-from gpuplane.control.service import (
-    ConflictError,
-    ControlService,
-    InfeasibleJobError,
-    NotFoundError,
-)
+from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.service import ControlService
 from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
@@ -91,7 +87,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         status = 500
         body: dict[str, Any] = {"detail": str(exc)}
         if isinstance(exc, InfeasibleJobError):
-            status, body["reasons"] = 422, exc.reasons
+            status, body["reasons"] = 422, [r.to_json() for r in exc.reasons]
         elif isinstance(exc, ResourceError):
             status = 422
         elif isinstance(exc, NotFoundError):
@@ -135,7 +131,8 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     ) -> JobView | DryRunView | JSONResponse:
         out = service.submit(spec, dry_run=dry_run)
         if dry_run:
-            return JSONResponse(DryRunView(**out).model_dump(mode="json"), status_code=200)
+            view = DryRunView(**{**out, "reasons": [r.to_json() for r in out["reasons"]]})
+            return JSONResponse(view.model_dump(mode="json"), status_code=200)
         return queries.get_job(service, out["id"])
 
     @app.post("/jobs/batch", status_code=201)

@@ -2,72 +2,134 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from gpuplane.control.admission import PendingJob, decide
-from gpuplane.control.estate import Estate
+from gpuplane.control.admission import Estate, PendingJob, can_admit, from_scheduler
+from gpuplane.control.cycle_writer import CycleWriter
+from gpuplane.control.errors import InfeasibleJobError, NotFoundError
 from gpuplane.control.inventory import split_qualified
+from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Event, Job, Team
-from gpuplane.control.scheduler import Request, feasible
+from gpuplane.control.runtime import Binder
+from gpuplane.control.scheduler import Policy, Request, feasible
 from gpuplane.control.spec import JobSpec, SpecError, parse_spec
 from gpuplane.errors import unknown_name
 
-if TYPE_CHECKING:
-    from gpuplane.control.service import ControlService
 
+class Intake:
+    """Submits jobs for the service: queued with an admission pass in the same transaction
+    (`writer`), then bound at once when `bind_on_submit` (`binder`); a dry run asks `policy`
+    on a copy of the estate. `new_id(name)` names a job; `default_team` takes a spec that names
+    none."""
 
-def submit(svc: ControlService, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-    """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer."""
-    spec = _parse(svc, data)
-    request = spec.to_request(svc.new_id(spec.name))
-    with svc.mutex:
-        estate, _ = svc.estate()
-        _refuse_impossible(estate, spec, request)
-        if dry_run:
-            return _dry_run(svc, estate, spec, request)
-    _queue_and_admit(svc, [(spec, request)])
-    return {"id": request.job_id}
+    def __init__(
+        self,
+        mirror: Mirror,
+        writer: CycleWriter,
+        binder: Binder,
+        policy: Policy,
+        rng: np.random.Generator,
+        clock: Callable[[], float],
+        new_id: Callable[[str], str],
+        default_team: str | None,
+        bind_on_submit: bool,
+    ) -> None:
+        self.mirror = mirror
+        self.writer = writer
+        self.binder = binder
+        self.policy = policy
+        self.rng = rng
+        self.clock = clock
+        self.new_id = new_id
+        self.default_team = default_team
+        self.bind_on_submit = bind_on_submit
 
-
-def submit_many(
-    svc: ControlService, items: list[dict[str, Any]], *, admit: bool = True
-) -> list[str]:
-    """Validate every spec first (an error names the item), then queue them all at once."""
-    jobs = []
-    for k, data in enumerate(items):
-        try:
-            spec = _parse(svc, data)
-        except SpecError as exc:
-            raise SpecError(f"item {k}: {exc}") from None
-        jobs.append((spec, spec.to_request(svc.new_id(spec.name))))
-    with svc.mutex:
-        estate, _ = svc.estate()
-        for spec, request in jobs:
+    def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer
+        (its `reasons` typed: the API writes them)."""
+        spec = self._parse(data)
+        request = spec.to_request(self.new_id(spec.name))
+        with self.mirror.mutex:
+            estate, _ = self.mirror.estate()
             _refuse_impossible(estate, spec, request)
-    if admit:
-        _queue_and_admit(svc, jobs)
-    else:
-        with svc.locked() as (session, _):
-            _insert(session, jobs, svc.clock())
-    return [r.job_id for _, r in jobs]
+            if dry_run:
+                return self._dry_run(estate, spec, request)
+        self._queue_and_admit([(spec, request)])
+        return {"id": request.job_id}
 
+    def submit_many(self, items: list[dict[str, Any]], *, admit: bool = True) -> list[str]:
+        """Validate every spec first (an error names the item), then queue them all at once."""
+        jobs = []
+        for k, data in enumerate(items):
+            try:
+                spec = self._parse(data)
+            except SpecError as exc:
+                raise SpecError(f"item {k}: {exc}") from None
+            jobs.append((spec, spec.to_request(self.new_id(spec.name))))
+        with self.mirror.mutex:
+            estate, _ = self.mirror.estate()
+            for spec, request in jobs:
+                _refuse_impossible(estate, spec, request)
+        if admit:
+            self._queue_and_admit(jobs)
+        else:
+            with self.mirror.locked() as (session, _):
+                _insert(session, jobs, self.clock())
+        return [r.job_id for _, r in jobs]
 
-def _parse(svc: ControlService, data: Any) -> JobSpec:
-    """A spec that names no team is `control.default_team`'s, when the config sets one."""
-    default = svc.config.default_team
-    if default is not None and isinstance(data, dict) and data.get("team") is None:
-        data = {**data, "team": default}
-    return parse_spec(data)
+    def _parse(self, data: Any) -> JobSpec:
+        """A spec that names no team is `control.default_team`'s, when the config sets one."""
+        default = self.default_team
+        if default is not None and isinstance(data, dict) and data.get("team") is None:
+            data = {**data, "team": default}
+        return parse_spec(data)
+
+    def _queue_and_admit(self, jobs: list[tuple[JobSpec, Request]]) -> None:
+        """Insert the jobs and run the admission pass in the same locked transaction."""
+        now = self.clock()
+        self.writer.schedule_pass(before=lambda session: _insert(session, jobs, now))
+        if self.bind_on_submit:
+            self.binder.bind_admitted()
+
+    def _dry_run(self, estate: Estate, spec: JobSpec, request: Request) -> dict[str, Any]:
+        """Where the job would go now, on a copy of the estate; nothing is written."""
+        job = PendingJob(request.job_id, spec.team, spec.priority, self.clock(), request)
+        answer = can_admit(estate.copy(), job, self.policy, self.rng, self.clock())
+        with self.mirror.store.session() as session:
+            _require_declared(session, {spec.team})
+            ahead = (
+                session.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(Job.state == "pending", Job.priority >= spec.priority)
+                )
+                or 0
+            )
+        out: dict[str, Any] = {
+            "fits": answer.admitted is not None,
+            "reasons": answer.reasons,
+            "queued_ahead": ahead,
+        }
+        if answer.admitted is not None:
+            p = answer.admitted.placement
+            out.update(
+                cluster=p.cluster,
+                node=split_qualified(p.node)[1],
+                flavor=answer.admitted.flavor,
+                devices=list(p.device_indices),
+                preempts=list(answer.admitted.preempted),
+            )
+        return out
 
 
 def _require_declared(session: Session, teams: set[str]) -> None:
     """Refuse jobs of a team nobody declared (in the config or with `gpuplane quota set`):
     created on the fly, it would have no quota and could take every GPU."""
-    from gpuplane.control.service import NotFoundError
-
     declared = set(session.scalars(select(Team.name)))
     missing = sorted(teams - declared)
     if missing:
@@ -78,32 +140,14 @@ def _require_declared(session: Session, teams: set[str]) -> None:
 
 
 def _refuse_impossible(estate: Estate, spec: JobSpec, request: Request) -> None:
-    from gpuplane.control.service import InfeasibleJobError
-
     decision = feasible(estate.snapshot, request)
     if decision.ok:
         return
-    reasons = [
-        {
-            "cluster": r.cluster,
-            "code": r.code.value,
-            "message": r.message,
-            "numbers": dict(r.numbers),
-        }
-        for r in decision.reasons
-    ]
-    detail = "; ".join(f"{r['cluster']}: {r['message']}" for r in reasons)
+    reasons = from_scheduler(decision.reasons)
+    detail = "; ".join(f"{r.cluster}: {r.message}" for r in reasons)
     raise InfeasibleJobError(
         f"job {spec.name} can never run here: {detail or 'no cluster is registered'}", reasons
     )
-
-
-def _queue_and_admit(svc: ControlService, jobs: list[tuple[JobSpec, Request]]) -> None:
-    """Insert the jobs and run the admission pass in the same locked transaction."""
-    now = svc.clock()
-    svc.schedule_pass(before=lambda session: _insert(session, jobs, now))
-    if svc.bind_on_submit:
-        svc.bind_admitted()
 
 
 def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -> None:
@@ -123,7 +167,7 @@ def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -
                 "created_at": now,
                 "cpu_millis": r.cpu_millis,
                 "memory_mib": r.memory_mib,
-                "milli_gpus": 0,
+                "gpu_milli": 0,
                 "gpu_mem_mib": 0,
                 "attempts": 0,
                 "time_limit_s": spec.time_limit,
@@ -143,36 +187,3 @@ def _insert(session: Session, jobs: list[tuple[JobSpec, Request]], now: float) -
             for spec, r in jobs
         ],
     )
-
-
-def _dry_run(
-    svc: ControlService, estate: Estate, spec: JobSpec, request: Request
-) -> dict[str, Any]:
-    """Where the job would go now, on a copy of the estate; nothing is written."""
-    job = PendingJob(request.job_id, spec.team, spec.priority, svc.clock(), request)
-    outcome = decide(estate.copy(), job, svc.policy, svc.rng, svc.clock(), commit=False)
-    with svc.store.session() as session:
-        _require_declared(session, {spec.team})
-        ahead = (
-            session.scalar(
-                select(func.count())
-                .select_from(Job)
-                .where(Job.state == "pending", Job.priority >= spec.priority)
-            )
-            or 0
-        )
-    out: dict[str, Any] = {
-        "fits": outcome.admitted is not None,
-        "reasons": outcome.reasons,
-        "queued_ahead": ahead,
-    }
-    if outcome.admitted is not None:
-        p = outcome.admitted.placement
-        out.update(
-            cluster=p.cluster,
-            node=split_qualified(p.node)[1],
-            flavor=outcome.admitted.flavor,
-            devices=list(p.device_indices),
-            preempts=list(outcome.admitted.preempted),
-        )
-    return out

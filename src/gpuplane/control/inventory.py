@@ -16,9 +16,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.adapters.base import Inventory
-from gpuplane.control.estate import Estate
+from gpuplane.control.admission import Estate, Running
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Cluster, Device, Job, Node, Team
-from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, Running, TeamQuota
+from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
 from gpuplane.control.scheduler import (
     DeviceGrant,
     DeviceInfo,
@@ -187,7 +187,7 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
         if job.time_limit_s is not None:
             limited.append((placement, job.time_limit_s, job.started_at or job.created_at))
         if job.flavor is not None:
-            book.reserve(job.id, job.team_name, job.flavor, Amount(job.milli_gpus, job.gpu_mem_mib))
+            book.reserve(job.id, job.team_name, job.flavor, Amount(job.gpu_milli, job.gpu_mem_mib))
             running.append(
                 Running(
                     job.id,
@@ -214,11 +214,11 @@ def load_teams(session: Session) -> list[TeamQuota]:
             t.weight,
             {
                 q.flavor: FlavorQuota(
-                    q.nominal_milli_gpus,
+                    q.nominal_gpu_milli,
                     q.nominal_mem_mib,
-                    q.borrowing_limit_milli_gpus,
+                    q.borrowing_limit_gpu_milli,
                     q.borrowing_limit_mem_mib,
-                    q.lending_limit_milli_gpus,
+                    q.lending_limit_gpu_milli,
                     q.lending_limit_mem_mib,
                 )
                 for q in t.quotas

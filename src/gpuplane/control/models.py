@@ -86,11 +86,11 @@ class Quota(Base):
         ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True
     )
     flavor: Mapped[str] = mapped_column(String(63), primary_key=True)
-    nominal_milli_gpus: Mapped[int] = mapped_column(Integer)
+    nominal_gpu_milli: Mapped[int] = mapped_column(Integer)
     nominal_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
-    borrowing_limit_milli_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    borrowing_limit_gpu_milli: Mapped[int | None] = mapped_column(Integer, default=None)
     borrowing_limit_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
-    lending_limit_milli_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    lending_limit_gpu_milli: Mapped[int | None] = mapped_column(Integer, default=None)
     lending_limit_mem_mib: Mapped[int | None] = mapped_column(Integer, default=None)
     team: Mapped[Team] = relationship(back_populates="quotas")
 
@@ -111,7 +111,7 @@ class Job(Base):
         ForeignKey("nodes.id", ondelete="SET NULL"), default=None
     )
     flavor: Mapped[str | None] = mapped_column(String(63), default=None)
-    milli_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     gpu_mem_mib: Mapped[int] = mapped_column(Integer, default=0)
     cpu_millis: Mapped[int] = mapped_column(Integer, default=0)
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)

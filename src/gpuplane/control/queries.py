@@ -8,10 +8,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
+from gpuplane.control.records import job_row, quota_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
-from gpuplane.control.service import ControlService, NotFoundError, quota_row
+from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (
     ClusterDetail,
@@ -84,7 +86,7 @@ def closest_reason(reasons: list[ReasonView]) -> ReasonView | None:
 
 def get_job(service: ControlService, ref: str) -> JobView:
     with service.store.session() as session:
-        return job_view(service, service.job_row(session, ref))
+        return job_view(service, job_row(session, ref))
 
 
 def list_jobs(
@@ -103,7 +105,7 @@ def job_logs(service: ControlService, ref: str, tail: int | None = None) -> Iter
     """The job's output in blocks (only its last `tail` lines if given); an unknown job raises
     NotFoundError here, before anything is read."""
     with service.store.session() as session:
-        job = service.job_row(session, ref)
+        job = job_row(session, ref)
         cluster = job.cluster_name
         job_id = job.id
     adapter = service.adapters.get(cluster or "")
@@ -215,22 +217,22 @@ def team_view(service: ControlService, session: Session, team: Team) -> TeamView
         quotas=[
             QuotaView(
                 flavor=q.flavor,
-                gpus=q.nominal_milli_gpus / 1000,
+                gpus=q.nominal_gpu_milli / 1000,
                 gpu_mem_mib=q.nominal_mem_mib,
                 borrowing_limit_gpus=None
-                if q.borrowing_limit_milli_gpus is None
-                else q.borrowing_limit_milli_gpus / 1000,
+                if q.borrowing_limit_gpu_milli is None
+                else q.borrowing_limit_gpu_milli / 1000,
                 borrowing_limit_mem_mib=q.borrowing_limit_mem_mib,
                 lending_limit_gpus=None
-                if q.lending_limit_milli_gpus is None
-                else q.lending_limit_milli_gpus / 1000,
+                if q.lending_limit_gpu_milli is None
+                else q.lending_limit_gpu_milli / 1000,
                 lending_limit_mem_mib=q.lending_limit_mem_mib,
-                used_gpus=book.usage(team.name, q.flavor).milli_gpus / 1000,
+                used_gpus=book.usage(team.name, q.flavor).gpu_milli / 1000,
                 used_gpu_mem_mib=book.usage(team.name, q.flavor).mem_mib,
             )
             for q in team.quotas
         ],
-        used_gpus=used.milli_gpus / 1000,
+        used_gpus=used.gpu_milli / 1000,
         used_gpu_mem_mib=used.mem_mib,
         dominant_share=dominant_share(used, estate.capacity, team.weight),
         pending_jobs=counts.get("pending", 0),

@@ -1,4 +1,4 @@
-"""Team quota arithmetic, Kueue-style, with no I/O: nominal quota, borrowing, fair-share order.
+"""Team quota arithmetic, Kueue-style, with no I/O: nominal quota, borrowing, dominant shares.
 
 Vocabulary (Kueue's; see docs/architecture.md): each team submits through its LocalQueue into
 its own ClusterQueue; a ResourceFlavor is a GPU model; a Cohort is a set of ClusterQueues that
@@ -16,8 +16,7 @@ the flavors it has quota for.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -28,14 +27,14 @@ from gpuplane.control.scheduler import MILLI_PER_GPU, Request
 class Amount:
     """Quota resources of one flavor: milli-GPUs and GPU memory (MiB)."""
 
-    milli_gpus: int = 0
+    gpu_milli: int = 0
     mem_mib: int = 0
 
     def __add__(self, other: Amount) -> Amount:
-        return Amount(self.milli_gpus + other.milli_gpus, self.mem_mib + other.mem_mib)
+        return Amount(self.gpu_milli + other.gpu_milli, self.mem_mib + other.mem_mib)
 
     def __sub__(self, other: Amount) -> Amount:
-        return Amount(self.milli_gpus - other.milli_gpus, self.mem_mib - other.mem_mib)
+        return Amount(self.gpu_milli - other.gpu_milli, self.mem_mib - other.mem_mib)
 
 
 def charge(request: Request, card_mem_mib: int) -> Amount:
@@ -56,19 +55,19 @@ class FlavorQuota:
     A lending limit L keeps `nominal - L` of the team's quota for itself: the cohort may only
     borrow up to L of it (Kueue's lendingLimit)."""
 
-    nominal_milli_gpus: int
+    nominal_gpu_milli: int
     nominal_mem_mib: int | None = None
-    borrowing_limit_milli_gpus: int | None = None
+    borrowing_limit_gpu_milli: int | None = None
     borrowing_limit_mem_mib: int | None = None
-    lending_limit_milli_gpus: int | None = None
+    lending_limit_gpu_milli: int | None = None
     lending_limit_mem_mib: int | None = None
 
     def nominal(self, resource: str) -> int | None:
-        return self.nominal_milli_gpus if resource == "milli_gpus" else self.nominal_mem_mib
+        return self.nominal_gpu_milli if resource == "gpu_milli" else self.nominal_mem_mib
 
     def borrowing_limit(self, resource: str) -> int | None:
-        if resource == "milli_gpus":
-            return self.borrowing_limit_milli_gpus
+        if resource == "gpu_milli":
+            return self.borrowing_limit_gpu_milli
         return self.borrowing_limit_mem_mib
 
     def lendable(self, resource: str) -> int | None:
@@ -77,9 +76,7 @@ class FlavorQuota:
         if nominal is None:
             return None
         limit = (
-            self.lending_limit_milli_gpus
-            if resource == "milli_gpus"
-            else self.lending_limit_mem_mib
+            self.lending_limit_gpu_milli if resource == "gpu_milli" else self.lending_limit_mem_mib
         )
         return nominal if limit is None else min(limit, nominal)
 
@@ -112,7 +109,7 @@ class QuotaDecision:
     numbers: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-_RESOURCES = (("milli_gpus", "milli-GPUs"), ("mem_mib", "MiB of GPU memory"))
+_RESOURCES = (("gpu_milli", "milli-GPUs"), ("mem_mib", "MiB of GPU memory"))
 
 
 class QuotaBook:
@@ -254,78 +251,3 @@ def dominant_share(used: Amount, capacity: Amount, weight: float = 1.0) -> float
         getattr(used, r) / getattr(capacity, r) for r, _ in _RESOURCES if getattr(capacity, r) > 0
     ]
     return max(shares, default=0.0) / weight
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A pending job as the queue sees it."""
-
-    job_id: str
-    team: str
-    priority: int
-    created_at: float
-
-
-class FairQueue:
-    """Pending jobs in admission order: priority first, then the team with the smallest
-    dominant-resource share (recomputed on every pop, so admissions shift the order), then the
-    oldest head job, then FIFO within the team.
-    """
-
-    def __init__(self, jobs: Iterable[Queued], share: Callable[[str], float]) -> None:
-        self._share = share
-        levels: dict[int, dict[str, list[Queued]]] = {}
-        for job in jobs:
-            levels.setdefault(job.priority, {}).setdefault(job.team, []).append(job)
-        self._levels: list[dict[str, deque[Queued]]] = [
-            {
-                t: deque(sorted(js, key=lambda j: (j.created_at, j.job_id)))
-                for t, js in teams.items()
-            }
-            for _, teams in sorted(levels.items(), key=lambda kv: -kv[0])
-        ]
-
-    def __iter__(self) -> FairQueue:
-        return self
-
-    def __next__(self) -> Queued:
-        while self._levels:
-            teams = self._levels[0]
-            if not teams:
-                self._levels.pop(0)
-                continue
-            team = min(teams, key=lambda t: (self._share(t), teams[t][0].created_at, t))
-            queue = teams[team]
-            job = queue.popleft()
-            if not queue:
-                del teams[team]
-            return job
-        raise StopIteration
-
-
-@dataclass(frozen=True, slots=True)
-class Running:
-    """An admitted job as reclaim sees it."""
-
-    job_id: str
-    team: str
-    flavor: str
-    priority: int
-    started_at: float
-
-
-def reclaim_candidates(
-    book: QuotaBook, team: str, flavor: str, running: Sequence[Running]
-) -> list[Running]:
-    """Jobs of other cohort members that borrow on `flavor`, in preemption order (lowest
-    priority, then newest first). Empty when `team` has no cohort."""
-    cohort = book.team(team).cohort
-    if cohort is None:
-        return []
-    lenders = {t.name for t in book.cohort_members(cohort) if t.name != team}
-    victims = [
-        r
-        for r in running
-        if r.flavor == flavor and r.team in lenders and book.borrowing(r.team, flavor)
-    ]
-    return sorted(victims, key=lambda r: (r.priority, -r.started_at, r.job_id))

@@ -1,4 +1,4 @@
-"""Bind admitted jobs through their cluster's adapter, and observe them until they end.
+"""The binder: bind admitted jobs through their cluster's adapter, and observe them until they end.
 
 Adapters are called outside the store's transaction: bind after the placement was committed,
 release after the end was recorded. A job is only moved on if it is still in the state this
@@ -9,87 +9,253 @@ job with the reason, never the round: one bad spec does not hold up the others.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import or_, select, update
 
-from gpuplane.control.adapters.base import AdapterError, Workload, WorkloadState, WorkloadStatus
+from gpuplane.control.adapters.base import (
+    AdapterError,
+    ClusterAdapter,
+    Workload,
+    WorkloadState,
+    WorkloadStatus,
+)
+from gpuplane.control.admission import Estate
 from gpuplane.control.inventory import split_qualified
+from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job
 from gpuplane.control.oplog import job_event, log
-from gpuplane.control.scheduler import wall_seconds
+from gpuplane.control.records import Records
+from gpuplane.control.scheduler import Placement, wall_seconds
 from gpuplane.control.spec import SpecError, parse_spec
 
-if TYPE_CHECKING:
-    from gpuplane.control.estate import Estate
-    from gpuplane.control.scheduler import Placement
-    from gpuplane.control.service import ControlService
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one reconcile saw of the jobs this service process runs: still running, ended with an
+    exit code, lost by the backend, stopped at their time limit."""
+
+    running: int = 0
+    exited: int = 0
+    lost: int = 0
+    timed_out: int = 0
 
 
-def bind_admitted(svc: ControlService) -> None:
-    """Stop preempted workloads, then start admitted ones; a refusal fails the job."""
-    with svc.adapter_lock:  # one binder or reconciler at a time in this process
-        _bind_admitted(svc)
+class Binder:
+    """Binds, observes and stops the workloads of the jobs this service process runs, through
+    `adapters` (cluster name -> adapter; the service fills it at start). One binder or
+    reconciler runs at a time in the process (`lock`)."""
 
+    def __init__(
+        self,
+        adapters: dict[str, ClusterAdapter],
+        mirror: Mirror,
+        records: Records,
+        clock: Callable[[], float],
+        instance: str,
+    ) -> None:
+        self.adapters = adapters
+        self.mirror = mirror
+        self.records = records
+        self.clock = clock
+        self.instance = instance
+        self.lock = threading.Lock()  # bind and reconcile: one at a time per process
+        self._stops: list[tuple[str, str]] = []
 
-def _bind_admitted(svc: ControlService) -> None:
-    drain_stops(svc)
-    with svc.store.session() as session:
-        jobs = list(session.scalars(select(Job).where(Job.state == "admitted")))
-    estate, _ = svc.estate()
-    bound: list[tuple[str, Workload]] = []
-    failed: dict[str, str] = {}
-    teams, clusters = {}, {}
-    for job in jobs:
-        placement = estate.snapshot.allocations.get(job.id)
-        if placement is None or job.cluster_name not in svc.adapters:
-            continue
-        teams[job.id], clusters[job.id] = job.team_name, str(job.cluster_name)
-        try:
-            workload = _workload(job, placement, estate)
-            svc.adapters[clusters[job.id]].bind(workload)
-        except Exception as exc:  # whatever it is, it fails this job, not the round
-            failed[job.id] = _why_not(exc, job.id, clusters[job.id])
-        else:
-            bound.append((clusters[job.id], workload))
-    if not (bound or failed):
-        return
-    now = svc.clock()
-    lost_race, started, gave_up = [], [], []
-    with svc.locked(neutral=not failed) as (session, estate):
-        for _, workload in bound:
-            moved = session.execute(
-                update(Job)
-                .where(Job.id == workload.job_id, Job.state == "admitted")
-                .values(state="running", started_at=now, bound_by=svc.instance)
-            )
-            if moved.rowcount == 1:  # type: ignore[attr-defined]
-                svc.record_event(
-                    session, "started", f"bound by {svc.instance}", job_id=workload.job_id
+    def stop_later(self, stops: Iterable[tuple[str, str]]) -> None:
+        """Queue the workloads (cluster, job id) of jobs just preempted: the next bind stops
+        them. The admission pass calls it inside its transaction, under the mirror's mutex,
+        which `drain_stops` takes too: nothing is stopped before the preemption is committed."""
+        with self.mirror.mutex:
+            self._stops += stops
+
+    def bind_admitted(self) -> None:
+        """Stop preempted workloads, then start admitted ones; a refusal fails the job."""
+        with self.lock:  # one binder or reconciler at a time in this process
+            self._bind_admitted()
+
+    def _bind_admitted(self) -> None:
+        self.drain_stops()
+        with self.mirror.store.session() as session:
+            jobs = list(session.scalars(select(Job).where(Job.state == "admitted")))
+        estate, _ = self.mirror.estate()
+        bound: list[tuple[str, Workload]] = []
+        failed: dict[str, str] = {}
+        teams, clusters = {}, {}
+        for job in jobs:
+            placement = estate.snapshot.allocations.get(job.id)
+            if placement is None or job.cluster_name not in self.adapters:
+                continue
+            teams[job.id], clusters[job.id] = job.team_name, str(job.cluster_name)
+            try:
+                workload = _workload(job, placement, estate)
+                self.adapters[clusters[job.id]].bind(workload)
+            except Exception as exc:  # whatever it is, it fails this job, not the round
+                failed[job.id] = _why_not(exc, job.id, clusters[job.id])
+            else:
+                bound.append((clusters[job.id], workload))
+        if not (bound or failed):
+            return
+        now = self.clock()
+        lost_race, started, gave_up = [], [], []
+        with self.mirror.locked(neutral=not failed) as (session, estate):
+            for _, workload in bound:
+                moved = session.execute(
+                    update(Job)
+                    .where(Job.id == workload.job_id, Job.state == "admitted")
+                    .values(state="running", started_at=now, bound_by=self.instance)
                 )
-                started.append(workload)
-            else:  # cancelled meanwhile, or another service process bound it first
-                lost_race.append(workload.job_id)
-        for job_id, msg in failed.items():
-            if svc.finish(session, estate, job_id, "failed", None, msg, now, expect="admitted"):
-                gave_up.append(job_id)
-    for job_id in lost_race:
-        svc.adapters[clusters[job_id]].release(job_id)
-    for workload in started:
-        job_id = workload.job_id
-        reason = f"bound by {svc.instance} on {workload.node}"
-        job_event("started", job_id, team=teams[job_id], cluster=clusters[job_id], reason=reason)
-    for job_id in gave_up:
-        job_event(
-            "finished",
-            job_id,
-            team=teams[job_id],
-            cluster=clusters[job_id],
-            reason=failed[job_id],
-            state="failed",
-            level=logging.WARNING,
+                if moved.rowcount == 1:  # type: ignore[attr-defined]
+                    self.records.event(
+                        session, "started", f"bound by {self.instance}", job_id=workload.job_id
+                    )
+                    started.append(workload)
+                else:  # cancelled meanwhile, or another service process bound it first
+                    lost_race.append(workload.job_id)
+            for job_id, msg in failed.items():
+                if self.records.finish(
+                    session, estate, job_id, "failed", None, msg, now, expect="admitted"
+                ):
+                    gave_up.append(job_id)
+        for job_id in lost_race:
+            self.adapters[clusters[job_id]].release(job_id)
+        for workload in started:
+            job_id = workload.job_id
+            reason = f"bound by {self.instance} on {workload.node}"
+            job_event(
+                "started", job_id, team=teams[job_id], cluster=clusters[job_id], reason=reason
+            )
+        for job_id in gave_up:
+            job_event(
+                "finished",
+                job_id,
+                team=teams[job_id],
+                cluster=clusters[job_id],
+                reason=failed[job_id],
+                state="failed",
+                level=logging.WARNING,
+            )
+
+    def reconcile(self) -> Observed:
+        """Record the end of jobs this service process bound (exit code, or lost by the backend),
+        freeing their devices; stop workloads whose job was cancelled or preempted elsewhere.
+        Run first by `ControlService.start`, where it takes back the jobs of an earlier process."""
+        with self.lock:
+            return self._reconcile()
+
+    def _reconcile(self) -> Observed:
+        mine = (Job.state == "running") & (Job.bound_by == self.instance)
+        with self.mirror.store.session() as session:
+            rows = session.execute(
+                select(Job.id, Job.cluster_name, Job.team_name).where(mine)
+            ).all()
+            held = {c: a.workloads() for c, a in self.adapters.items()}
+            wanted = {i for ids in held.values() for i in ids}
+            # an admitted job's workload is kept: binding it takes it back (a crash before the store
+            # recorded the bind), or stops it if it was placed elsewhere since
+            live = set(
+                session.scalars(
+                    select(Job.id).where(Job.id.in_(wanted), or_(mine, Job.state == "admitted"))
+                )
+            )
+        for cluster, ids in held.items():
+            for job_id in ids:
+                if job_id not in live:
+                    self.adapters[cluster].release(job_id)
+        by_cluster: dict[str, list[str]] = {}
+        for row in rows:
+            by_cluster.setdefault(str(row.cluster_name), []).append(row.id)
+        ended: list[tuple[str, str, WorkloadStatus]] = []
+        for cluster, ids in by_cluster.items():
+            adapter = self.adapters.get(cluster)
+            if adapter is None:
+                continue
+            for job_id, status in adapter.status(ids).items():
+                if status.state != WorkloadState.RUNNING:
+                    ended.append((cluster, job_id, status))
+        if not ended:
+            return Observed(running=len(rows))
+        now = self.clock()
+        done = []
+        with self.mirror.locked() as (session, estate):
+            for cluster, job_id, status in ended:
+                state = "succeeded" if status.state == WorkloadState.SUCCEEDED else "failed"
+                message = status.message or None
+                if self.records.finish(
+                    session, estate, job_id, state, status.exit_code, message, now, expect="running"
+                ):
+                    done.append((cluster, job_id, state, status))
+        teams = {row.id: row.team_name for row in rows}
+        for cluster, job_id, state, status in done:
+            self.adapters[cluster].release(job_id)
+            job_event(
+                "finished",
+                job_id,
+                team=teams[job_id],
+                cluster=cluster,
+                reason=status.message or "exited with code 0",
+                state=state,
+                exit_code=status.exit_code,
+                level=logging.WARNING if status.state == WorkloadState.LOST else logging.INFO,
+            )
+        kinds = [status.state for _, _, _, status in done]
+        return Observed(
+            running=len(rows) - len(ended),
+            exited=sum(k in (WorkloadState.SUCCEEDED, WorkloadState.FAILED) for k in kinds),
+            lost=kinds.count(WorkloadState.LOST),
+            timed_out=kinds.count(WorkloadState.TIMED_OUT),
         )
+
+    def stop_all(self) -> int:
+        """Record the running jobs of this service process failed (stopped at shutdown), then stop
+        every workload its adapters hold; returns how many jobs were stopped."""
+        reason = (
+            "stopped when its control plane shut down (`control serve --stop-jobs`); "
+            "submit it again to run it"
+        )
+        with self.lock:
+            try:
+                with self.mirror.store.session() as session:
+                    rows = session.execute(
+                        select(Job.id, Job.cluster_name, Job.team_name).where(
+                            Job.state == "running", Job.bound_by == self.instance
+                        )
+                    ).all()
+                stopped = []
+                if rows:
+                    now = self.clock()
+                    with self.mirror.locked() as (session, estate):
+                        stopped = [
+                            row
+                            for row in rows
+                            if self.records.finish(
+                                session,
+                                estate,
+                                row.id,
+                                "failed",
+                                None,
+                                reason,
+                                now,
+                                expect="running",
+                            )
+                        ]
+            finally:  # the processes are stopped even if the store could not record it
+                for adapter in self.adapters.values():
+                    adapter.close()
+        for row in stopped:
+            team, cluster = row.team_name, row.cluster_name
+            job_event("finished", row.id, team=team, cluster=cluster, reason=reason, state="failed")
+        return len(stopped)
+
+    def drain_stops(self) -> None:
+        """Stop the workloads of jobs preempted since the last call. Idempotent."""
+        with self.mirror.mutex:  # the admission pass appends under the same lock
+            stops, self._stops = self._stops, []
+        for cluster, job_id in stops:
+            if cluster in self.adapters:
+                self.adapters[cluster].release(job_id)
 
 
 def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:
@@ -125,128 +291,3 @@ def _why_not(exc: Exception, job_id: str, cluster: str) -> str:
         f"the {cluster} adapter could not start it ({type(exc).__name__}: {exc}); "
         "check the job spec, and the control plane's log for the cause"
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """What one reconcile saw of the jobs this service process runs: still running, ended with an
-    exit code, lost by the backend, stopped at their time limit."""
-
-    running: int = 0
-    exited: int = 0
-    lost: int = 0
-    timed_out: int = 0
-
-
-def reconcile(svc: ControlService) -> Observed:
-    """Record the end of jobs this service process bound (exit code, or lost by the backend),
-    freeing their devices; stop workloads whose job was cancelled or preempted elsewhere.
-    Run first by `ControlService.start`, where it takes back the jobs of an earlier process."""
-    with svc.adapter_lock:
-        return _reconcile(svc)
-
-
-def _reconcile(svc: ControlService) -> Observed:
-    mine = (Job.state == "running") & (Job.bound_by == svc.instance)
-    with svc.store.session() as session:
-        rows = session.execute(select(Job.id, Job.cluster_name, Job.team_name).where(mine)).all()
-        held = {c: a.workloads() for c, a in svc.adapters.items()}
-        wanted = {i for ids in held.values() for i in ids}
-        # an admitted job's workload is kept: binding it takes it back (a crash before the store
-        # recorded the bind), or stops it if it was placed elsewhere since
-        live = set(
-            session.scalars(
-                select(Job.id).where(Job.id.in_(wanted), or_(mine, Job.state == "admitted"))
-            )
-        )
-    for cluster, ids in held.items():
-        for job_id in ids:
-            if job_id not in live:
-                svc.adapters[cluster].release(job_id)
-    by_cluster: dict[str, list[str]] = {}
-    for row in rows:
-        by_cluster.setdefault(str(row.cluster_name), []).append(row.id)
-    ended: list[tuple[str, str, WorkloadStatus]] = []
-    for cluster, ids in by_cluster.items():
-        adapter = svc.adapters.get(cluster)
-        if adapter is None:
-            continue
-        for job_id, status in adapter.status(ids).items():
-            if status.state != WorkloadState.RUNNING:
-                ended.append((cluster, job_id, status))
-    if not ended:
-        return Observed(running=len(rows))
-    now = svc.clock()
-    done = []
-    with svc.locked() as (session, estate):
-        for cluster, job_id, status in ended:
-            state = "succeeded" if status.state == WorkloadState.SUCCEEDED else "failed"
-            message = status.message or None
-            if svc.finish(
-                session, estate, job_id, state, status.exit_code, message, now, expect="running"
-            ):
-                done.append((cluster, job_id, state, status))
-    teams = {row.id: row.team_name for row in rows}
-    for cluster, job_id, state, status in done:
-        svc.adapters[cluster].release(job_id)
-        job_event(
-            "finished",
-            job_id,
-            team=teams[job_id],
-            cluster=cluster,
-            reason=status.message or "exited with code 0",
-            state=state,
-            exit_code=status.exit_code,
-            level=logging.WARNING if status.state == WorkloadState.LOST else logging.INFO,
-        )
-    kinds = [status.state for _, _, _, status in done]
-    return Observed(
-        running=len(rows) - len(ended),
-        exited=sum(k in (WorkloadState.SUCCEEDED, WorkloadState.FAILED) for k in kinds),
-        lost=kinds.count(WorkloadState.LOST),
-        timed_out=kinds.count(WorkloadState.TIMED_OUT),
-    )
-
-
-def stop_all(svc: ControlService) -> int:
-    """Record the running jobs of this service process failed (stopped at shutdown), then stop
-    every workload its adapters hold; returns how many jobs were stopped."""
-    reason = (
-        "stopped when its control plane shut down (`control serve --stop-jobs`); "
-        "submit it again to run it"
-    )
-    with svc.adapter_lock:
-        try:
-            with svc.store.session() as session:
-                rows = session.execute(
-                    select(Job.id, Job.cluster_name, Job.team_name).where(
-                        Job.state == "running", Job.bound_by == svc.instance
-                    )
-                ).all()
-            stopped = []
-            if rows:
-                now = svc.clock()
-                with svc.locked() as (session, estate):
-                    stopped = [
-                        row
-                        for row in rows
-                        if svc.finish(
-                            session, estate, row.id, "failed", None, reason, now, expect="running"
-                        )
-                    ]
-        finally:  # the processes are stopped even if the store could not record it
-            for adapter in svc.adapters.values():
-                adapter.close()
-    for row in stopped:
-        team, cluster = row.team_name, row.cluster_name
-        job_event("finished", row.id, team=team, cluster=cluster, reason=reason, state="failed")
-    return len(stopped)
-
-
-def drain_stops(svc: ControlService) -> None:
-    """Stop the workloads of jobs preempted since the last call. Idempotent."""
-    with svc.mutex:  # the admission pass appends under the same lock
-        stops, svc._stop_later = svc._stop_later, []
-    for cluster, job_id in stops:
-        if cluster in svc.adapters:
-            svc.adapters[cluster].release(job_id)

@@ -148,17 +148,17 @@ class ControlConfig(Section):
         description="the team of a job spec that names none (one of `teams`); unset: every "
         "spec names its team. A job naming an undeclared team is refused either way",
     )
-    reserve_after_s: Annotated[
+    nominate_after_s: Annotated[
         float,
         bounded(
             1,
             MAX_SECONDS,
             "a job that waited this long (since submit) and does not fit gets a node "
-            "reservation: nothing new lands on what it needs there until it runs",
+            "nominated: nothing new lands on what it needs there until it runs",
         ),
     ] = 3600.0
-    max_reservations: Annotated[
-        int, bounded(0, 10_000, "node reservations held at once (0: none)")
+    max_nominations: Annotated[
+        int, bounded(0, 10_000, "node nominations held at once (0: none)")
     ] = 2
     wait_for_faster_gpu: bool = Field(
         default=True,

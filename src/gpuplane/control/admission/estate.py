@@ -1,6 +1,6 @@
 """What an admission pass works on, kept in step: the snapshot of devices, the quota book, the
 admitted jobs and when their time limits end them, and what only memory holds between passes
-(node reservations, completed jobs' work, when each job first waited for a faster GPU). Pure: no
+(node nominations, completed jobs' work, when each job first waited for a faster GPU). Pure: no
 SQL; the service rebuilds it from the store and `adopt`s the memory-only part of the previous one.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from gpuplane.control.delay import WorkHistory
-from gpuplane.control.quota import Amount, QuotaBook, Running, dominant_share
+from gpuplane.control.admission.delay import WorkHistory
+from gpuplane.control.admission.reasons import PendingReason
+from gpuplane.control.quota import Amount, QuotaBook, dominant_share
 from gpuplane.control.scheduler import (
     Decision,
-    Hold,
+    Nomination,
     Placement,
     Request,
     Snapshot,
@@ -22,6 +22,17 @@ from gpuplane.control.scheduler import (
     expected_start,
     wall_seconds,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An admitted job as reclaim sees it."""
+
+    job_id: str
+    team: str
+    flavor: str
+    priority: int
+    started_at: float
 
 
 @dataclass(slots=True)
@@ -35,15 +46,15 @@ class Estate:
     clusters_of: dict[str, set[str]] = field(default_factory=dict)  # GPU model -> clusters
     capacity: Amount = field(default_factory=Amount)
     # what did not fit, by request shape: valid until capacity is freed (a release, or a
-    # reservation that ends); in between free capacity only shrinks, so it still does not fit
+    # nomination that ends); in between free capacity only shrinks, so it still does not fit
     freed: int = 0
     shares: dict[str, float] = field(default_factory=dict)  # dominant share per team, cached
-    no_fit: dict[tuple[object, ...], tuple[int, Decision, tuple[dict[str, Any], ...]]] = field(
+    no_fit: dict[tuple[object, ...], tuple[int, Decision, tuple[PendingReason, ...]]] = field(
         default_factory=dict
     )
-    # node reservations by job id: kept across passes until the job is admitted or leaves the
-    # queue; in memory only (a job that still waits earns its reservation again)
-    reserved: dict[str, Hold] = field(default_factory=dict)
+    # node nominations by job id: kept across passes until the job is admitted or leaves the
+    # queue; in memory only (a job that still waits earns its nomination again)
+    nominated: dict[str, Nomination] = field(default_factory=dict)
     work: WorkHistory = field(default_factory=WorkHistory)  # completed jobs' work (`delay.py`)
     delayed: dict[str, float] = field(default_factory=dict)  # job id -> first waited for faster
     # admitted jobs with a time limit: job id -> when the limit ends them (wall clock, s)
@@ -72,36 +83,36 @@ class Estate:
             self.clusters_of,
             self.capacity,
         )
-        other.reserved = dict(self.reserved)
+        other.nominated = dict(self.nominated)
         other.work, other.delayed, other.ends = self.work, dict(self.delayed), dict(self.ends)
         return other
 
     def adopt(self, previous: Estate) -> None:
-        """Keep what only memory holds after a rebuild: `previous`'s reservations on nodes this
+        """Keep what only memory holds after a rebuild: `previous`'s nominations of nodes this
         estate still has, and its work history."""
-        self.reserved = {
-            j: h for j, h in previous.reserved.items() if h.node in self.snapshot.index
+        self.nominated = {
+            j: h for j, h in previous.nominated.items() if h.node in self.snapshot.index
         }
         self.work, self.delayed = previous.work, previous.delayed
 
-    def unreserve(self, job_id: str) -> None:
-        """End `job_id`'s node reservation, if it holds one. Idempotent."""
-        if self.reserved.pop(job_id, None) is not None:
+    def end_nomination(self, job_id: str) -> None:
+        """End `job_id`'s node nomination, if it holds one. Idempotent."""
+        if self.nominated.pop(job_id, None) is not None:
             self.freed += 1
 
-    def holds_against(self, request: Request, now: float) -> list[Hold]:
-        """What the node reservations keep from `request`: all of them but its own and those
-        its time limit lets it backfill (`hold.blocking`)."""
-        others = [h for j, h in self.reserved.items() if j != request.job_id]
+    def nominations_against(self, request: Request, now: float) -> list[Nomination]:
+        """What the node nominations keep from `request`: all of them but its own and those
+        its time limit lets it backfill (the scheduler's `blocking`)."""
+        others = [h for j, h in self.nominated.items() if j != request.job_id]
         return blocking(self.snapshot, others, request, now) if others else others
 
-    def hold(self, node: str, request: Request, now: float) -> Hold:
-        """A hold of `node` for `request`, with its expected start by the time limits of the
-        node's jobs (`hold.expected_start`)."""
+    def nomination(self, node: str, request: Request, now: float) -> Nomination:
+        """A nomination of `node` for `request`, with its expected start by the time limits of the
+        node's jobs (the scheduler's `expected_start`)."""
         snap = self.snapshot
         jobs = snap.placements_on(node)
         start = expected_start(snap, snap.index[node], request, jobs, self.ends, now)
-        return Hold(node, request, start)
+        return Nomination(node, request, start)
 
     def admitted(self, placement: Placement, time_limit_s: float | None, now: float) -> None:
         """Note when a job just placed at `placement` ends by its time limit, if it has one."""
@@ -125,7 +136,7 @@ class Estate:
         return out
 
     def release(self, job_id: str, ended_at: float | None = None) -> None:
-        """Give back a job's devices, quota and node reservation. Idempotent. `ended_at`: the
+        """Give back a job's devices, quota and node nomination. Idempotent. `ended_at`: the
         job completed then (its run time, cards' speed and time limit feed `work`)."""
         running, placement = self.running.get(job_id), self.snapshot.allocations.get(job_id)
         if ended_at is not None and running is not None and placement is not None:
@@ -142,7 +153,7 @@ class Estate:
         self.book.release(job_id)
         self.running.pop(job_id, None)
         self.ends.pop(job_id, None)
-        self.unreserve(job_id)
+        self.end_nomination(job_id)
         self.freed += 1
 
     def share(self, team: str) -> float:

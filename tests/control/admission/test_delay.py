@@ -6,17 +6,21 @@ from typing import Any
 
 import numpy as np
 
-from gpuplane.control.admission import PassResult, PendingJob, run_pass
-from gpuplane.control.delay import MIN_WORK_SAMPLES, WorkHistory
-from gpuplane.control.estate import Estate
+from gpuplane.control.admission import (
+    MIN_WORK_SAMPLES,
+    Estate,
+    PassResult,
+    PendingJob,
+    WorkHistory,
+    run_pass,
+)
 from gpuplane.control.quota import QuotaBook
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot, make_policy
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
 from gpuplane.resources import LABEL_GPU_SPEED, Selector
-
-from .sched_helpers import node
-from .svc_helpers import config, job, make_service, state, wait_state
+from tests.control.sched_helpers import node
+from tests.control.svc_helpers import config, job, make_service, state, wait_state
 
 SPEEDS = {"A100": 1.0, "L40S": 0.8, "A10": 0.5}
 
@@ -56,11 +60,11 @@ def test_a_job_waits_for_a_fast_card_expected_to_free_in_time() -> None:
     result = run(e, [pending("j", 10.0)])
     assert result.admitted == []
     (reason,) = result.reasons["j"]
-    assert reason["code"] == ReasonCode.WAITING_FOR_FASTER_GPU.value
-    assert reason["cluster"] == "east"
-    assert "would run on A10 now, but A100" in reason["message"]
+    assert reason.code == ReasonCode.WAITING_FOR_FASTER_GPU
+    assert reason.cluster == "east"
+    assert "would run on A10 now, but A100" in reason.message
     # four busy A100 cards with an hour of work each free one every 15 min; an A10 adds an hour
-    assert reason["numbers"] == {"wait_s": 900, "loss_s": 3600}
+    assert reason.numbers == {"wait_s": 900, "loss_s": 3600}
 
 
 def limited_estate(limit_s: float, fill: float = 1.0) -> Estate:
@@ -92,7 +96,7 @@ def test_when_the_wait_is_long_the_slow_card_is_taken() -> None:
     result = run(e, jobs)
     assert where(result) == {"j4": "slow"}
     for k in range(4):
-        assert result.reasons[f"j{k}"][0]["code"] == ReasonCode.WAITING_FOR_FASTER_GPU.value
+        assert result.reasons[f"j{k}"][0].code == ReasonCode.WAITING_FOR_FASTER_GPU
 
 
 def test_a_job_waits_no_longer_than_the_slow_card_would_lose() -> None:
@@ -147,6 +151,18 @@ def test_a_fast_card_free_now_is_taken_when_the_slow_one_would_lose() -> None:
 
 def test_a_job_that_may_only_use_the_slow_model_never_waits() -> None:
     assert where(run(estate(), [pending("j", 10.0, models=("A10",))])) == {"j": "slow"}
+
+
+def test_a_short_job_takes_the_slow_card_and_a_long_one_waits_for_a_fast_one() -> None:
+    # four A100 cards busy with one-hour jobs; an A10 is free. Without a limit a job waits
+    # (above); with a 10 min limit the A10 costs it at most 10 min, less than the wait
+    e = estate()
+    assert where(run(e, [pending("short", 10.0, time_limit_s=600.0)])) == {"short": "slow"}
+    e = estate()
+    result = run(e, [pending("long", 10.0, time_limit_s=4 * 3600.0)])
+    (reason,) = result.reasons["long"]
+    assert reason.code == "WaitingForFasterGpu"
+    assert reason.numbers == {"wait_s": 900, "loss_s": 4 * 3600}
 
 
 def test_work_history_is_a_mean_of_run_time_times_speed() -> None:

@@ -42,16 +42,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from gpuplane.averages import sample_weight
+from gpuplane.control.admission.reasons import PendingReason, waiting_for_faster_gpu
 from gpuplane.control.scheduler import (
     MILLI_PER_GPU,
     FloatArray,
     IntArray,
-    ReasonCode,
     Request,
     Snapshot,
     filter_when_empty,
@@ -131,17 +130,12 @@ class FasterGpu:
     wait_s: float  # expected wait until `models` free room for the job
     loss_s: float  # how much longer the slow card would run a long job
 
-    def reason(self, clusters: dict[str, set[str]]) -> dict[str, Any]:
-        """The pending reason (JSON-able), on the first cluster of the fastest model."""
+    def reason(self, clusters: dict[str, set[str]]) -> PendingReason:
+        """The pending reason, on the first cluster of the fastest model."""
         cluster = sorted(clusters.get(self.models[0], {""}))[0]
-        return {
-            "cluster": cluster,
-            "code": ReasonCode.WAITING_FOR_FASTER_GPU.value,
-            "message": f"would run on {self.slow_model} now, but {self.models[0]} is expected "
-            f"to free room for it in ~{self.wait_s:.0f} s, sooner than the ~{self.loss_s:.0f} s "
-            f"the slower card would add to a long job",
-            "numbers": {"wait_s": int(self.wait_s), "loss_s": int(self.loss_s)},
-        }
+        return waiting_for_faster_gpu(
+            cluster, self.slow_model, self.models[0], self.wait_s, self.loss_s
+        )
 
 
 class FasterGpuWait:

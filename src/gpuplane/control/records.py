@@ -1,0 +1,102 @@
+"""Job and quota rows every writer shares: the audit trail, a job's end, a job by reference.
+
+Called inside the caller's transaction; they never commit. `Records` carries the service's
+injected clock, so an event is stamped when it is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from gpuplane.control.admission import Estate
+from gpuplane.control.errors import NotFoundError
+from gpuplane.control.models import Allocation, Event, Job, Quota
+from gpuplane.control.settings import QuotaConfig
+from gpuplane.control.views import QuotaSet
+
+
+class Records:
+    """Writes of job events and job ends, stamped by `clock`."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+
+    def event(
+        self,
+        session: Session,
+        kind: str,
+        message: str,
+        *,
+        job_id: str | None = None,
+        cluster: str | None = None,
+    ) -> None:
+        """Append to the audit trail, in the caller's transaction."""
+        session.add(
+            Event(
+                at=self.clock(),
+                kind=kind,
+                job_id=job_id,
+                cluster_name=cluster,
+                message=message[:2000],
+            )
+        )
+
+    def finish(
+        self,
+        session: Session,
+        estate: Estate,
+        job_id: str,
+        state: str,
+        exit_code: int | None,
+        message: str | None,
+        now: float,
+        *,
+        expect: str | None = None,
+    ) -> bool:
+        """Record the end of a job and free its devices; with `expect`, only from that state."""
+        if expect is not None:
+            current = session.scalar(select(Job.state).where(Job.id == job_id))
+            if current != expect:
+                return False
+        session.execute(delete(Allocation).where(Allocation.job_id == job_id))
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(state=state, exit_code=exit_code, message=message, finished_at=now)
+        )
+        estate.release(job_id, ended_at=now if state == "succeeded" else None)
+        self.event(session, state, message or state, job_id=job_id)
+        return True
+
+
+def job_row(session: Session, ref: str) -> Job:
+    """A job by id, or by name (the newest of that name); NotFoundError says how to list."""
+    job = session.get(Job, ref)
+    if job is None:
+        job = session.scalars(
+            select(Job).where(Job.name == ref).order_by(Job.created_at.desc()).limit(1)
+        ).first()
+    if job is None:
+        raise NotFoundError(f"no job '{ref}'; list jobs with `gpuplane job list`")
+    return job
+
+
+def quota_row(team: str, flavor: str, q: QuotaConfig | QuotaSet) -> Quota:
+    """The store row of a quota given in GPUs (config file or API body)."""
+    return Quota(
+        team_name=team,
+        flavor=flavor,
+        nominal_gpu_milli=round(q.gpus * 1000),
+        nominal_mem_mib=q.gpu_mem_mib,
+        borrowing_limit_gpu_milli=_milli(q.borrowing_limit_gpus),
+        borrowing_limit_mem_mib=q.borrowing_limit_mem_mib,
+        lending_limit_gpu_milli=_milli(q.lending_limit_gpus),
+        lending_limit_mem_mib=q.lending_limit_mem_mib,
+    )
+
+
+def _milli(gpus: float | None) -> int | None:
+    return None if gpus is None else round(gpus * 1000)
