@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,8 @@ from hypothesis import strategies as st
 from gpuplane.control import queries
 from gpuplane.control.models import Base
 from gpuplane.control.store import Store
-from tests.control.pg_server import create_database, postgres_server
 from tests.control.svc_helpers import (
+    assert_gpu_milli_columns_renamed_in_place,
     assert_no_device_over_allocated,
     assert_quota_respected,
     config,
@@ -30,21 +29,10 @@ from tests.control.svc_helpers import (
 from tests.control.test_service_concurrency import LIMITS, TEAMS, shapes
 
 pytestmark = pytest.mark.slow
-_names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as url:
-        yield url
-
-
-@pytest.fixture
-def db(pg: str) -> str:
-    return create_database(pg, f"t{next(_names)}")
-
-
-def test_migrations_match_the_models_on_postgres(db: str) -> None:
+def test_migrations_match_the_models_on_postgres(pg_database: Callable[[], str]) -> None:
+    db = pg_database()
     store = Store.open(db)
     try:
         store.migrate()  # idempotent
@@ -54,7 +42,8 @@ def test_migrations_match_the_models_on_postgres(db: str) -> None:
         store.close()
 
 
-def test_the_lock_row_serialises_postgres_transactions(db: str) -> None:
+def test_the_lock_row_serialises_postgres_transactions(pg_database: Callable[[], str]) -> None:
+    db = pg_database()
     store = Store.open(db)
     seen: list[int] = []
     guard = threading.Lock()
@@ -73,7 +62,10 @@ def test_the_lock_row_serialises_postgres_transactions(db: str) -> None:
     assert sorted(seen) == list(range(1, 61))  # every transaction saw its own version
 
 
-def test_the_minimal_job_runs_with_a_postgres_store(db: str, tmp_path: Path) -> None:
+def test_the_minimal_job_runs_with_a_postgres_store(
+    pg_database: Callable[[], str], tmp_path: Path
+) -> None:
+    db = pg_database()
     svc = make_service(config(str(tmp_path), db))
     try:
         out = svc.submit(
@@ -85,7 +77,10 @@ def test_the_minimal_job_runs_with_a_postgres_store(db: str, tmp_path: Path) -> 
         svc.close()
 
 
-def test_concurrent_submits_through_two_services_on_postgres(db: str, tmp_path: Path) -> None:
+def test_concurrent_submits_through_two_services_on_postgres(
+    pg_database: Callable[[], str], tmp_path: Path
+) -> None:
+    db = pg_database()
     cfg = config(str(tmp_path), db, nodes=2, gpus=4, teams=TEAMS)
     first, second = make_service(cfg, "a"), make_service(cfg, "b")
     try:
@@ -109,9 +104,9 @@ def test_concurrent_submits_through_two_services_on_postgres(db: str, tmp_path: 
 )
 @given(jobs=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), shapes), min_size=4, max_size=12))
 def test_property_no_over_allocation_on_postgres(
-    pg: str, tmp_path: Path, jobs: list[tuple[str, dict[str, Any]]]
+    pg_database: Callable[[], str], tmp_path: Path, jobs: list[tuple[str, dict[str, Any]]]
 ) -> None:
-    url = create_database(pg, f"p{next(_names)}")
+    url = pg_database()
     cfg = config(str(tmp_path / url.rsplit("/", 1)[1]), url, nodes=2, gpus=2, teams=TEAMS)
     first, second = make_service(cfg, "a"), make_service(cfg, "b")
     try:
@@ -122,3 +117,9 @@ def test_property_no_over_allocation_on_postgres(
     finally:
         first.close()
         second.close()
+
+
+def test_the_milli_gpu_columns_are_renamed_in_place_on_postgres(
+    pg_database: Callable[[], str],
+) -> None:
+    assert_gpu_milli_columns_renamed_in_place(pg_database())

@@ -44,10 +44,8 @@ INSTANCE = "ctl"
 def cfg(tmp_path: Path) -> Iterator[ControlConfig]:
     cfg = config(str(tmp_path))
     yield cfg
-    # teardown: nothing a test started may outlive it (a service that closes stops its jobs)
+    # a service of the instance stops the jobs a crashed one left (`no_job_outlives_the_test`)
     make_service(cfg, INSTANCE).close()
-    records = list(RunDir(tmp_path / "clusters" / "local" / "run").path.glob("*.json"))
-    assert records == [], "a job outlived the test"
 
 
 def crash(service: ControlService) -> None:
