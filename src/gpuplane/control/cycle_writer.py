@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import delete, insert, select, update
@@ -46,31 +46,23 @@ class PassRules:
     longest_first: bool
 
 
+@dataclass(slots=True)
 class CycleWriter:
     """Runs admission passes for the service and writes them; `waiting` is what the last pass
     left pending, per (cluster, reason code)."""
 
-    def __init__(
-        self,
-        mirror: Mirror,
-        records: Records,
-        policy: Policy,
-        rng: np.random.Generator,
-        clock: Callable[[], float],
-        rules: PassRules,
-        metrics: ControlMetrics,
-        stop_later: Callable[[Iterable[tuple[str, str]]], None],
-    ) -> None:
-        self.mirror = mirror
-        self.records = records
-        self.policy = policy
-        self.rng = rng
-        self.clock = clock
-        self.rules = rules
-        self.metrics = metrics
-        self.stop_later = stop_later  # the binder stops preempted workloads
-        self.waiting: dict[tuple[str, str], int] = {}  # (cluster, reason) -> pending jobs
-        self._pending: dict[str, PendingJob] = {}  # parsed specs of pending jobs, by id
+    mirror: Mirror
+    records: Records
+    policy: Policy
+    rng: np.random.Generator
+    clock: Callable[[], float]
+    rules: PassRules
+    metrics: ControlMetrics
+    stop_later: Callable[[Iterable[tuple[str, str]]], None]  # the binder stops preempted jobs
+    # (cluster, reason code) -> pending jobs, as of the last pass
+    waiting: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    # parsed specs of pending jobs, by id
+    _pending: dict[str, PendingJob] = field(default_factory=dict, init=False)
 
     def schedule_pass(self, before: Callable[[Session], None] | None = None) -> int:
         """Admit what fits now, in queue order, in one locked transaction; returns how many.

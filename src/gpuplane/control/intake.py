@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,33 +22,22 @@ from gpuplane.control.spec import JobSpec, SpecError, parse_spec
 from gpuplane.errors import unknown_name
 
 
+@dataclass(slots=True)
 class Intake:
     """Submits jobs for the service: queued with an admission pass in the same transaction
     (`writer`), then bound at once when `bind_on_submit` (`binder`); a dry run asks `policy`
     on a copy of the estate. `new_id(name)` names a job; `default_team` takes a spec that names
     none."""
 
-    def __init__(
-        self,
-        mirror: Mirror,
-        writer: CycleWriter,
-        binder: Binder,
-        policy: Policy,
-        rng: np.random.Generator,
-        clock: Callable[[], float],
-        new_id: Callable[[str], str],
-        default_team: str | None,
-        bind_on_submit: bool,
-    ) -> None:
-        self.mirror = mirror
-        self.writer = writer
-        self.binder = binder
-        self.policy = policy
-        self.rng = rng
-        self.clock = clock
-        self.new_id = new_id
-        self.default_team = default_team
-        self.bind_on_submit = bind_on_submit
+    mirror: Mirror
+    writer: CycleWriter
+    binder: Binder
+    policy: Policy
+    rng: np.random.Generator
+    clock: Callable[[], float]
+    new_id: Callable[[str], str]
+    default_team: str | None
+    bind_on_submit: bool
 
     def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer

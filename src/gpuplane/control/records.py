@@ -7,6 +7,7 @@ injected clock, so an event is stamped when it is recorded.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -18,11 +19,11 @@ from gpuplane.control.settings import QuotaConfig
 from gpuplane.control.views import QuotaSet
 
 
+@dataclass(frozen=True, slots=True)
 class Records:
     """Writes of job events and job ends, stamped by `clock`."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
+    clock: Callable[[], float]
 
     def event(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import or_, select, update
 
@@ -43,26 +43,20 @@ class Observed:
     timed_out: int = 0
 
 
+@dataclass(slots=True)
 class Binder:
     """Binds, observes and stops the workloads of the jobs this service process runs, through
     `adapters` (cluster name -> adapter; the service fills it at start). One binder or
     reconciler runs at a time in the process (`lock`)."""
 
-    def __init__(
-        self,
-        adapters: dict[str, ClusterAdapter],
-        mirror: Mirror,
-        records: Records,
-        clock: Callable[[], float],
-        instance: str,
-    ) -> None:
-        self.adapters = adapters
-        self.mirror = mirror
-        self.records = records
-        self.clock = clock
-        self.instance = instance
-        self.lock = threading.Lock()  # bind and reconcile: one at a time per process
-        self._stops: list[tuple[str, str]] = []
+    adapters: dict[str, ClusterAdapter]
+    mirror: Mirror
+    records: Records
+    clock: Callable[[], float]
+    instance: str
+    # bind and reconcile: one at a time per process
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _stops: list[tuple[str, str]] = field(default_factory=list, init=False)  # preempted
 
     def stop_later(self, stops: Iterable[tuple[str, str]]) -> None:
         """Queue the workloads (cluster, job id) of jobs just preempted: the next bind stops

@@ -11,8 +11,8 @@ The minimal spec is a name, a team, a command and resources:
 the job may run, in seconds or as a duration such as "2h", "90m", "1h30m", "45s"; on a card of
 relative speed f (`gpu_speeds`, the `gpuplane.io/gpu-speed` label) it gets time_limit / f, so
 the limit is stated once for a card of speed 1.0. A job still running at its limit is stopped
-and fails with a message saying so. The scheduler uses limits to backfill around node
-reservations and to weigh slow cards (`docs/architecture.md`).
+and fails with a message saying so. The scheduler uses limits to backfill around nominated
+nodes and to weigh slow cards (`docs/architecture.md`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,20 @@ def churn(
     return e, results, where, held
 
 
+def nominate_big(
+    cards: int, running: PendingJob, model: str = "A100"
+) -> tuple[Estate, dict[str, PendingJob]]:
+    """One node `a` of `cards` cards (of `model`) where `running` (job x) runs from t=0, and a
+    job `big` of all its cards that waited since t=1, nominated the node at t=20."""
+    e = estate(node("a", cards=cards, model=model), speeds=SPEEDS)
+    jobs = {"x": running}
+    assert [a.job_id for a in run(e, jobs, 0.0, NOMINATE).admitted] == ["x"]
+    jobs["big"] = job("big", 1.0, gpus=cards)
+    run(e, jobs, 20.0, NOMINATE)
+    assert set(e.nominated) == {"big"}
+    return e, jobs
+
+
 def test_without_nominations_a_whole_node_job_starves_behind_small_ones() -> None:
     _, results, where, _ = churn(None)
     assert "big" not in where
@@ -85,12 +99,7 @@ def test_the_reasons_say_who_holds_a_nomination_and_who_is_kept_off_it() -> None
 
 
 def test_a_nomination_ends_when_its_job_leaves_the_queue() -> None:
-    e = estate(node("a", cards=2))
-    pending = {"x": job("x", 0.0, gpus=1)}
-    run(e, pending, 0.0, NOMINATE)
-    pending["big"] = job("big", 1.0, gpus=2)
-    run(e, pending, 20.0, NOMINATE)
-    assert set(e.nominated) == {"big"}
+    e, pending = nominate_big(2, job("x", 0.0, gpus=1))
     del pending["big"]  # cancelled: no longer pending
     pending["small"] = job("small", 21.0, gpus=1)
     result = run(e, pending, 21.0, NOMINATE)
@@ -133,11 +142,8 @@ def test_a_nomination_respects_selectors_and_quota_and_the_limit() -> None:
 def nominated_node(speed_model: str = "A100") -> tuple[Estate, dict[str, PendingJob]]:
     """One 4-card node (of `speed_model`): two cards run a job whose limit ends it at t=1000,
     and a 4-card job that waited since t=1 holds the node from t=20 on."""
-    e = estate(node("a", cards=4, model=speed_model), speeds=SPEEDS)
-    jobs = {"x": job("x", 0.0, limit=1000.0 * SPEEDS[speed_model], gpus=2)}
-    assert [a.job_id for a in run(e, jobs, 0.0, NOMINATE).admitted] == ["x"]
-    jobs["big"] = job("big", 1.0, gpus=4)
-    run(e, jobs, 20.0, NOMINATE)
+    x = job("x", 0.0, limit=1000.0 * SPEEDS[speed_model], gpus=2)
+    e, jobs = nominate_big(4, x, speed_model)
     assert e.nominated["big"].start_s == 1000.0
     return e, jobs
 
@@ -178,11 +184,7 @@ def test_backfilling_counts_the_limit_at_the_nominated_nodes_speed() -> None:
 
 
 def test_without_limits_on_the_node_there_is_no_expected_start_and_no_backfill() -> None:
-    e = estate(node("a", cards=4))
-    jobs = {"x": job("x", 0.0, gpus=2)}
-    run(e, jobs, 0.0, NOMINATE)
-    jobs["big"] = job("big", 1.0, gpus=4)
-    run(e, jobs, 20.0, NOMINATE)
+    e, jobs = nominate_big(4, job("x", 0.0, gpus=2))
     assert e.nominated["big"].start_s is None
     jobs["short"] = job("short", 21.0, limit=1.0, gpus=1)
     assert run(e, jobs, 30.0, NOMINATE).admitted == []

@@ -9,7 +9,7 @@ store's `jobs.reasons` and to the API.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -17,13 +17,9 @@ from gpuplane.control.scheduler import ClusterReason, ReasonCode
 
 
 @dataclass(frozen=True, slots=True)
-class PendingReason:
-    """Why a job waits in one cluster: the code, what is short, and the numbers behind it."""
-
-    cluster: str
-    code: ReasonCode
-    message: str
-    numbers: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+class PendingReason(ClusterReason):
+    """Why a job waits in one cluster: the code, what is short, and the numbers behind it (the
+    scheduler's reason, or one of the admission's own kinds)."""
 
     def to_json(self) -> dict[str, Any]:
         """The reason as the store keeps it and the API shows it (`views.ReasonView`)."""
