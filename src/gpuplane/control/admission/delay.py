@@ -1,9 +1,9 @@
 """Delay scheduling for faster GPUs: a job that would start on a slow card may wait for a fast one.
 
-The slow-server rule of heterogeneous queues (Lin & Kumar, 1984), in the words of the gateway
-router's delay scheduling (`serve/router.py`, `_frees_in_time`): a job the policy would place on
-a card of speed s, that may also run on faster models, waits for them when they are expected to
-free room for it before the slow card would have gained anything. Without runtime estimates every
+The slow-server rule of heterogeneous queues (Lin & Kumar, 1984), in the words of the gateway's
+delay scheduling (`serve/delay.py`, `DelayScheduler.frees_in_time`): a job the policy would place
+on a card of speed s, that may also run on faster models, waits for them when they are expected
+to free room for it before the slow card would have gained anything. Without runtime estimates every
 running job is taken to have w of work left, w a job's mean work (run seconds x its cards' speed,
 learned from completed jobs), so busy cards of speed f free at busy_f x f / w milli-GPU per second
 (Little's law). A running job with a time limit is expected to end at its start plus the share
