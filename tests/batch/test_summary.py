@@ -140,3 +140,26 @@ def test_a_resumed_timeline_lays_the_new_work_after_the_earlier() -> None:
     later = Timeline.resume(earlier.to_dict(), 200.0 - 2.0)  # started at 200 s, 2 s already run
     later.add("gpu0", 200.0, 200.5, 0.5)
     assert later.to_dict()["utilisation"]["gpu0"] == [1.0, 1.0, 0.0, 0.0, 0.5]
+
+
+def strict_json(text: str) -> Any:
+    """json.loads that refuses what JSON does not have (NaN, Infinity), as other parsers do."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_run_json_is_strict_json_when_a_stage_is_planned_as_free(tmp_path: Path) -> None:
+    clips = write_clips(tmp_path / "clips", 3)
+    batch_run(tmp_path, "run", clips)
+    # the same cache again: every stage is expected to hit, its planned rate is unbounded
+    args = ["run", TOY, "--clips", str(clips), "--out", str(tmp_path / "again"),
+            "--cache", str(tmp_path / "cache-run"), "--threads", "-o", "json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    run = strict_json((tmp_path / "again" / "run.json").read_text())
+    assert strict_json(res.output)["plan"] == run["plan"]
+    assert set(run["plan"]["rates"].values()) == {None}
+    assert any("rate unbounded" in n for n in run["plan"]["notes"])

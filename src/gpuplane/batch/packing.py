@@ -72,6 +72,21 @@ class Plan:
         rs = self.replicas_of(module)
         return rs[0].share if rs else 0.0
 
+    def to_dict(self) -> dict[str, object]:
+        """As run.json and `batch plan -o json` show it: valid JSON, so an unbounded rate (a
+        module measured at 0 s per clip, e.g. one served wholly from cache) is null, with a note."""
+        unbounded = [n for n, r in self.rates.items() if math.isinf(r)]
+        notes = [*self.notes, *(f"{n}: rate unbounded (0 s per clip expected), shown as null"
+                                for n in unbounded)]  # fmt: skip
+        return {
+            "replicas": dict(self.replica_counts),
+            "rates": {n: None if n in unbounded else r for n, r in self.rates.items()},
+            "bottleneck": self.bottleneck,
+            "device_load": dict(self.device_load),
+            "placements": [r.to_dict() for r in self.replicas],
+            "notes": notes,
+        }
+
 
 @dataclass(slots=True)
 class _Devices:

@@ -35,9 +35,10 @@ DERIVED = ("status", "started_at", "finished_at", "wall_s", "clips", "throughput
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    """Temp and rename: a reader (or a kill) sees the old document or the new one, whole."""
+    """Temp and rename: a reader (or a kill) sees the old document or the new one, whole.
+    Strict JSON: a NaN or an infinity is a bug to fix where it is made (null with a note)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.write_text(json.dumps(doc, indent=2, default=str, allow_nan=False))
     tmp.replace(path)
 
 
@@ -63,14 +64,7 @@ def run_header(
         "profile_s": dict(profile),
         "profile_source": profile_source,
         "expected_hit_rate": dict(expected_hits),
-        "plan": {
-            "replicas": dict(plan.replica_counts),
-            "rates": dict(plan.rates),
-            "bottleneck": plan.bottleneck,
-            "device_load": dict(plan.device_load),
-            "placements": [r.to_dict() for r in plan.replicas],
-            "notes": list(plan.notes),
-        },
+        "plan": plan.to_dict(),
     }
 
 

@@ -278,17 +278,7 @@ def plan(
 
     p, profile = guard(go)
     if output is not Output.table:
-        emit(
-            {
-                "replicas": dict(p.replica_counts),
-                "rates": dict(p.rates),
-                "bottleneck": p.bottleneck,
-                "device_load": dict(p.device_load),
-                "profile_s": profile,
-                "placements": [r.to_dict() for r in p.replicas],
-            },
-            output,
-        )
+        emit(p.to_dict() | {"profile_s": profile}, output)
         return
     stdout().print(_plan_table(p))
     typer.echo("device load: " + ", ".join(f"{d} {v:.2f}" for d, v in p.device_load.items()))
