@@ -54,11 +54,26 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             continue
         item = (getattr(inner, "__args__", None) or (None,))[0]
         if isinstance(item, type) and issubclass(item, BaseModel):
-            rows.append(f"| `{key}` | list | `[]` | {field.description or ''} |")
+            rows.append(_row(f"`{key}`", "list", "`[]`", field.description))
             rows += _rows(item, key + "[].")
             continue
-        default: Any = field.get_default(call_default_factory=True)
-        shown = "" if default is None else f"`{default!r}`"
-        type_name = str(inner).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        rows.append(f"| `{key}` | {type_name} | {shown} | {field.description or ''} |")
+        if field.is_required():
+            shown = "required"
+        else:
+            default: Any = field.get_default(call_default_factory=True)
+            shown = "" if default is None else f"`{default!r}`"
+        rows.append(_row(f"`{key}`", _type_name(inner), shown, field.description))
     return rows
+
+
+def _type_name(annotation: Any) -> str:
+    """`int | None` reads "int or None": a bare `|` would end the table cell."""
+    text = str(annotation).replace("<class '", "").replace("'>", "")
+    for module in ("typing.", "pydantic.types."):
+        text = text.replace(module, "")
+    return text.replace(" | ", " or ")
+
+
+def _row(*cells: str | None) -> str:
+    """One Markdown table row; a `|` inside a cell is escaped so the row keeps its columns."""
+    return "| " + " | ".join((c or "").replace("|", "\\|") for c in cells) + " |"
