@@ -2,6 +2,9 @@
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
 
 
 class GpuplaneError(Exception):
@@ -26,3 +29,43 @@ def unknown_name(what: str, name: str, valid: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, options, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"unknown {what} '{name}'{hint}; valid: {', '.join(options) or 'none'}"
+
+
+def explain(error: Any, root: type[BaseModel], *, noun: str = "key", whole: str = "config") -> str:
+    """One of pydantic's validation errors against `root` as a sentence; an unknown `noun`
+    (a config key, a job spec field) names the nearest valid one, then all of them."""
+    loc = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(root, error["loc"][:-1])
+        key = str(error["loc"][-1])
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(key, list(parent.model_fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint += f"; valid {noun}s: {', '.join(parent.model_fields)}"
+        return f"unknown {noun} '{loc}'{hint}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{loc or whole}: {message}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that a validation error location points into."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None or isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+    return current
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None

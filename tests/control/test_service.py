@@ -57,7 +57,7 @@ def test_impossible_requests_are_refused_at_submit_with_the_reason(service: Cont
         service.submit(job("three", gpus=3))
     with pytest.raises(SpecError, match=r"resources\.gpu_cores_pct"):
         service.submit(job("bad", gpu_cores_pct=150))
-    with pytest.raises(SpecError, match="comand: unknown field"):
+    with pytest.raises(SpecError, match=r"unknown field 'comand' \(did you mean 'command'\?\)"):
         service.submit({"name": "x", "team": "t", "comand": ["true"]})
     assert queries.list_jobs(service) == []
 
@@ -109,7 +109,7 @@ def test_quota_holds_a_job_back_with_the_numbers(tmp_path: Path) -> None:
         view = queries.get_job(svc, b)
         assert view.state == "pending"
         assert view.reasons[0].code == "Quota"
-        assert "nominal 1000 milli-GPUs" in view.reasons[0].message
+        assert "would use 2 GPUs of its nominal 1 GPU on" in view.reasons[0].message
         team = queries.get_team(svc, "research")
         assert team.quotas[0].used_gpus == 1.0
         assert team.pending_jobs == 1

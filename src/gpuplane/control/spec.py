@@ -31,7 +31,7 @@ from gpuplane.control.bounds import (
     bounded,
 )
 from gpuplane.control.scheduler import Request
-from gpuplane.errors import ResourceError
+from gpuplane.errors import ResourceError, explain
 from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Resources, Selector, Slice
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
@@ -187,12 +187,7 @@ def parse_spec(data: Any) -> JobSpec:
         spec = JobSpec.model_validate(data)
         spec.to_request("validate")  # the shared vocabulary's own checks (e.g. gpus > 1 + slice)
     except ValidationError as exc:
-        parts = []
-        for e in exc.errors():
-            loc = ".".join(str(p) for p in e["loc"]) or "spec"
-            msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
-            msg = msg.removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}")
+        parts = [explain(e, JobSpec, noun="field", whole="spec") for e in exc.errors()]
         raise SpecError("invalid job spec: " + "; ".join(parts)) from None
     except ResourceError as exc:
         raise SpecError(f"invalid job spec: {exc}") from None
