@@ -76,7 +76,7 @@ def test_borrowing_from_the_cohort_up_to_the_borrowing_limit() -> None:
     assert b.check("a", A100, gpus(1.5)).ok
     short = b.check("a", A100, gpus(2))
     assert not short.ok
-    assert "cohort ml has 1500" in short.reason
+    assert "cohort ml has 1.5 GPUs of unused quota" in short.reason
 
 
 def test_a_lending_limit_keeps_the_rest_of_the_nominal_quota_for_its_team() -> None:
@@ -87,7 +87,7 @@ def test_a_lending_limit_keeps_the_rest_of_the_nominal_quota_for_its_team() -> N
     assert b.check("borrower", A100, gpus(1)).ok
     refused = b.check("borrower", A100, gpus(1.5))
     assert not refused.ok
-    assert "cohort ml has 1000" in refused.reason
+    assert "cohort ml has 1 GPU of unused quota" in refused.reason
     b.reserve("l1", "lender", A100, gpus(3))  # within the guaranteed 3 GPUs: lends nothing away
     assert b.check("borrower", A100, gpus(1)).ok
     b.reserve("l2", "lender", A100, gpus(0.5))  # now it eats into its lendable part

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 from gpuplane.control.scheduler import MILLI_PER_GPU, Request
@@ -109,7 +110,18 @@ class QuotaDecision:
     numbers: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-_RESOURCES = (("gpu_milli", "milli-GPUs"), ("mem_mib", "MiB of GPU memory"))
+_RESOURCES = ("gpu_milli", "mem_mib")
+
+
+def format_gpus(milli: int) -> str:
+    """Milli-GPUs in the unit users give quotas and requests in: `1.5 GPUs`, `1 GPU`."""
+    gpus = milli / MILLI_PER_GPU
+    return f"{gpus:g} GPU" + ("" if gpus == 1 else "s")
+
+
+def format_amount(resource: str, value: int) -> str:
+    """One quota resource's value as reasons and messages show it (`1.5 GPUs`, `10240 MiB`)."""
+    return format_gpus(value) if resource == "gpu_milli" else f"{value} MiB of GPU memory"
 
 
 class QuotaBook:
@@ -159,7 +171,7 @@ class QuotaBook:
             )
         used = self.usage(team, flavor)
         borrowing = False
-        for resource, unit in _RESOURCES:
+        for resource in _RESOURCES:
             nominal = fq.nominal(resource)
             if nominal is None:
                 continue
@@ -167,6 +179,7 @@ class QuotaBook:
             if want <= nominal:
                 continue
             borrow = want - nominal
+            fmt = partial(format_amount, resource)
             nums = {
                 "requested": getattr(amount, resource),
                 "used": getattr(used, resource),
@@ -174,15 +187,15 @@ class QuotaBook:
             }
             if tq.cohort is None:
                 return _no(
-                    f"team {team} would use {want} of its nominal {nominal} {unit} on "
+                    f"team {team} would use {fmt(want)} of its nominal {fmt(nominal)} on "
                     f"{flavor} and has no cohort to borrow from",
                     nums,
                 )
             limit = fq.borrowing_limit(resource)
             if limit is not None and borrow > limit:
                 return _no(
-                    f"team {team} would borrow {borrow} {unit} on {flavor}, over its "
-                    f"borrowing limit of {limit}",
+                    f"team {team} would borrow {fmt(borrow)} on {flavor}, over its "
+                    f"borrowing limit of {fmt(limit)}",
                     {**nums, "borrowing_limit": limit},
                 )
             pool = self._cohort_unused(tq.cohort, flavor, resource)
@@ -191,8 +204,8 @@ class QuotaBook:
             delta = max(0, want - g) - max(0, getattr(used, resource) - g)
             if pool is not None and delta > pool:
                 return _no(
-                    f"cohort {tq.cohort} has {max(pool, 0)} {unit} of unused quota on "
-                    f"{flavor}; team {team} needs {delta}",
+                    f"cohort {tq.cohort} has {fmt(max(pool, 0))} of unused quota on "
+                    f"{flavor}; team {team} needs {fmt(delta)}",
                     {**nums, "cohort_unused": max(pool, 0)},
                 )
             borrowing = True
@@ -221,7 +234,7 @@ class QuotaBook:
         if fq is None:
             return False
         used = self.usage(team, flavor)
-        return any((n := fq.nominal(r)) is not None and getattr(used, r) > n for r, _ in _RESOURCES)
+        return any((n := fq.nominal(r)) is not None and getattr(used, r) > n for r in _RESOURCES)
 
     # -- commit ------------------------------------------------------------------------------
 
@@ -248,6 +261,6 @@ def _no(reason: str, numbers: Mapping[str, int]) -> QuotaDecision:
 def dominant_share(used: Amount, capacity: Amount, weight: float = 1.0) -> float:
     """Dominant-resource share of `used` in `capacity`, divided by the team's weight."""
     shares = [
-        getattr(used, r) / getattr(capacity, r) for r, _ in _RESOURCES if getattr(capacity, r) > 0
+        getattr(used, r) / getattr(capacity, r) for r in _RESOURCES if getattr(capacity, r) > 0
     ]
     return max(shares, default=0.0) / weight
