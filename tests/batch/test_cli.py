@@ -114,3 +114,24 @@ def test_failed_clips_exit_non_zero_and_say_how_to_retry(tmp_path: Path) -> None
     assert "1 clips failed" in res.output
     assert "errors.jsonl" in res.output
     assert "2 done" in res.output
+
+
+@pytest.mark.timeout(60)  # ray.init alone retries an unreachable address for minutes
+def test_ray_runner_without_a_cluster_at_the_address_says_what_to_do(tmp_path: Path) -> None:
+    import socket
+
+    from tests.batch.conftest import TOY, write_clips
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port on 127.0.0.1 that nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    clips = write_clips(tmp_path / "clips", 2)
+    args = ["run", TOY, "--clips", str(clips), "--out", str(tmp_path / "run"), "--runner", "ray",
+            "--ray-address", f"127.0.0.1:{port}", "--cache", str(tmp_path / "cache")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())  # the console wraps long lines
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in text
+    assert "ray start --head" in text
+    assert "--runner local" in text

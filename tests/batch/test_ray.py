@@ -11,11 +11,12 @@ import pytest
 
 from gpuplane.batch.clips import list_clips
 from gpuplane.batch.driver import Driver, RunOptions
+from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.packing import CPU, Replica, declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
-from gpuplane.batch.runners.ray import GPU_MEM_RESOURCE, RayRunner, actor_options
+from gpuplane.batch.runners.ray import GPU_MEM_RESOURCE, RayRunner, actor_options, endpoint
 from tests.batch.conftest import TOY, write_clips
 from tests.batch.test_driver import expected
 
@@ -26,6 +27,15 @@ def test_actor_options_map_slices_to_fractional_gpus_and_custom_resources() -> N
     whole = actor_options(Replica("a", 0, "gpu1", 1.0, 0), 2.0, custom=False)
     assert whole == {"num_cpus": 2.0, "num_gpus": 1.0}
     assert actor_options(Replica("c", 0, CPU, 0.0, 0), 0.5, custom=True) == {"num_cpus": 0.5}
+
+
+def test_ray_addresses_are_checked_at_their_gcs_or_client_port() -> None:
+    assert endpoint("10.0.0.5") == ("10.0.0.5", 6379)
+    assert endpoint("head:6380") == ("head", 6380)
+    assert endpoint("ray://head") == ("head", 10001)
+    assert endpoint("auto") is None  # Ray finds the cluster itself
+    with pytest.raises(BatchError, match="write it as HOST:PORT"):
+        endpoint("head:gcs")
 
 
 @pytest.fixture(scope="module")

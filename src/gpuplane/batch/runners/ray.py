@@ -3,14 +3,18 @@
 A replica `(module, index, device, share, mem)` of the plan becomes an actor created with
 `num_gpus=share` (a fraction of a card, or 1 for a whole one), `num_cpus=stage.cpu` and, when the
 slice names memory, the custom resource `gpu_mem_mib` (declare it on the nodes, as HAMi declares
-`nvidia.com/gpumem`). Ray itself is imported only in `start()`.
+`nvidia.com/gpumem`). Ray itself is imported only in `start()`, after a short TCP connect to the
+address: `ray.init` retries an unreachable cluster for minutes before it gives up.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.packing import CPU, Plan, Replica
@@ -18,6 +22,43 @@ from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
 GPU_MEM_RESOURCE = "gpu_mem_mib"
+CONNECT_TIMEOUT_S = 3.0
+"""How long `start()` waits for the cluster's port to accept a connection."""
+GCS_PORT, CLIENT_PORT = 6379, 10001  # Ray's defaults: HOST:PORT is the GCS, ray://HOST the client
+
+
+def endpoint(address: str) -> tuple[str, int] | None:
+    """Where a Ray address is reached (host, port); None for those Ray resolves itself."""
+    if address in ("auto", "local"):
+        return None
+    url = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        host, port = url.hostname, url.port
+    except ValueError:  # a port that is not a number
+        host, port = None, None
+    if not host:
+        raise BatchError(
+            f"Ray address {address!r}: write it as HOST:PORT (the head's GCS, port {GCS_PORT}) "
+            f"or ray://HOST:PORT (Ray client, port {CLIENT_PORT})"
+        )
+    default = CLIENT_PORT if url.scheme == "ray" else GCS_PORT
+    return host, port or default
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within `timeout_s`, an address where nothing accepts a connection."""
+    where = endpoint(address)
+    if where is None:
+        return
+    try:
+        socket.create_connection(where, timeout=timeout_s).close()
+    except OSError as exc:
+        raise BatchError(
+            f"no Ray cluster answers at {address} ({where[0]}:{where[1]}: "
+            f"{exc.strerror or exc}); start one with `ray start --head` and pass "
+            f"--ray-address HOST:{GCS_PORT} (or set batch.ray_address), or run with "
+            "--runner local"
+        ) from None
 
 
 class _StageActor:
@@ -70,15 +111,18 @@ class RayRunner(Runner):
         return max(1, len(self._actors))
 
     def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
+        if spec.pipeline_spec is None:
+            raise BatchError("the ray runner needs a pipeline path or module:attr, not an object")
+        address = self.address or os.environ.get("RAY_ADDRESS")  # ray.init's own fallback
         try:
             import ray
         except ImportError as exc:
             raise BatchError(
                 'the ray runner needs Ray: pip install "gpuplane[ray]" (or pick --runner local)'
             ) from exc
-        if spec.pipeline_spec is None:
-            raise BatchError("the ray runner needs a pipeline path or module:attr, not an object")
         if not ray.is_initialized():
+            if address:
+                check_reachable(address)
             ray.init(
                 address=self.address, runtime_env=self.runtime_env or None, log_to_driver=False
             )
