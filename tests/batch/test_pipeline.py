@@ -95,11 +95,11 @@ def test_load_pipeline_by_path_dir_module_and_versions(tmp_path: Path) -> None:
     assert load_pipeline("tests.batch.toy_pipeline:build_pipeline").name == "toy"
     with pytest.raises(BatchError, match="does not exist"):
         load_pipeline(str(tmp_path / "missing.py"))
-    with pytest.raises(BatchError, match="cannot import"):
+    with pytest.raises(BatchError, match="nor an importable module"):
         load_pipeline("no_such_module_xyz")
-    with pytest.raises(BatchError, match="defines none"):
+    with pytest.raises(BatchError, match="unknown pipeline attribute 'nothing'"):
         load_pipeline("tests.batch.toy_pipeline:nothing")
-    with pytest.raises(BatchError, match="unknown stages"):
+    with pytest.raises(BatchError, match="unknown stage 'nope'"):
         load_pipeline(TOY, {"nope": "2"})
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplane.batch.errors import BatchError
+from gpuplane.errors import unknown_name
 from gpuplane.resources import Slice
 
 CLIP = "clip"
@@ -178,9 +179,13 @@ class Pipeline:
 
     def with_versions(self, versions: Mapping[str, str]) -> Pipeline:
         """A copy with some stages' versions replaced (a release bump)."""
-        unknown = set(versions) - {s.name for s in self.stages}
+        names = [s.name for s in self.stages]
+        unknown = sorted(set(versions) - set(names))
         if unknown:
-            raise BatchError(f"cannot bump unknown stages {sorted(unknown)}")
+            raise BatchError(
+                f"pipeline {self.name!r}: cannot set a version of "
+                + "; ".join(unknown_name("stage", n, names) for n in unknown)
+            )
         stages = tuple(
             s.with_version(versions[s.name]) if s.name in versions else s for s in self.stages
         )
@@ -222,6 +227,9 @@ class BoundStage:
         return self._call(*inputs)
 
 
+_FORMS = "pass a directory with pipeline.py, a .py file, or module:attr"
+
+
 def load_pipeline(spec: str, versions: Mapping[str, str] | None = None) -> Pipeline:
     """Load a pipeline from `dir/` (its pipeline.py), `file.py` or `module:attr`.
 
@@ -232,26 +240,23 @@ def load_pipeline(spec: str, versions: Mapping[str, str] | None = None) -> Pipel
     path = Path(module_name)
     if path.is_dir():
         path = path / "pipeline.py"
+        if not path.is_file():
+            raise BatchError(f"pipeline directory {path.parent} holds no pipeline.py; {_FORMS}")
     if path.suffix == ".py":
         if not path.is_file():
-            raise BatchError(f"pipeline file {path} does not exist; pass a directory or a .py")
-        name = "gpuplane_pipeline_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-        module = sys.modules.get(name)
-        if module is None:
-            loaded = importlib.util.spec_from_file_location(name, path.resolve())
-            if loaded is None or loaded.loader is None:
-                raise BatchError(f"cannot import {path}")
-            module = importlib.util.module_from_spec(loaded)
-            sys.modules[name] = module
-            loaded.loader.exec_module(module)
+            raise BatchError(f"pipeline file {path} does not exist; {_FORMS}")
+        module = _import_file(path)
     else:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise BatchError(
-                f"cannot import pipeline module {module_name!r} ({exc}); "
-                "pass a directory with pipeline.py, a .py file, or module:attr"
-            ) from exc
+            missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+            if missing and f"{module_name}.".startswith(f"{missing}."):  # it, not what it imports
+                raise BatchError(
+                    f"pipeline {module_name!r} is neither a directory or .py file "
+                    f"({path.resolve()} does not exist) nor an importable module; {_FORMS}"
+                ) from None
+            raise BatchError(f"cannot import pipeline module {module_name!r} ({exc})") from exc
     candidates = [attr] if attr else ["build_pipeline", "PIPELINE"]
     for cand in candidates:
         obj = getattr(module, cand, None)
@@ -261,4 +266,27 @@ def load_pipeline(spec: str, versions: Mapping[str, str] | None = None) -> Pipel
         if not isinstance(pipe, Pipeline):
             raise BatchError(f"{spec}: {cand} gave {type(pipe).__name__}, not a Pipeline")
         return pipe.with_versions(versions) if versions else pipe
+    if attr:
+        own = [n for n, v in vars(module).items() if _could_build(v, module.__name__)]
+        raise BatchError(f"{module_name}: " + unknown_name("pipeline attribute", attr, own))
     raise BatchError(f"{spec}: defines none of {candidates}; add `def build_pipeline()`")
+
+
+def _import_file(path: Path) -> Any:
+    name = "gpuplane_pipeline_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    module = sys.modules.get(name)
+    if module is None:
+        loaded = importlib.util.spec_from_file_location(name, path.resolve())
+        if loaded is None or loaded.loader is None:
+            raise BatchError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module
+        loaded.loader.exec_module(module)
+    return module
+
+
+def _could_build(value: object, module: str) -> bool:
+    """A Pipeline, or a public function the module defines: what `module:attr` may name."""
+    if isinstance(value, Pipeline):
+        return True
+    return inspect.isfunction(value) and value.__module__ == module and value.__name__[0] != "_"
