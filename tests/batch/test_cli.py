@@ -101,6 +101,8 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
     for name in ("clips", "perception", "size_check", "sum_check", "parity_check"):
         assert name in text
     assert "4/4" in text
+    assert "clips/s" in text  # the rate
+    assert "eta" in text
 
 
 def test_failed_clips_exit_non_zero_and_say_how_to_retry(tmp_path: Path) -> None:

@@ -14,8 +14,18 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
@@ -74,8 +84,16 @@ def _plan_table(plan: Plan) -> Table:
     return t
 
 
+class RateColumn(ProgressColumn):
+    """Clips per second over Rich's recent window; '-' until there are two samples."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("- clips/s" if speed is None else f"{speed:.1f} clips/s")
+
+
 class RichObserver:
-    """Progress per stage (computed + served from cache) and overall clips."""
+    """Progress per stage (computed + served from cache) and overall clips: rate and ETA."""
 
     def __init__(self, console: Console, enabled: bool) -> None:
         self.progress = Progress(
@@ -83,7 +101,10 @@ class RichObserver:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[detail]}"),
+            RateColumn(),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=console,
             disable=not enabled,
         )
