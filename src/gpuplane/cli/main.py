@@ -19,6 +19,8 @@ app = typer.Typer(
     help="A control plane for an organisation's GPUs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help, for every command: Rich's option table cuts names at 80 columns
+    rich_markup_mode=None,
 )
 serve.register(app)
 app.add_typer(config_cli.app, name="config")
