@@ -1,11 +1,13 @@
 """The gateway's error kinds (a request refused a slot, an engine attempt failed) and its
-OpenAI-shaped error bodies: `{"error": {"message", "type", "param", "code"}}`."""
+OpenAI-shaped error bodies: `{"error": {"message", "type", "param", "code"}}`, its own and an
+engine's refusals of a request alike."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -54,11 +56,41 @@ def error_body(
     return {
         "error": {
             "message": message,
-            "type": _TYPES.get(status, "api_error"),
+            "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "api_error"),
             "param": param,
             "code": code,
         }
     }
+
+
+def engine_error_body(status: int, raw: bytes) -> dict[str, dict[str, str | None]]:
+    """An engine's own 4xx answer (the request's fault: a prompt past its context, a field it
+    refuses) in the gateway's shape, with the engine's message, and its code and param where
+    they are strings. Read from OpenAI's and vLLM's `{"error": {...}}`, vLLM's older flat
+    `{"object": "error", "message": ...}`, `{"error": "..."}` and FastAPI's `{"detail": ...}`;
+    an unreadable body is quoted."""
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        data = None
+    inner = data.get("error") if isinstance(data, dict) else None
+    fields: dict[str, Any] = (
+        inner if isinstance(inner, dict) else data if isinstance(data, dict) else {}
+    )
+    message = inner if isinstance(inner, str) else fields.get("message") or fields.get("detail")
+    if isinstance(message, list):  # FastAPI's validation errors
+        message = "; ".join(
+            str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in message
+        )
+    if not message:
+        message = raw.decode("utf-8", "replace")[:300] or "no message"
+    code, param = fields.get("code"), fields.get("param")
+    return error_body(
+        status,
+        f"the engine refused the request (HTTP {status}): {message}",
+        code if isinstance(code, str) and code else "upstream_invalid_request",
+        param if isinstance(param, str) else None,
+    )
 
 
 def error_response(

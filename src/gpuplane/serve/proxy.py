@@ -22,7 +22,14 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from gpuplane.serve.errors import FailureKind, Rejected, Rejection, error_body, sse_error_event
+from gpuplane.serve.errors import (
+    FailureKind,
+    Rejected,
+    Rejection,
+    engine_error_body,
+    error_body,
+    sse_error_event,
+)
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.router import Admission, ModelRouter
@@ -38,6 +45,8 @@ _DONE = b"data: [DONE]"
 # starts no watcher task, and a client that leaves earlier is noticed at this age.
 WATCH_AFTER_S = 0.02
 _PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
+_PASSED_WITH_REFUSAL = frozenset({b"x-request-id"})  # the body is the gateway's JSON then
+_JSON = (b"content-type", b"application/json")
 
 
 class _Cancel(enum.Enum):
@@ -274,11 +283,16 @@ class ProxyCall:
             response = await self.upstream.open(
                 admission.url + self.path, self.payload, self.request_headers
             )
-            headers = [(k, v) for k, v in response.raw_headers if k.lower() in _PASSED]
+            refused = 400 <= response.status < 500  # the request's fault, not the instance's
+            passed = _PASSED_WITH_REFUSAL if refused else _PASSED
+            headers = [(k, v) for k, v in response.raw_headers if k.lower() in passed]
             headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
                 body = await self.upstream.read(response)
                 self.series.ttft.observe(time.monotonic() - self.started)
+                if refused:
+                    body = json.dumps(engine_error_body(response.status, body)).encode()
+                    headers.append(_JSON)
                 headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
                 await self._finish(send, body)
@@ -354,7 +368,7 @@ class ProxyCall:
         extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         body = json.dumps(error_body(status, message, code)).encode()
-        headers = [(b"content-type", b"application/json")]
+        headers = [_JSON]
         headers += [(k.encode(), v.encode()) for k, v in (extra_headers or {}).items()]
         await self._start(send, status, headers)
         await self._finish(send, body)

@@ -62,6 +62,9 @@ class SimInstance:
             await send_json(send, 400, wire.error(str(exc), 400))
             return
         core = self.core
+        if (refusal := core.too_long(parsed.prompt, parsed.max_tokens)) is not None:
+            await send_json(send, 400, wire.error(refusal, 400))
+            return
         req = core.arrive(parsed.prompt, parsed.max_tokens, time.monotonic())
         if req.fault is Fault.ERROR:
             await send_json(send, 500, wire.error("simulated engine failure (error_rate)", 500))

@@ -70,6 +70,8 @@ class SimParams:
     hang_rate: float = 0.0
     drop_rate: float = 0.0
     drop_at_token: int = 1
+    # vLLM's --max-model-len: a longer prompt plus max_tokens is refused with 400 (None: any)
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -81,6 +83,7 @@ class SimParams:
             (self.block_tokens >= 1 and self.tokens_per_chunk >= 1, "block/chunk sizes >= 1"),
             (self.default_max_tokens >= 1, "default_max_tokens must be >= 1"),
             (self.drop_at_token >= 0, "drop_at_token must be >= 0"),
+            (self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1"),
         )
         for ok, msg in checks:
             if not ok:
@@ -192,6 +195,20 @@ class InstanceCore:
     @property
     def block_chars(self) -> int:
         return self.params.block_tokens * CHARS_PER_TOKEN
+
+    def too_long(self, prompt: str, max_tokens: int | None) -> str | None:
+        """vLLM's message refusing a request past `max_model_len`; None when it fits (asked
+        before `arrive`)."""
+        limit = self.params.max_model_len
+        prompt_tokens = count_tokens(prompt)
+        completion = max_tokens or self.params.default_max_tokens
+        if limit is None or prompt_tokens + completion <= limit:
+            return None
+        return (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + completion} tokens ({prompt_tokens} in the messages, {completion} "
+            "in the completion). Please reduce the length of the messages or completion."
+        )
 
     def arrive(self, prompt: str, max_tokens: int | None, now: float) -> SimRequest:
         """Register a request; it is running if a sequence slot is free, else waiting (FIFO)."""
