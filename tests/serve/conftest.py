@@ -1,5 +1,6 @@
-"""Shared serve fixtures: routers on an injected clock, and the teardown check that a test leaves
-no lease, no waiter and no task behind (`leftovers`, used by every async serve test module)."""
+"""Shared serve fixtures: routers on an injected clock, the gateway in-process over simulated
+engines (`asgi_gateway`), and the teardown check that a test leaves no lease, no waiter and no
+task behind (`leftovers`, used by every async serve test module)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ import asyncio
 import random
 import weakref
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.serve.app import Gateway, create_app
+from gpuplane.serve.engines.sim import start_sim
+from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES
+from tests.conftest import gateway_settings
 
 
 class Clock:
@@ -128,3 +135,38 @@ async def leftovers(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[Model
         loop.set_task_factory(previous)
     current = asyncio.current_task()
     await assert_released(made, [t for t in started if t is not current])
+
+
+@asynccontextmanager
+async def asgi_gateway(
+    instances: int = 1, **sim: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
+    """The gateway in-process (ASGI transport, no lifespan: no prober) over `instances`
+    simulated engines of two slots each, with these `SimParams`."""
+    async with start_sim(instances, 2, seed=1, **sim) as fleet:
+        models = [
+            {
+                "name": "m",
+                "engine": "sim",
+                "instances": [{"url": u, "max_concurrency": 2} for u in fleet.urls],
+            }
+        ]
+        settings = parse_settings(gateway_settings(models))
+        gw = Gateway(settings)
+        transport = httpx.ASGITransport(app=create_app(settings, gateway=gw))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                yield client, gw
+        finally:
+            await gw.upstream.aclose()
+
+
+SEGV = "engine 2 was killed by SIGSEGV"
+
+
+def one_of_each_state(gw: Gateway) -> None:
+    """Instance 0 refused a connection; instance 2's engine keeps crashing."""
+    router = gw.routers["m"]
+    ids = [i.id for i in router.instances]
+    router.health.report_failure(ids[0], FailureKind.CONNECT, "refused")
+    router.health.report_engine(ids[2], up=False, error=SEGV, crash_looping=True)

@@ -203,7 +203,7 @@ async def test_dead_instance_is_retried_elsewhere_and_marked_unhealthy() -> None
         state = (await client.get(f"{base}/admin/state")).json()
         metrics = (await client.get(f"{base}/metrics")).text
     assert all(r.status_code == 200 for r in results)
-    assert [i["healthy"] for i in state["instances"]] == [False, True]
+    assert [i["state"] for i in state["instances"]] == ["unhealthy", "ready"]
     assert "gpuplane_upstream_failures_total{instance=" in metrics
 
 
@@ -222,7 +222,7 @@ async def test_refused_connection_costs_no_retry() -> None:
         results = [await client.post(url, json=CHAT) for _ in range(6)]
         state = (await client.get(f"{base}/admin/state")).json()
     assert [r.status_code for r in results] == [200] * 6
-    assert state["instances"][2]["healthy"]
+    assert state["instances"][2]["state"] == "ready"
 
 
 async def test_all_instances_down_is_503_and_recovers() -> None:

@@ -124,7 +124,7 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
         await asyncio.wait_for(proc.ready.wait(), 120)
         for _ in range(100):  # the prober sees the new process
             state = (await client.get(f"{base}/admin/state")).json()
-            if all(i["healthy"] for i in state["instances"]):
+            if all(i["state"] == "ready" for i in state["instances"]):
                 break
             await asyncio.sleep(0.1)
         after = await asyncio.gather(
@@ -134,7 +134,7 @@ async def test_engine_killed_mid_stream_ends_with_error_event_and_is_replaced(
     assert "data: [DONE]" not in lines
     assert proc.restarts == killed["restarts"] + 1
     assert proc.pid != killed["pid"]
-    assert all(i["healthy"] for i in state["instances"])
+    assert all(i["state"] == "ready" for i in state["instances"])
     assert all(r.complete for r in after), [r.error for r in after]
 
 

@@ -220,7 +220,6 @@ async def test_a_model_whose_every_instance_crash_loops_answers_503_with_the_dia
     assert str(proc.log_path) in message
     [instance] = state["instances"]
     assert instance["state"] == "crash_looping"
-    assert instance["healthy"] is False
     assert instance["last_error"] == message.removeprefix("model 'smollm2' cannot be served: ")
 
 

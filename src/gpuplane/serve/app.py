@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,30 +34,11 @@ from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import ServeSettings
 from gpuplane.serve.upstream import Upstream
+from gpuplane.serve.validation import invalid
 
 log = logging.getLogger("gpuplane.gateway")
 
 DEFAULT_TENANT = Tenant("default")
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[Any] | None = None
-
-
-class _CommonRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
-    stream: bool = False
-
-
-class ChatRequest(_CommonRequest):
-    messages: list[_Message] = Field(min_length=1)
-
-
-class CompletionRequest(_CommonRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
 
 
 class Gateway:
@@ -144,32 +125,29 @@ class Gateway:
     # -- state ----------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        models = []
-        instances = []
-        for router in self.routers.values():
-            insts = [
-                {
-                    "model": router.name,
-                    "id": i.id,
-                    "url": i.url,
-                    "capacity": i.capacity,
-                    "in_flight": i.in_flight,
-                    "healthy": i.healthy,
-                    "state": i.state.value,
-                    "last_error": i.last_error,
-                }
-                for i in router.instances
-            ]
-            instances += insts
-            models.append(
-                {
-                    "name": router.name,
-                    "queued": len(router.queue),
-                    "queued_by_tenant": router.queue.depth_by_tenant(),
-                    "instances": insts,
-                }
-            )
-        return {"models": models, "instances": instances}
+        """`/admin/state`: every instance once (with its model), and each model's queue."""
+        instances = [
+            {
+                "model": router.name,
+                "id": i.id,
+                "url": i.url,
+                "state": i.state.value,
+                "in_flight": i.in_flight,
+                "capacity": i.capacity,
+                "last_error": i.last_error,
+            }
+            for router in self.routers.values()
+            for i in router.instances
+        ]
+        models = [
+            {
+                "name": router.name,
+                "queued": len(router.queue),
+                "queued_by_tenant": router.queue.depth_by_tenant(),
+            }
+            for router in self.routers.values()
+        ]
+        return {"instances": instances, "models": models}
 
     def resolve_tenant(self, headers: Mapping[str, str]) -> Tenant | None:
         """The caller's tenant; None when keys are configured and the request has no valid one."""
@@ -187,25 +165,21 @@ class GatewayApp:
     def __init__(self, gateway: Gateway, admin: ASGIApp) -> None:
         self.gateway = gateway
         self.admin = admin
-        self.routes: dict[str, type[_CommonRequest]] = {
-            "/v1/chat/completions": ChatRequest,
-            "/v1/completions": CompletionRequest,
+        # path -> whether it is the chat route (else text completions)
+        self.routes: dict[str, bool] = {
+            "/v1/chat/completions": True,
+            "/v1/completions": False,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        schema = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if schema is None:
+        chat = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if chat is None:
             await self.admin(scope, receive, send)
             return
         if scope["method"] == "POST":
-            response = await _completion(self.gateway, scope, receive, schema)
+            response = await _completion(self.gateway, scope, receive, chat)
         else:
-            response = error_response(
-                405,
-                f"{scope['path']} only accepts POST, not {scope['method']}",
-                "method_not_allowed",
-                headers={"allow": "POST"},
-            )
+            response = _method_not_allowed(scope["path"], scope["method"], "POST")
         await response(scope, receive, send)
 
 
@@ -245,17 +219,49 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         finally:
             await gw.stop()
 
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/admin/state", admin_state, methods=["GET"]),
+    ]
+    served = ["POST /v1/chat/completions", "POST /v1/completions"] + [
+        f"{method} {route.path}"
+        for route in routes
+        for method in sorted((route.methods or set()) - {"HEAD"})
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(
+            404,
+            f"this gateway does not serve {request.method} {request.url.path}; "
+            f"it serves {', '.join(served)}",
+            "unsupported_endpoint",
+        )
+
+    async def wrong_method(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        allowed = (exc.headers or {}).get("Allow", "")
+        return _method_not_allowed(request.url.path, request.method, allowed)
+
     admin = Starlette(
-        routes=[
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/admin/state", admin_state, methods=["GET"]),
-        ],
+        routes=routes,
+        exception_handlers={404: not_found, 405: wrong_method},
         lifespan=lifespan,
     )
     return GatewayApp(gw, admin)
+
+
+def _method_not_allowed(path: str, method: str, allowed: str) -> Response:
+    """405 naming the methods in `allowed` (the Allow header's list; HEAD goes unsaid)."""
+    said = " or ".join(m for m in allowed.split(", ") if m != "HEAD")
+    return error_response(
+        405,
+        f"{path} only accepts {said}, not {method}",
+        "method_not_allowed",
+        headers={"allow": allowed},
+    )
 
 
 def _unauthorized(headers: Mapping[str, str]) -> Response:
@@ -269,7 +275,7 @@ def _unauthorized(headers: Mapping[str, str]) -> Response:
 
 
 async def _completion(
-    gw: Gateway, scope: Scope, receive: Receive, schema: type[_CommonRequest]
+    gw: Gateway, scope: Scope, receive: Receive, chat: bool
 ) -> ProxyCall | Response:
     # decoded once: the lookups below would each scan and decode the raw list
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -289,30 +295,25 @@ async def _completion(
         return error_response(
             400, f"the request body is not valid JSON ({exc}); send a JSON object", "invalid_json"
         )
-    try:
-        req = schema.model_validate(payload)
-    except ValidationError as exc:
+    refused = invalid(payload, chat)
+    if refused is not None:
         gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
         return error_response(
-            400,
-            f"invalid request: {param or 'body'}: {first['msg']}",
-            "invalid_request",
-            param=param,
+            400, f"invalid request: {refused.message}", "invalid_request", param=refused.param
         )
-    router = gw.routers.get(req.model)
+    model: str = payload["model"]
+    router = gw.routers.get(model)
     if router is None:
         gw.metrics.reject(UNKNOWN_MODEL, "unknown_model")
         known = ", ".join(gw.routers) or "none"
         return error_response(
             404,
-            f"the model '{req.model}' does not exist on this gateway; available models: {known}",
+            f"the model '{model}' does not exist on this gateway; available models: {known}",
             "model_not_found",
             param="model",
         )
-    upstream_model = gw.upstream_names.get(req.model)
-    if upstream_model and upstream_model != req.model:
+    upstream_model = gw.upstream_names.get(model)
+    if upstream_model and upstream_model != model:
         payload["model"] = upstream_model
         raw = orjson.dumps(payload)
     return ProxyCall(
@@ -324,7 +325,7 @@ async def _completion(
         body=raw,
         parsed=payload,
         headers=headers,
-        stream=req.stream,
+        stream=payload.get("stream") is True,
         tenant=tenant,
         deadline_s=gw.cfg.request_timeout_s,
         idle_s=gw.cfg.idle_timeout_s,

@@ -19,9 +19,9 @@ class SlotRefusal(StrEnum):
 
 
 class InstanceState(StrEnum):
-    """An instance as `/admin/state` shows it."""
+    """An instance as `/admin/state` shows it (a gateway has no draining instance yet)."""
 
-    HEALTHY = "healthy"
+    READY = "ready"  # healthy: takes requests
     UNHEALTHY = "unhealthy"
     CRASH_LOOPING = "crash_looping"  # down: its engine keeps exiting soon after it starts
 
@@ -60,7 +60,7 @@ class InstanceSlots:
     @property
     def state(self) -> InstanceState:
         if self.healthy:
-            return InstanceState.HEALTHY
+            return InstanceState.READY
         return InstanceState.CRASH_LOOPING if self.crash_looping else InstanceState.UNHEALTHY
 
 
