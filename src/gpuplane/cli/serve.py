@@ -1,4 +1,5 @@
-"""`gpuplane gateway`, `gpuplane up` and `gpuplane chat`: the online inference commands."""
+"""`gpuplane gateway serve|status`, `gpuplane up` and `gpuplane chat`: the online inference
+commands."""
 
 from __future__ import annotations
 
@@ -14,12 +15,18 @@ from rich.markup import escape
 
 from gpuplane import logs
 from gpuplane.cli import _loop
+from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
 from gpuplane.config import Settings, load_settings
 from gpuplane.errors import GpuplaneError
 from gpuplane.serve.settings import ServeSettings
 
 err = Console(stderr=True, soft_wrap=True)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+GATEWAY_ENV = "GPUPLANE_GATEWAY"
+
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help="gateway YAML (models, tenants)")
+HOST_OPTION = typer.Option(None, help="listen address (overrides gateway.host)")
+PORT_OPTION = typer.Option(None, help="listen port (overrides gateway.port)")
 
 
 def _settings(config: Path | None, host: str | None, port: int | None) -> Settings:
@@ -36,16 +43,47 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(1)
 
 
+gateway_app = typer.Typer(invoke_without_command=True, no_args_is_help=True)
+
+
+@gateway_app.callback()
+def _gateway_group(
+    ctx: typer.Context,
+    config: Path | None = CONFIG_OPTION,
+    host: str | None = HOST_OPTION,
+    port: int | None = PORT_OPTION,
+) -> None:
+    """The OpenAI-compatible gateway: `serve` it, or read its `status`.
+
+    `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
+    """
+    if ctx.invoked_subcommand is None:
+        gateway(config, host, port)
+    elif config is not None or host is not None or port is not None:
+        raise _fail(
+            GpuplaneError(
+                f"--config, --host and --port go after the command: "
+                f"`gpuplane gateway {ctx.invoked_subcommand} ...`"
+            )
+        )
+
+
+@gateway_app.command("serve")
 def gateway(
-    config: Path = typer.Option(..., "--config", "-c", help="gateway YAML (models, tenants)"),
-    host: str | None = typer.Option(None, help="listen address (overrides gateway.host)"),
-    port: int | None = typer.Option(None, help="listen port (overrides gateway.port)"),
+    config: Path | None = CONFIG_OPTION,
+    host: str | None = HOST_OPTION,
+    port: int | None = PORT_OPTION,
 ) -> None:
     """Serve the OpenAI-compatible gateway in front of the configured engine instances."""
     from gpuplane.serve.server import serve_until_signal
 
     logs.configure()
     try:
+        if config is None:
+            raise GpuplaneError(
+                "the gateway needs its configuration: `gpuplane gateway serve --config FILE` "
+                "(a YAML with a `models:` list)"
+            )
         settings = _settings(config, host, port)
         if not settings.models:
             raise GpuplaneError(f"{config} configures no models; add a `models:` list")
@@ -97,6 +135,7 @@ def _print_usage(settings: ServeSettings) -> None:
     key_hint = (
         "  # add -H 'Authorization: Bearer KEY' if tenants have keys" if settings.tenants else ""
     )
+    status_flag = "" if base == DEFAULT_GATEWAY else f" --gateway {base}"
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' at {base}/v1[/bold green]
@@ -113,7 +152,7 @@ Python (openai):
       print(chunk.choices[0].delta.content or "", end="", flush=True)
 
 or: gpuplane chat "What is a GPU?"
-state: {base}/admin/state   metrics: {base}/metrics   Ctrl-C stops everything
+state: gpuplane gateway status{status_flag}   metrics: {base}/metrics   Ctrl-C stops everything
 """,
         highlight=False,
     )
@@ -168,7 +207,54 @@ def _message(response: httpx.Response) -> str:
         return response.text[:300]
 
 
+@gateway_app.command()
+def status(
+    output: Output = OUTPUT_OPTION,
+    server: str = typer.Option(
+        DEFAULT_GATEWAY, "--gateway", envvar=GATEWAY_ENV, help=f"gateway URL (${GATEWAY_ENV})"
+    ),
+) -> None:
+    """Show the gateway's instances (model, state, in flight, capacity, last error) and each
+    model's queue, from its /admin/state."""
+    url = server.rstrip("/") + "/admin/state"
+    try:
+        response = httpx.get(url, timeout=10)
+        if response.status_code != 200:
+            raise GpuplaneError(f"{url} answered {response.status_code}: {_message(response)}")
+        emit(response.json(), output, _state_tables)
+    except httpx.HTTPError as exc:
+        raise _fail(
+            GpuplaneError(
+                f"cannot reach the gateway at {server} ({exc}); is `gpuplane up` or "
+                f"`gpuplane gateway serve` running? Point --gateway (${GATEWAY_ENV}) at it"
+            )
+        ) from None
+    except GpuplaneError as exc:
+        raise _fail(exc) from None
+
+
+def _state_tables(state: dict[str, Any]) -> None:
+    print_table(
+        ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "LAST ERROR"],
+        [
+            (i["model"], i["id"], i["state"], i["in_flight"], i["capacity"], i["last_error"] or "-")
+            for i in state["instances"]
+        ],
+    )
+    print_table(
+        ["MODEL", "QUEUED", "QUEUED BY TENANT"],
+        [
+            (
+                m["name"],
+                m["queued"],
+                ", ".join(f"{t}={n}" for t, n in m["queued_by_tenant"].items()) or "-",
+            )
+            for m in state["models"]
+        ],
+    )
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(gateway)
+    app.add_typer(gateway_app, name="gateway")
     app.command()(up)
     app.command()(chat)
