@@ -214,6 +214,7 @@ class CycleWriter:
                     "state": "admitted",
                     "cluster_name": a.placement.cluster,
                     "node_id": ids.nodes[a.placement.node],
+                    "devices": list(a.placement.device_indices),
                     "flavor": a.flavor,
                     "gpu_milli": a.amount.gpu_milli,
                     "gpu_mem_mib": a.amount.mem_mib,

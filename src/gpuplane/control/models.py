@@ -110,6 +110,8 @@ class Job(Base):
     node_id: Mapped[int | None] = mapped_column(
         ForeignKey("nodes.id", ondelete="SET NULL"), default=None
     )
+    # card indices on the node of its last placement; kept when it ends and its allocations go
+    devices: Mapped[list[Any] | None] = mapped_column(default=None)
     flavor: Mapped[str | None] = mapped_column(String(63), default=None)
     gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     gpu_mem_mib: Mapped[int] = mapped_column(Integer, default=0)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import ACTIVE_STATES, Cluster, Job, Node, Quota, Team
+from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
 from gpuplane.control.records import job_row, quota_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
@@ -27,6 +27,7 @@ from gpuplane.control.views import (
     TeamSet,
     TeamView,
 )
+from gpuplane.errors import ResourceError, unknown_name
 
 
 def job_view(service: ControlService, job: Job) -> JobView:
@@ -62,7 +63,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
         cluster=job.cluster_name,
         node=node,
         flavor=job.flavor,
-        devices=list(placement.device_indices) if placement else [],
+        devices=list(placement.device_indices if placement else job.devices or []),
         reasons=reasons,
         reason=closest_reason(reasons),
         queue_position=position,
@@ -92,7 +93,14 @@ def get_job(service: ControlService, ref: str) -> JobView:
 def list_jobs(
     service: ControlService, team: str | None = None, state: str | None = None, limit: int = 500
 ) -> list[JobView]:
+    """The newest jobs, of one team and in one state if given; an unknown state or team is
+    refused with the valid ones and the nearest."""
+    if state and state not in JOB_STATES:
+        raise ResourceError(unknown_name("job state", state, JOB_STATES))
     with service.store.session() as session:
+        if team and session.get(Team, team) is None:
+            teams = session.scalars(select(Team.name))
+            raise NotFoundError(unknown_name("team", team, teams))
         query = select(Job).order_by(Job.created_at.desc()).limit(limit)
         if team:
             query = query.where(Job.team_name == team)
