@@ -13,6 +13,7 @@ import typer
 import uvicorn
 from typer.testing import CliRunner
 
+from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.control.api import create_app
@@ -21,6 +22,7 @@ from gpuplane.control.service import ControlService
 cli_app = typer.Typer()
 cli_app.add_typer(job_cli.app, name="job")
 cli_app.add_typer(quota_cli.app, name="quota")
+cli_app.add_typer(cluster_cli.app, name="cluster")
 _runner = CliRunner()
 
 
@@ -46,6 +48,6 @@ def serving(service: ControlService) -> Iterator[str]:
 
 
 def cli(url: str, *args: str) -> tuple[int, str]:
-    """`gpuplane job|quota ...` against `url`: its exit code and what it printed."""
+    """`gpuplane job|quota|cluster ...` against `url`: its exit code and what it printed."""
     result = _runner.invoke(cli_app, list(args), env={"GPUPLANE_SERVER": url})
     return result.exit_code, result.output

@@ -1,10 +1,13 @@
-"""What the control-plane CLI groups share: --server, -o table|json|yaml, and error exits."""
+"""What the control-plane CLI groups share: --server, -o table|wide|json|yaml, times (ISO-8601 in
+JSON and YAML, relative in tables), error exits, and shell completion of names."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -13,12 +16,20 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpuplane.control.client import DEFAULT_SERVER, SERVER_ENV, ClientError, ControlClient
+from gpuplane.control.client import (
+    DEFAULT_SERVER,
+    SERVER_ENV,
+    ClientError,
+    ControlClient,
+    field_errors,
+)
+from gpuplane.control.spec import format_duration
 from gpuplane.errors import GpuplaneError
 
 
 class Output(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
     yaml = "yaml"
 
@@ -26,7 +37,7 @@ class Output(StrEnum):
 SERVER_OPTION = typer.Option(
     None, "--server", envvar=SERVER_ENV, help=f"control plane URL (default {DEFAULT_SERVER})"
 )
-OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, json or yaml")
+OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, wide, json or yaml")
 
 console = Console(soft_wrap=True)
 if not console.is_terminal:  # piped: do not squeeze tables into 80 columns
@@ -35,14 +46,21 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 @contextmanager
-def client(server: str | None) -> Iterator[ControlClient]:
-    """A client; any gpuplane error inside exits non-zero with its message."""
+def client(server: str | None, *, options: bool = False) -> Iterator[ControlClient]:
+    """A client; any gpuplane error inside exits non-zero with its message. With `options`, the
+    fields the API names in a validation error are the command's options (`gpus` is `--gpus`)."""
     try:
         with ControlClient(server) as c:
             yield c
     except ClientError as exc:
         where = f" (HTTP {exc.status})" if exc.status else ""
-        err_console.print(f"[red]error{where}:[/red] {exc}", highlight=False)
+        errors = field_errors(exc.body)
+        message = (
+            "; ".join(f"{_option(f) if options else f}: {msg}" for f, msg in errors)
+            if errors
+            else str(exc)
+        )
+        err_console.print(f"[red]error{where}:[/red] {message}", highlight=False)
         body = exc.body if isinstance(exc.body, dict) else {}
         for reason in body.get("reasons", []):
             err_console.print(
@@ -59,14 +77,52 @@ def fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def emit(data: Any, output: Output, table: Callable[[Any], None]) -> None:
-    """Print `data` as JSON, YAML, or with the command's own table renderer."""
+def _option(field: str) -> str:
+    """The CLI option of an API field: `borrowing_limit_gpus` is `--borrowing-limit-gpus`."""
+    return "--" + field.replace("_", "-")
+
+
+def emit(data: Any, output: Output, table: Callable[[Any], None], *, compact: bool = False) -> None:
+    """Print `data` as JSON (one line if `compact`), YAML, or with the command's own table
+    renderer (which reads `-o wide` itself); times (`*_at`) as ISO-8601 in JSON and YAML."""
     if output == Output.json:
-        typer.echo(json.dumps(data, indent=2, sort_keys=False))
+        typer.echo(json.dumps(iso_times(data), indent=None if compact else 2))
     elif output == Output.yaml:
-        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+        typer.echo(yaml.safe_dump(iso_times(data), sort_keys=False).rstrip())
     else:
         table(data)
+
+
+def iso(ts: float) -> str:
+    """A Unix time as ISO-8601 in UTC: `2026-12-01T20:27:45Z`."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def iso_times(data: Any) -> Any:
+    """`data` with every time field (a key ending in `_at`, as the API's views name them) as
+    ISO-8601."""
+    if isinstance(data, list):
+        return [iso_times(d) for d in data]
+    if isinstance(data, dict):
+        return {
+            k: iso(v)
+            if k.endswith("_at") and isinstance(v, int | float) and not isinstance(v, bool)
+            else iso_times(v)
+            for k, v in data.items()
+        }
+    return data
+
+
+def relative(ts: float | None, now: float) -> str:
+    """A time as tables show it, against `now`: `3m ago`, `in 2h`, `now`; `-` for none."""
+    if ts is None:
+        return "-"
+    delta = now - ts
+    if abs(delta) < 1:
+        return "now"
+    match = re.match(r"\d+\D+", format_duration(abs(delta)))  # the largest unit only
+    span = match.group() if match else f"{abs(delta):.0f}s"
+    return f"{span} ago" if delta > 0 else f"in {span}"
 
 
 def print_table(
@@ -79,15 +135,37 @@ def print_table(
 
 
 def print_reasons(reasons: Sequence[dict[str, Any]]) -> None:
+    """One line per cluster; the message says the numbers in the CLI's units (`-o json` has
+    them raw, in milli-GPUs and MiB)."""
     for r in reasons:
-        nums = ", ".join(f"{k}={v}" for k, v in r.get("numbers", {}).items())
-        console.print(
-            f"  {r['cluster']}: {r['code']}: {r['message']}" + (f" ({nums})" if nums else ""),
-            highlight=False,
-        )
+        console.print(f"  {r['cluster']}: {r['code']}: {r['message']}", highlight=False)
 
 
 def mib(value: int | None) -> str:
     if value is None:
         return "-"
     return f"{value / 1024:.1f}GiB" if value >= 1024 else f"{value}MiB"
+
+
+COMPLETION_TIMEOUT_S = 1.0
+
+
+def _completer(
+    names: Callable[[ControlClient], Iterable[str]],
+) -> Callable[[typer.Context, str], list[str]]:
+    """A shell completion of names the API lists (against the command's --server), under a short
+    timeout; silent, offering nothing, when the control plane does not answer."""
+
+    def complete(ctx: typer.Context, incomplete: str) -> list[str]:
+        try:
+            with ControlClient(ctx.params.get("server"), timeout_s=COMPLETION_TIMEOUT_S) as c:
+                return sorted({n for n in names(c) if n.startswith(incomplete)})
+        except (GpuplaneError, ValueError):  # unreachable, refused, or not the API's JSON
+            return []
+
+    return complete
+
+
+complete_jobs = _completer(lambda c: [r for j in c.jobs() for r in (j["id"], j["name"])])
+complete_clusters = _completer(lambda c: [x["name"] for x in c.clusters()])
+complete_teams = _completer(lambda c: [t["name"] for t in c.teams()])

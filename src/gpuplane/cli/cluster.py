@@ -11,6 +11,7 @@ from gpuplane.cli._control_common import (
     SERVER_OPTION,
     Output,
     client,
+    complete_clusters,
     console,
     emit,
     mib,
@@ -49,7 +50,7 @@ def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) ->
 
 @app.command()
 def describe(
-    name: str = typer.Argument(...),
+    name: str = typer.Argument(..., autocompletion=complete_clusters),
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:

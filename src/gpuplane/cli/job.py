@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,18 +15,28 @@ from gpuplane.cli._control_common import (
     SERVER_OPTION,
     Output,
     client,
+    complete_jobs,
+    complete_teams,
     console,
     emit,
+    err_console,
     fail,
+    iso_times,
     mib,
     print_reasons,
     print_table,
+    relative,
 )
 from gpuplane.control.spec import format_duration
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
 
 FINAL = ("succeeded", "failed", "cancelled")
+JOB_REF = typer.Argument(
+    ..., help="job id (or name: the newest job of that name)", autocompletion=complete_jobs
+)
+POLL_S = 0.5
+_pause = time.sleep  # between polls of --wait, --watch and --follow
 
 
 def _slice(resources: dict[str, Any]) -> str:
@@ -59,10 +70,13 @@ def _where(job: dict[str, Any]) -> str:
 def submit(
     file: Path = typer.Argument(..., help="job spec (YAML)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="say where it would go; change nothing"),
+    wait: bool = typer.Option(False, "--wait", help="wait until it ends; exit with its code"),
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Submit a job spec; an impossible request is refused with the reason."""
+    if wait and dry_run:
+        fail("--wait and --dry-run exclude each other: a dry run submits nothing to wait for")
     try:
         spec = yaml.safe_load(file.read_text())
     except FileNotFoundError:
@@ -94,42 +108,96 @@ def submit(
             print_reasons(data["reasons"])
 
     emit(out, output, table)
+    if wait:
+        _wait(server, out["id"])
+
+
+def _wait(server: str | None, job_id: str) -> None:
+    """Poll until the job ends, then exit with its exit code (1 for a job that failed without
+    one, with why)."""
+    with client(server) as c:
+        job = c.job(job_id)
+        while job["state"] not in FINAL:
+            _pause(POLL_S)
+            job = c.job(job_id)
+    code, ok = job.get("exit_code"), job["state"] == "succeeded"
+    if not ok:
+        err_console.print(
+            f"job {job_id} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
+            highlight=False,
+        )
+    if code is not None and code < 0:  # killed by a signal: as a shell reports it
+        code = 128 - code
+    raise typer.Exit(code or int(not ok))
 
 
 @app.command("list")
 def list_(
-    team: str | None = typer.Option(None, "--team"),
-    state: str | None = typer.Option(None, "--state"),
+    team: str | None = typer.Option(None, "--team", autocompletion=complete_teams),
+    state: str | None = typer.Option(None, "--state", help="pending, running, failed, ..."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="re-render on change until Ctrl-C"),
+    interval: float = typer.Option(
+        2.0, "--interval", min=0.5, max=60, help="seconds between polls of --watch"
+    ),
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """List jobs, newest first."""
     with client(server) as c:
         jobs = c.jobs(team, state)
+        if not watch:
+            emit(jobs, output, lambda data: _jobs_table(data, output == Output.wide))
+            return
+        seen: dict[str, dict[str, Any]] = {}
+        try:
+            while True:
+                changed = [j for j in jobs if seen.get(j["id"]) != j]
+                seen = {j["id"]: j for j in jobs}
+                if output == Output.json:  # a line per job that is new or changed
+                    for j in reversed(changed):
+                        typer.echo(json.dumps(iso_times(j)))
+                elif changed:
+                    if console.is_terminal:
+                        console.clear()
+                    emit(jobs, output, lambda data: _jobs_table(data, output == Output.wide))
+                _pause(interval)
+                jobs = c.jobs(team, state)
+        except KeyboardInterrupt:
+            return
 
-    def table(data: list[dict[str, Any]]) -> None:
-        print_table(
-            ["ID", "TEAM", "STATE", "PRIO", "GPU", "WHERE", "REASON"],
-            [
-                [
-                    j["id"],
-                    j["team"],
-                    j["state"],
-                    j["priority"],
-                    _slice(j["resources"]),
-                    _where(j),
-                    (j["reason"]["code"] if j.get("reason") else j.get("message") or ""),
-                ]
-                for j in data
-            ],
-        )
 
-    emit(jobs, output, table)
+def _jobs_table(jobs: list[dict[str, Any]], wide: bool) -> None:
+    now = time.time()
+    columns = ["ID", "TEAM", "STATE", "PRIO", "GPU", "WHERE", "AGE"]
+    if wide:
+        columns += ["CLUSTER", "NODE", "DEVICES", "STARTED", "FINISHED", "EXIT"]
+    rows = []
+    for j in jobs:
+        row = [
+            j["id"],
+            j["team"],
+            j["state"],
+            j["priority"],
+            _slice(j["resources"]),
+            _where(j),
+            relative(j["created_at"], now),
+        ]
+        if wide:
+            row += [
+                j.get("cluster") or "-",
+                j.get("node") or "-",
+                ",".join(str(d) for d in j.get("devices", [])) or "-",
+                relative(j.get("started_at"), now),
+                relative(j.get("finished_at"), now),
+                "-" if j.get("exit_code") is None else j["exit_code"],
+            ]
+        rows.append([*row, j["reason"]["code"] if j.get("reason") else j.get("message") or ""])
+    print_table([*columns, "REASON"], rows)
 
 
 @app.command()
 def describe(
-    ref: str = typer.Argument(..., help="job id (or name: the newest job of that name)"),
+    ref: str = JOB_REF,
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
@@ -138,6 +206,7 @@ def describe(
         job = c.job(ref)
 
     def table(j: dict[str, Any]) -> None:
+        now = time.time()
         rows = [
             ("id", j["id"]),
             ("name", j["name"]),
@@ -150,6 +219,9 @@ def describe(
             ("gpu model", j.get("flavor") or "-"),
             ("time limit", _limit(j.get("time_limit_s"))),
             ("attempts", j["attempts"]),
+            ("created", relative(j["created_at"], now)),
+            ("started", relative(j.get("started_at"), now)),
+            ("finished", relative(j.get("finished_at"), now)),
             ("queue position", j.get("queue_position") or "-"),
             ("exit code", j.get("exit_code")),
             ("message", j.get("message") or ""),
@@ -167,7 +239,7 @@ def describe(
 
 
 @app.command()
-def cancel(ref: str = typer.Argument(...), server: str | None = SERVER_OPTION) -> None:
+def cancel(ref: str = JOB_REF, server: str | None = SERVER_OPTION) -> None:
     """Cancel a job; a running job's process is stopped."""
     with client(server) as c:
         job = c.cancel(ref)
@@ -176,7 +248,7 @@ def cancel(ref: str = typer.Argument(...), server: str | None = SERVER_OPTION) -
 
 @app.command()
 def logs(
-    ref: str = typer.Argument(...),
+    ref: str = JOB_REF,
     tail: int | None = typer.Option(None, "--tail", help="only the last N lines"),
     follow: bool = typer.Option(False, "--follow", "-f", help="wait until the job ends"),
     server: str | None = SERVER_OPTION,
@@ -199,4 +271,4 @@ def logs(
             shown = max(shown, seen)
             if state in FINAL:
                 return
-            time.sleep(0.5)
+            _pause(POLL_S)

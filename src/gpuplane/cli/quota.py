@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -11,17 +11,29 @@ from gpuplane.cli._control_common import (
     SERVER_OPTION,
     Output,
     client,
+    complete_teams,
     emit,
     mib,
     print_table,
 )
+from gpuplane.control.client import ClientError, ControlClient
 
 app = typer.Typer(help="Team quotas.", no_args_is_help=True)
 
 
+QUOTA_FIELDS = (
+    "gpus",
+    "gpu_mem_mib",
+    "borrowing_limit_gpus",
+    "borrowing_limit_mem_mib",
+    "lending_limit_gpus",
+    "lending_limit_mem_mib",
+)
+
+
 @app.command("set")
 def set_(
-    team: str = typer.Argument(...),
+    team: str = typer.Argument(..., autocompletion=complete_teams),
     flavor: str | None = typer.Option(
         None, "--gpu-model", "--flavor", help="GPU model (ResourceFlavor) the quota is for"
     ),
@@ -38,47 +50,67 @@ def set_(
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Set a team's nominal quota on a GPU model, and/or its cohort and weight."""
-    if flavor is None and cohort is None and weight is None:
-        typer.echo("error: give --gpu-model with --gpus, and/or --cohort / --weight", err=True)
-        raise typer.Exit(2)
-    if flavor is not None and gpus is None:
-        typer.echo("error: --gpu-model needs --gpus (the nominal quota)", err=True)
-        raise typer.Exit(2)
-    with client(server) as c:
-        out: dict[str, Any] = {}
-        if cohort is not None or weight is not None:
-            current = {}
-            try:
-                current = c.team(team)
-            except Exception:
-                current = {}
+    """Change a team's quota on a GPU model, its cohort or its weight; what is not given keeps
+    its value (--gpu-model may be left out when the team has one quota)."""
+    values = (gpus, gpu_mem_mib, borrow_gpus, borrow_mem, lend_gpus, lend_mem)
+    quota = {k: v for k, v in zip(QUOTA_FIELDS, values, strict=True) if v is not None}
+    team_fields = {k: v for k, v in (("cohort", cohort), ("weight", weight)) if v is not None}
+    if not quota and not team_fields:
+        _usage(
+            "give what to change: --gpus, --gpu-mem-mib, a --borrowing-limit-* or "
+            "--lending-limit-* option, --cohort or --weight"
+        )
+    with client(server, options=True) as c:
+        current = _team_or_none(c, team)
+        out = current or {}
+        if team_fields:
             out = c.set_team(
                 team,
                 {
-                    "cohort": cohort if cohort is not None else current.get("cohort"),
-                    "weight": weight if weight is not None else current.get("weight", 1.0),
+                    "cohort": out.get("cohort"),
+                    "weight": out.get("weight", 1.0),
+                    **team_fields,
                 },
             )
-        if flavor is not None:
-            out = c.set_quota(
-                team,
-                flavor,
-                {
-                    "gpus": gpus,
-                    "gpu_mem_mib": gpu_mem_mib,
-                    "borrowing_limit_gpus": borrow_gpus,
-                    "borrowing_limit_mem_mib": borrow_mem,
-                    "lending_limit_gpus": lend_gpus,
-                    "lending_limit_mem_mib": lend_mem,
-                },
-            )
+        if quota:
+            flavor, existing = _quota_of(team, current, flavor)
+            body = {k: existing.get(k) for k in QUOTA_FIELDS} | quota
+            if body["gpus"] is None:
+                _usage(f"team {team} has no quota on {flavor} yet: give its nominal --gpus")
+            out = c.set_quota(team, flavor, body)
     emit(out, output, lambda t: _teams_table([t]))
+
+
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _team_or_none(c: ControlClient, team: str) -> dict[str, Any] | None:
+    try:
+        return c.team(team)
+    except ClientError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _quota_of(
+    team: str, current: dict[str, Any] | None, flavor: str | None
+) -> tuple[str, dict[str, Any]]:
+    """The GPU model a quota edit is for and that quota's values now (none if it has none)."""
+    quotas = {q["flavor"]: q for q in (current or {}).get("quotas", [])}
+    if flavor is None:
+        if len(quotas) != 1:
+            have = ", ".join(sorted(quotas)) or "none yet"
+            _usage(f"say which quota of team {team} to change with --gpu-model (it has: {have})")
+        (flavor,) = quotas
+    return flavor, quotas.get(flavor, {})
 
 
 @app.command()
 def show(
-    team: str | None = typer.Argument(None),
+    team: str | None = typer.Argument(None, autocompletion=complete_teams),
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:

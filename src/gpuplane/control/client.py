@@ -151,12 +151,22 @@ def _raise_for(response: httpx.Response) -> None:
         detail = body.get("detail", body) if isinstance(body, dict) else body
     except ValueError:
         body, detail = response.text, response.text
-    if isinstance(detail, list):  # FastAPI validation errors; "body" heads a field of the body
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in _field(d.get('loc', [])))}: {d.get('msg')}" for d in detail
-        )
+    if isinstance(detail, list):
+        detail = "; ".join(f"{field}: {msg}" for field, msg in field_errors(body))
     raise ClientError(str(detail), response.status_code, body)
 
 
-def _field(loc: list[Any]) -> list[Any]:
-    return loc[1:] if loc[:1] == ["body"] and len(loc) > 1 else loc
+def field_errors(body: Any) -> list[tuple[str, str]]:
+    """FastAPI's validation errors in an error body as (field, message), the field as the
+    request names it: `resources.gpu_mem_mib` for `body.resources.gpu_mem_mib`, `state` for
+    `query.state`. Empty for any other body."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, list):
+        return []
+    out = []
+    for d in detail:
+        loc = [str(p) for p in d.get("loc", [])]
+        if loc[:1] and loc[0] in ("body", "query", "path") and len(loc) > 1:
+            loc = loc[1:]
+        out.append((".".join(loc), str(d.get("msg"))))
+    return out

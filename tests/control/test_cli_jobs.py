@@ -1,0 +1,208 @@
+"""`gpuplane job` against a real API in a thread: times, `-o wide`, `--watch`, `--wait`, filters,
+the devices of a finished job, and shell completion of names."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpuplane.cli import job as job_cli
+from gpuplane.control.service import ControlService
+from tests.control.api_server import cli, cli_app, serving
+from tests.control.svc_helpers import config, job, make_service, wait_state
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+QUICK = ["python", "-c", "print('hi')"]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ControlService]:
+    svc = make_service(config(str(tmp_path)))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def url(service: ControlService) -> Iterator[str]:
+    with serving(service) as u:
+        yield u
+
+
+def finished(service: ControlService, command: list[str] = QUICK) -> str:
+    job_id = str(service.submit(job("quick", command=command, gpus=1))["id"])
+    wait_state(service, job_id, "succeeded", "failed")
+    return job_id
+
+
+def spec_file(tmp_path: Path, command: list[str]) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job("waited", command=command, gpus=1)))
+    return str(path)
+
+
+def test_times_are_iso_8601_in_json_and_yaml(service: ControlService, url: str) -> None:
+    job_id = finished(service)
+    code, out = cli(url, "job", "list", "-o", "json")
+    assert code == 0, out
+    (listed,) = json.loads(out)
+    for key in ("created_at", "started_at", "finished_at"):
+        assert ISO.match(listed[key]), listed[key]
+    code, out = cli(url, "job", "describe", job_id, "-o", "yaml")
+    assert ISO.match(yaml.safe_load(out)["finished_at"])
+
+
+def test_tables_show_times_relative_to_now() -> None:
+    from gpuplane.cli._control_common import relative
+
+    assert relative(100.0, now=280.0) == "3m ago"
+    assert relative(7300.0, now=100.0) == "in 2h"
+    assert relative(None, now=100.0) == "-"
+
+
+def test_wide_adds_where_it_ran_when_and_the_exit_code(service: ControlService, url: str) -> None:
+    job_id = finished(service, ["python", "-c", "raise SystemExit(7)"])
+    code, out = cli(url, "job", "list")
+    assert code == 0, out
+    assert "DEVICES" not in out
+    code, out = cli(url, "job", "list", "-o", "wide")
+    assert code == 0, out
+    header, row = out.splitlines()[:2]
+    wide = ["CLUSTER", "NODE", "DEVICES", "STARTED", "FINISHED", "EXIT"]
+    assert header.split() == ["ID", "TEAM", "STATE", "PRIO", "GPU", "WHERE", "AGE", *wide, "REASON"]
+    assert row.startswith(job_id)
+    for cell in (" local ", " n0 ", " 0 ", " 7 "):
+        assert cell in row
+
+
+def test_a_finished_job_shows_the_devices_it_ran_on(service: ControlService, url: str) -> None:
+    job_id = finished(service)
+    code, out = cli(url, "job", "describe", job_id, "-o", "json")
+    assert code == 0, out
+    described = json.loads(out)
+    assert described["state"] == "succeeded"
+    assert described["devices"] == [0]
+    code, out = cli(url, "job", "list")
+    assert "local/n0 [0]" in out
+
+
+def test_watch_prints_a_json_line_per_change_until_ctrl_c(
+    service: ControlService, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = str(service.submit(job("first", gpus=1))["id"])
+    polls: list[float] = []
+
+    def pause(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 1:
+            service.submit(job("second", gpus=1))
+        elif len(polls) == 3:  # the second poll saw no change
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    code, out = cli(url, "job", "list", "--watch", "--interval", "5", "-o", "json")
+    assert code == 0, out
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [j["name"] for j in lines] == ["first", "second"]
+    assert lines[0]["id"] == first
+    assert polls == [5.0, 5.0, 5.0]
+
+
+def test_watch_re_renders_the_table_and_bounds_the_interval(
+    service: ControlService, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.submit(job("first", gpus=1))
+    polls: list[float] = []
+
+    def pause(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 1:
+            service.submit(job("second", gpus=1))
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    code, out = cli(url, "job", "list", "--watch")
+    assert code == 0, out
+    assert out.count("REASON") == 2  # rendered once, then again when `second` came
+    assert "second" in out.split("REASON")[-1]
+    code, out = cli(url, "job", "list", "--watch", "--interval", "0.01")
+    assert code == 2
+    assert "--interval" in out
+
+
+def test_submit_wait_exits_with_the_jobs_exit_code(
+    service: ControlService, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pause(_: float) -> None:
+        service.tick()
+        time.sleep(0.05)
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    spec = spec_file(tmp_path, ["python", "-c", "raise SystemExit(3)"])
+    code, out = cli(url, "job", "submit", spec, "--wait")
+    assert code == 3, out
+    assert "failed" in out
+    spec = spec_file(tmp_path, QUICK)
+    code, out = cli(url, "job", "submit", spec, "--wait", "-o", "json")
+    assert code == 0, out
+
+
+def test_submit_wait_exits_1_with_the_reason_for_a_job_without_an_exit_code(
+    service: ControlService, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pause(_: float) -> None:
+        service.cancel("waited")
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    code, out = cli(url, "job", "submit", spec_file(tmp_path, ["sleep", "30"]), "--wait")
+    assert code == 1, out
+    assert "cancelled" in out.splitlines()[-1]
+
+
+def test_an_unknown_filter_value_is_refused_with_the_valid_ones(url: str) -> None:
+    code, out = cli(url, "job", "list", "--state", "pendin")
+    assert code == 1
+    assert "unknown job state 'pendin' (did you mean 'pending'?)" in out
+    assert "valid: admitted, cancelled, failed, pending, running, succeeded" in out
+    code, out = cli(url, "job", "list", "--team", "reserch")
+    assert code == 1
+    assert "unknown team 'reserch' (did you mean 'research'?); valid: research" in out
+
+
+def complete(url: str, words: str) -> list[str]:
+    """What bash would offer after `words` (the last one is the word being completed)."""
+    args = words.split(" ")
+    result = CliRunner().invoke(
+        cli_app,
+        [],
+        prog_name="gpuplane",
+        env={
+            "_GPUPLANE_COMPLETE": "complete_bash",
+            "COMP_WORDS": f"gpuplane {words}",
+            "COMP_CWORD": str(len(args)),
+            "GPUPLANE_SERVER": url,
+        },
+    )
+    assert result.exit_code == 0, result.output
+    return [line for line in result.output.splitlines() if line]
+
+
+def test_completion_offers_job_team_and_cluster_names(service: ControlService, url: str) -> None:
+    job_id = str(service.submit(job("trainer", gpus=1))["id"])
+    other = str(service.submit(job("other", gpus=1))["id"])
+    assert complete(url, "job describe tra") == sorted([job_id, "trainer"])  # ids and names
+    assert complete(url, "job cancel ") == sorted([job_id, "trainer", other, "other"])
+    assert complete(url, "job list --team r") == ["research"]
+    assert complete(url, "quota show ") == ["research"]
+    assert complete(url, "cluster describe ") == ["local"]
+
+
+def test_completion_is_silent_when_the_control_plane_is_down() -> None:
+    assert complete("http://127.0.0.1:9", "job describe ") == []
