@@ -140,7 +140,7 @@ def test_refuses_to_resume_another_pipeline_version(run_toy: RunFn) -> None:
 
 def test_report_has_the_three_plots(run_toy: RunFn, tmp_path: Path) -> None:
     summary = run_toy("a")
-    html = write_report(summary, tmp_path / "r.html").read_text()
+    html = write_report(summary, tmp_path / "a").read_text()
     for title in ("Time per stage", "Device utilisation over time", "Cache hit rate per stage"):
         assert f"<h2>{title}</h2><svg" in html
     util = summary["timeline"]["utilisation"]

@@ -72,7 +72,7 @@ def test_sigkilled_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> Non
     assert (first["status"], first["done"], last["done"]) == ("interrupted", len(done_at_kill),
                                                               12 - len(done_at_kill))  # fmt: skip
 
-    assert "<td>interrupted</td>" in write_report(summary, tmp_path / "r.html").read_text()
+    assert "<td>interrupted</td>" in write_report(summary, out).read_text()
 
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
     ids = [x["clip"] for x in lines]

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.metrics import Timeline
 from gpuplane.batch.report import compare_runs
+from gpuplane.batch.summary import finite
 from gpuplane.cli.batch import app
 from tests.batch.conftest import TOY, write_clips
 from tests.batch.test_driver import expected, outputs
@@ -163,3 +164,11 @@ def test_run_json_is_strict_json_when_a_stage_is_planned_as_free(tmp_path: Path)
     assert strict_json(res.output)["plan"] == run["plan"]
     assert set(run["plan"]["rates"].values()) == {None}
     assert any("rate unbounded" in n for n in run["plan"]["notes"])
+
+
+def test_a_metric_json_cannot_hold_is_null_with_a_note() -> None:
+    doc = {"aggregate": {"min_ttc_s": float("inf"), "n": 3}, "rows": [1.0, float("nan")]}
+    clean, nulls = finite(doc)
+    assert clean == {"aggregate": {"min_ttc_s": None, "n": 3}, "rows": [1.0, None]}
+    assert nulls == {"aggregate.min_ttc_s": "inf (JSON has no infinity)",
+                     "rows[1]": "nan (JSON has no NaN)"}  # fmt: skip

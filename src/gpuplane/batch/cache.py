@@ -72,6 +72,11 @@ class CacheStats:
         return self.by_stage.setdefault(stage, StageStats())
 
 
+def stage_dir(root: str, stage: str) -> str:
+    """Where a stage's entries lie under a cache root or URL (the run report links it)."""
+    return f"{root.rstrip('/')}/{stage}/"
+
+
 def encode(value: Any) -> bytes:
     payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return MAGIC + hashlib.sha256(payload).digest() + payload
@@ -101,7 +106,7 @@ class StageCache:
         return (StageCache, (self.url, self.storage_options))
 
     def path(self, stage: str, key: str) -> str:
-        return f"{self.root}/{stage}/{key[:2]}/{key}{SUFFIX}"
+        return f"{stage_dir(self.root, stage)}{key[:2]}/{key}{SUFFIX}"
 
     def get(self, stage: str, key: str) -> tuple[bool, Any]:
         """(True, value) on a verified hit; (False, None) on a miss or a corrupt entry."""

@@ -12,6 +12,7 @@ time, cache I/O, prefetch peaks, timeline) is one entry of run.json's `invocatio
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ RUN = "run.json"
 JOURNAL = "results.jsonl"
 ERRORS = "errors.jsonl"
 DERIVED = ("status", "started_at", "finished_at", "wall_s", "clips", "throughput_clips_per_s",
-           "device_seconds", "stages", "timeline", "aggregate", "invocations")  # fmt: skip
+           "device_seconds", "stages", "timeline", "aggregate", "invocations", "nulls")  # fmt: skip
 """run.json's keys folded by `RunRecord.close`; the others are the latest invocation's header."""
 
 
@@ -40,6 +41,28 @@ def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=2, default=str, allow_nan=False))
     tmp.replace(path)
+
+
+def finite(doc: Any, where: str = "") -> tuple[Any, dict[str, str]]:
+    """`doc` with each NaN or infinity (JSON has neither; a pipeline's metric may be one, e.g.
+    the minimum of nothing) as None, and a note per replaced value keyed by its path."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None, {where: f"{doc} (JSON has no {'NaN' if math.isnan(doc) else 'infinity'})"}
+    notes: dict[str, str] = {}
+    if isinstance(doc, Mapping):
+        out: dict[Any, Any] = {}
+        for k, v in doc.items():
+            out[k], more = finite(v, f"{where}.{k}" if where else str(k))
+            notes |= more
+        return out, notes
+    if isinstance(doc, list | tuple):
+        items = []
+        for i, v in enumerate(doc):
+            item, more = finite(v, f"{where}[{i}]")
+            items.append(item)
+            notes |= more
+        return items, notes
+    return doc, notes
 
 
 def run_header(
@@ -75,6 +98,7 @@ class ErrorLog:
     per_clip: Counter[str] = field(default_factory=Counter)
     per_stage: Counter[str] = field(default_factory=Counter)
     per_invocation: Counter[int] = field(default_factory=Counter)
+    stage_of: dict[str, str] = field(default_factory=dict)  # the stage of a clip's last failure
 
 
 def read_errors(path: Path) -> ErrorLog:
@@ -87,6 +111,7 @@ def read_errors(path: Path) -> ErrorLog:
         except ValueError:
             continue  # torn by a kill (maybe with the next line appended): that attempt is lost
         log.per_clip[e["clip"]] += 1
+        log.stage_of[e["clip"]] = e["stage"]
         log.per_stage[e["stage"]] += 1
         log.per_invocation[e.get("invocation", 0)] += 1  # 0: written before invocations were
     return log
@@ -260,8 +285,10 @@ class RunRecord:
         }
         if fold.aggregate is not None:
             summary["aggregate"] = fold.aggregate
-        write_json(self.out / RUN, summary)
-        return summary
+        clean, nulls = finite(summary)
+        doc: dict[str, Any] = clean | ({"nulls": nulls} if nulls else {})
+        write_json(self.out / RUN, doc)
+        return doc
 
 
 def _prior(out: Path, pipeline: Pipeline) -> dict[str, Any]:

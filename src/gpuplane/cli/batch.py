@@ -217,7 +217,7 @@ def run(
         finally:
             obs.stop()
         if cfg.report:
-            summary["report"] = str(write_report(summary, out_dir / "report.html"))
+            summary["report"] = str(write_report(summary, out_dir))
         summary["out_dir"] = str(out_dir)
         return summary
 
@@ -256,9 +256,10 @@ def _print_run(summary: Mapping[str, Any]) -> None:
         f"device-seconds {summary['device_seconds']:.1f}"
     )
     if summary.get("aggregate"):
-        agg = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in summary["aggregate"].items())  # fmt: skip
-        typer.echo(f"aggregate: {agg}")
+        agg: Mapping[str, Any] = summary["aggregate"]  # None: see run.json's nulls
+        shown = {k: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else v
+                 for k, v in agg.items()}  # fmt: skip
+        typer.echo("aggregate: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     typer.echo(f"run directory: {summary['out_dir']}")
     if "report" in summary:
         typer.echo(f"report: {summary['report']}")
