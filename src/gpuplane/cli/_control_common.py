@@ -54,12 +54,8 @@ def client(server: str | None, *, options: bool = False) -> Iterator[ControlClie
             yield c
     except ClientError as exc:
         where = f" (HTTP {exc.status})" if exc.status else ""
-        errors = field_errors(exc.body)
-        message = (
-            "; ".join(f"{_option(f) if options else f}: {msg}" for f, msg in errors)
-            if errors
-            else str(exc)
-        )
+        errors = field_errors(exc.body) if options else []
+        message = "; ".join(f"{_option(f)}: {msg}" for f, msg in errors) or str(exc)
         err_console.print(f"[red]error{where}:[/red] {message}", highlight=False)
         body = exc.body if isinstance(exc.body, dict) else {}
         for reason in body.get("reasons", []):
@@ -82,11 +78,11 @@ def _option(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def emit(data: Any, output: Output, table: Callable[[Any], None], *, compact: bool = False) -> None:
-    """Print `data` as JSON (one line if `compact`), YAML, or with the command's own table
-    renderer (which reads `-o wide` itself); times (`*_at`) as ISO-8601 in JSON and YAML."""
+def emit(data: Any, output: Output, table: Callable[[Any], None]) -> None:
+    """Print `data` as JSON, YAML, or with the command's own table renderer (which reads
+    `-o wide` itself); times (`*_at`) as ISO-8601 in JSON and YAML."""
     if output == Output.json:
-        typer.echo(json.dumps(iso_times(data), indent=None if compact else 2))
+        typer.echo(json.dumps(iso_times(data), indent=2))
     elif output == Output.yaml:
         typer.echo(yaml.safe_dump(iso_times(data), sort_keys=False).rstrip())
     else:
