@@ -206,3 +206,12 @@ def test_completion_offers_job_team_and_cluster_names(service: ControlService, u
 
 def test_completion_is_silent_when_the_control_plane_is_down() -> None:
     assert complete("http://127.0.0.1:9", "job describe ") == []
+
+
+def test_a_spec_that_is_not_a_mapping_is_refused_naming_the_file(url: str, tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- name: a\n- name: b\n")
+    code, out = cli(url, "job", "submit", str(path))
+    assert code == 1
+    assert f"{path} holds a YAML list; a job spec is a mapping of its fields" in out
+    assert "body" not in out

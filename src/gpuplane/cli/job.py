@@ -83,6 +83,11 @@ def submit(
         fail(f"{file} does not exist")
     except yaml.YAMLError as exc:
         fail(f"{file} is not valid YAML: {exc}")
+    if not isinstance(spec, dict):
+        fail(
+            f"{file} holds a YAML {type(spec).__name__}; a job spec is a mapping of its fields "
+            "(name, team, command, resources, ...): see examples/control/hello.yaml"
+        )
     with client(server) as c:
         out = c.submit(spec, dry_run=dry_run)
 
