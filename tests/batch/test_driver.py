@@ -101,7 +101,7 @@ def test_corrupt_stage_a_entry_is_recomputed(run_toy: RunFn, tmp_path: Path) -> 
     p = again["stages"]["perception"]
     assert (p["computed"], p["cached"], p["cache"]["corrupt"]) == (1, 11, 1)
     assert victim.exists()  # rewritten, valid again
-    assert cache.get("perception", entries[0].key)[0]
+    assert cache.get("perception", "1", entries[0].key)[0]
 
 
 def test_failing_clip_is_reported_and_retried_next_run(tmp_path: Path, run_toy: RunFn) -> None:

@@ -76,7 +76,7 @@ def test_report_has_a_clean_summary_and_one_sortable_row_per_clip(
     assert page.scripts == 1  # the sort, inline
 
     cache_dirs = [link for link in page.links if link.startswith("file://")]
-    assert cache_dirs == [(tmp_path / "cache" / n).as_uri() + "/" for n in
+    assert cache_dirs == [(tmp_path / "cache" / n / "1").as_uri() + "/" for n in
                           ("perception", "size_check", "sum_check", "parity_check")]  # fmt: skip
 
 

@@ -1,11 +1,13 @@
 """The stage cache: version-keyed entries on any fsspec URL, atomic writes, digest-checked reads.
 
-An entry lives at `<root>/<stage>/<key[:2]>/<key>.gpc` and is `MAGIC + sha256(payload) +
-payload` (payload = pickle). A write goes to a unique temp name and is renamed into place, so a
-reader sees a whole entry or none, and concurrent writers of the same key (which write the same
-bytes) cannot corrupt each other: the last rename wins. A read whose digest does not match is
-deleted and reported as a miss, so a corrupt entry is recomputed, never used. The cache is
-trusted storage (pickle): point it only at a location your team controls.
+An entry lives at `<root>/<stage>/<version>/<key[:2]>/<key>.gpc` (the version URL-quoted; under
+it so `cache ls|du` show it and `cache gc --superseded` can drop versions no run uses) and is
+`MAGIC + sha256(payload) + payload` (payload = pickle). A write goes to a unique temp name and
+is renamed into place, so a reader sees a whole entry or none, and concurrent writers of the
+same key (which write the same bytes) cannot corrupt each other: the last rename wins. A read
+whose digest does not match is deleted and reported as a miss, so a corrupt entry is
+recomputed, never used. The cache is trusted storage (pickle): point it only at a location your
+team controls.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import json
 import pickle
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 import fsspec
 
@@ -62,6 +65,7 @@ class Entry:
     path: str
     size: int
     mtime: float
+    version: str | None = None  # None: a temp file, or an entry of the layout without versions
 
 
 @dataclass(slots=True)
@@ -72,9 +76,9 @@ class CacheStats:
         return self.by_stage.setdefault(stage, StageStats())
 
 
-def stage_dir(root: str, stage: str) -> str:
-    """Where a stage's entries lie under a cache root or URL (the run report links it)."""
-    return f"{root.rstrip('/')}/{stage}/"
+def stage_dir(root: str, stage: str, version: str) -> str:
+    """Where a stage version's entries lie under a cache root or URL (the run report links it)."""
+    return f"{root.rstrip('/')}/{stage}/{quote(version, safe='')}/"
 
 
 def encode(value: Any) -> bytes:
@@ -105,12 +109,12 @@ class StageCache:
     def __reduce__(self) -> tuple[Any, ...]:
         return (StageCache, (self.url, self.storage_options))
 
-    def path(self, stage: str, key: str) -> str:
-        return f"{stage_dir(self.root, stage)}{key[:2]}/{key}{SUFFIX}"
+    def path(self, stage: str, version: str, key: str) -> str:
+        return f"{stage_dir(self.root, stage, version)}{key[:2]}/{key}{SUFFIX}"
 
-    def get(self, stage: str, key: str) -> tuple[bool, Any]:
+    def get(self, stage: str, version: str, key: str) -> tuple[bool, Any]:
         """(True, value) on a verified hit; (False, None) on a miss or a corrupt entry."""
-        path = self.path(stage, key)
+        path = self.path(stage, version, key)
         try:
             blob = self.fs.cat_file(path)
         except FileNotFoundError:
@@ -126,13 +130,13 @@ class StageCache:
         self._count(stage, hits=1, bytes_read=len(blob))
         return True, value
 
-    def contains(self, stage: str, key: str) -> bool:
-        return bool(self.fs.exists(self.path(stage, key)))
+    def contains(self, stage: str, version: str, key: str) -> bool:
+        return bool(self.fs.exists(self.path(stage, version, key)))
 
-    def put(self, stage: str, key: str, value: Any) -> int:
+    def put(self, stage: str, version: str, key: str, value: Any) -> int:
         """Write atomically (temp + rename); returns the bytes written."""
         blob = encode(value)
-        path = self.path(stage, key)
+        path = self.path(stage, version, key)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         try:
@@ -175,16 +179,16 @@ class StageCache:
             for name, info in files.items():
                 if name.startswith(PROFILE):
                     continue
-                rel = f"{dirpath}/{name}"[len(self.root) + 1 :]
-                stage = rel.split("/", 1)[0]
+                parts = f"{dirpath}/{name}"[len(self.root) + 1 :].split("/")
                 is_entry = name.endswith(SUFFIX)
                 key = name[: -len(SUFFIX)] if is_entry else name
                 yield Entry(
-                    stage if is_entry else "<tmp>",
+                    parts[0] if is_entry else "<tmp>",
                     key,
                     f"{dirpath}/{name}",
                     int(info.get("size") or 0),
                     info_mtime(info),
+                    unquote(parts[1]) if is_entry and len(parts) == 4 else None,
                 )
 
     def remove(self, entry: Entry) -> None:
@@ -212,14 +216,24 @@ class GcPlan:
     freed_bytes: int
 
 
+def is_superseded(entry: Entry, used: Mapping[str, Set[str]]) -> bool:
+    """An entry of a stage some run used, of a version none of them used (or of no version: the
+    layout before versions, which nothing reads). Stages no run names are never superseded."""
+    versions = used.get(entry.stage, set())
+    return bool(versions) and entry.version not in versions
+
+
 def plan_gc(
     entries: list[Entry],
     now: float,
     max_age_s: float | None = None,
     max_bytes: int | None = None,
     tmp_grace_s: float = 3600.0,
+    used: Mapping[str, Set[str]] | None = None,
 ) -> GcPlan:
-    """Evict entries older than `max_age_s`, then the oldest until the rest fit in `max_bytes`.
+    """Evict entries of superseded versions (`used`: the versions runs used per stage, see
+    `is_superseded`) and entries older than `max_age_s`, then the oldest until the rest fit in
+    `max_bytes`.
 
     Temp files of crashed writers older than `tmp_grace_s` go too; younger ones may belong to a
     writer still running.
@@ -233,7 +247,9 @@ def plan_gc(
     for e in entries:
         if e.stage == "<tmp>":
             (drop if now - e.mtime > tmp_grace_s else keep).append(e)
-        elif max_age_s is not None and now - e.mtime > max_age_s:
+        elif (used is not None and is_superseded(e, used)) or (
+            max_age_s is not None and now - e.mtime > max_age_s
+        ):
             drop.append(e)
         else:
             keep.append(e)
@@ -249,6 +265,16 @@ def plan_gc(
     drop_paths = {e.path for e in drop}
     kept = sum(e.size for e in entries if e.path not in drop_paths)
     return GcPlan(tuple(drop), kept, sum(e.size for e in drop))
+
+
+def human_size(n: int) -> str:
+    """Bytes as people read them: 512 B, 1.5 KiB, 20.0 MiB, 3.2 GiB (units `parse_size` reads)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def parse_size(text: str) -> int:

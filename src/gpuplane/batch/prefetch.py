@@ -40,7 +40,7 @@ class Fetch:
         clip = ClipState(known, cache_keys(self.pipeline, known.fingerprint))
         if self.cache is not None:
             for s in self.pipeline.looked_up():
-                hit, value = self.cache.get(s.name, clip.keys[s.name])
+                hit, value = self.cache.get(s.name, s.version, clip.keys[s.name])
                 if hit:
                     clip.values[s.name] = value
                     clip.hits.append(s.name)

@@ -66,7 +66,7 @@ def expected_hits(
     for ref in probe:
         keys = cache_keys(pipeline, ref.fingerprint)
         for s in pipeline.looked_up():
-            if cache.contains(s.name, keys[s.name]):
+            if cache.contains(s.name, s.version, keys[s.name]):
                 hits[s.name] += 1
     return {name: n / len(probe) for name, n in hits.items()}
 

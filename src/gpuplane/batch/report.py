@@ -127,11 +127,12 @@ def runner_words(summary: Mapping[str, Any]) -> str:
     return str(r.get("runner", "unknown"))
 
 
-def cache_link(cache_url: str | None, stage: str) -> Markup:
-    """A link to the directory of a stage's cache entries (a local one opens in the browser)."""
+def cache_link(cache_url: str | None, stage: str, version: str) -> Markup:
+    """A link to the directory of a stage version's cache entries (a local one opens in the
+    browser)."""
     if not cache_url:
         return Markup("no cache")
-    where = stage_dir(cache_url, stage)
+    where = stage_dir(cache_url, stage, version)
     if "://" in where and not where.startswith("file://"):
         return Markup(f"<code>{html.escape(where)}</code>")
     href = Path(where.removeprefix("file://")).resolve().as_uri() + "/"
@@ -239,7 +240,8 @@ def write_report(summary: Mapping[str, Any], run_dir: Path, path: Path | None = 
         rows = [[k, "null (see run.json's nulls)" if v is None else v]
                 for k, v in summary["aggregate"].items()]  # fmt: skip
         parts.append("<h2>Aggregate over all clips</h2>" + _table(rows, ["metric", "value"]))
-    links = [cache_link(summary.get("cache_url"), name) for name in summary.get("stages", {})]
+    versions, url = summary.get("versions", {}), summary.get("cache_url")
+    links = [cache_link(url, name, versions.get(name, "")) for name in summary.get("stages", {})]
     rows = [[*r, link] for r, link in zip(stage_rows(summary), links, strict=True)]
     parts.append("<h2>Stages</h2>" + _table(rows, [*STAGE_HEAD, "cache entries"]))
     parts.append("<h2>Invocations</h2>" + _table(invocation_rows(summary), INVOCATION_HEAD))

@@ -291,6 +291,23 @@ class RunRecord:
         return doc
 
 
+def used_versions(runs_dir: Path) -> dict[str, set[str]]:
+    """Per stage, the versions that the runs under `runs_dir` recorded in their run.json (what
+    `cache gc --superseded` keeps)."""
+    used: dict[str, set[str]] = {}
+    for path in sorted(runs_dir.glob(f"*/{RUN}")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BatchError(
+                f"cannot read {path} ({exc}): its run's cache versions are unknown; repair or "
+                "delete that run directory, or gc without --superseded"
+            ) from None
+        for stage, version in doc.get("versions", {}).items():
+            used.setdefault(stage, set()).add(str(version))
+    return used
+
+
 def _prior(out: Path, pipeline: Pipeline) -> dict[str, Any]:
     path = out / RUN
     if not path.exists() or not (out / JOURNAL).exists():

@@ -12,8 +12,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gpuplane.batch.cache import Entry, StageCache, parse_age, parse_size, plan_gc
+from gpuplane.batch.cache import Entry, StageCache, human_size, parse_age, parse_size, plan_gc
 from gpuplane.batch.errors import BatchError
+from gpuplane.batch.pipeline import load_pipeline
+from gpuplane.batch.summary import used_versions
 from gpuplane.cli._batch_common import (
     CACHE_OPTION,
     CONFIG_OPTION,
@@ -22,6 +24,7 @@ from gpuplane.cli._batch_common import (
     batch_settings,
     emit,
     guard,
+    key_help,
     stdout,
 )
 
@@ -49,12 +52,16 @@ def cache_ls(
         emit([dataclasses.asdict(e) for e in entries], output)
         return
     t = Table()
-    for col in ("stage", "key", "bytes", "age"):
+    for col in ("stage", "version", "key", "size", "age"):
         t.add_column(col)
     now = time.time()
-    for e in sorted(entries, key=lambda e: (e.stage, e.key)):
-        t.add_row(e.stage, e.key[:16], str(e.size), f"{now - e.mtime:.0f} s")
+    for e in sorted(entries, key=lambda e: (e.stage, e.version or "", e.key)):
+        t.add_row(e.stage, _version(e), e.key[:16], human_size(e.size), f"{now - e.mtime:.0f} s")
     stdout().print(t)
+
+
+def _version(e: Entry) -> str:
+    return "-" if e.version is None else e.version  # None: a temp file or an unversioned entry
 
 
 @app.command("du")
@@ -63,22 +70,26 @@ def cache_du(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Entries and bytes per stage."""
-    usage: dict[str, dict[str, int]] = {}
+    """Entries and bytes per stage and per stage version."""
+    usage: dict[str, dict[str, Any]] = {}
     for e in _entries(config, cache):
-        u = usage.setdefault(e.stage, {"entries": 0, "bytes": 0})
-        u["entries"] += 1
-        u["bytes"] += e.size
+        u = usage.setdefault(e.stage, {"entries": 0, "bytes": 0, "versions": {}})
+        v = u["versions"].setdefault(e.version, {"entries": 0, "bytes": 0})
+        for counts in (u, v):
+            counts["entries"] += 1
+            counts["bytes"] += e.size
     if output is not Output.table:
         emit(usage, output)
         return
     t = Table()
-    for col in ("stage", "entries", "bytes"):
+    for col in ("stage", "version", "entries", "size"):
         t.add_column(col)
     for name, u in sorted(usage.items()):
-        t.add_row(name, str(u["entries"]), str(u["bytes"]))
-    t.add_row("total", str(sum(u["entries"] for u in usage.values())),
-              str(sum(u["bytes"] for u in usage.values())))  # fmt: skip
+        for version, v in sorted(u["versions"].items(), key=lambda kv: kv[0] or ""):
+            t.add_row(name, "-" if version is None else version, str(v["entries"]),
+                      human_size(v["bytes"]))  # fmt: skip
+    t.add_row("total", "", str(sum(u["entries"] for u in usage.values())),
+              human_size(sum(u["bytes"] for u in usage.values())))  # fmt: skip
     stdout().print(t)
 
 
@@ -87,21 +98,34 @@ def cache_gc(
     cache: str | None = CACHE_OPTION,
     max_age: str | None = typer.Option(None, help="drop entries older than this (30m, 12h, 7d)"),
     max_size: str | None = typer.Option(None, help="then drop the oldest until under (10G)"),
+    superseded: bool = typer.Option(
+        False, help="drop stage versions that no run under the runs dir (nor --pipeline) used"
+    ),
+    runs_dir: str | None = typer.Option(None, help=key_help("runs_dir")),
+    pipeline: str | None = typer.Option(
+        None, help="with --superseded: this pipeline's stage versions are kept too"
+    ),
     dry_run: bool = typer.Option(False, help="say what would go, remove nothing"),
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Evict entries by age and total size (oldest first)."""
+    """Evict entries of superseded stage versions, by age and by total size (oldest first)."""
 
     def go() -> dict[str, Any]:
-        if max_age is None and max_size is None:
-            raise BatchError("say what to evict: --max-age 7d and/or --max-size 10G")
-        store = _store(config, cache)
+        if not superseded and max_age is None and max_size is None:
+            raise BatchError("say what to evict: --superseded, --max-age 7d and/or --max-size 10G")
+        cfg = batch_settings(config, cache_url=cache, runs_dir=runs_dir)
+        used = used_versions(Path(cfg.runs_dir)) if superseded else None
+        if used is not None and pipeline is not None:
+            for s in load_pipeline(pipeline).stages:
+                used.setdefault(s.name, set()).add(s.version)
+        store = StageCache(cfg.cache_url)
         gc = plan_gc(
             list(store.entries()),
             time.time(),
             parse_age(max_age) if max_age else None,
             parse_size(max_size) if max_size else None,
+            used=used,
         )
         if not dry_run:
             for e in gc.remove:
@@ -115,6 +139,6 @@ def cache_gc(
     else:
         verb = "would remove" if dry_run else "removed"
         typer.echo(
-            f"{verb} {doc['removed']} entries ({doc['freed_bytes']} bytes); "
-            f"{doc['kept_bytes']} bytes kept"
+            f"{verb} {doc['removed']} entries ({human_size(doc['freed_bytes'])}); "
+            f"{human_size(doc['kept_bytes'])} kept"
         )

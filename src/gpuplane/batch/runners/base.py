@@ -85,7 +85,7 @@ class Worker:
         end = time.time()
         written = 0
         if task.key is not None and self.cache is not None:
-            written = self.cache.put(task.stage, task.key, value)
+            written = self.cache.put(task.stage, bound.stage.version, task.key, value)
         return TaskResult(value, start, end, written, self.ident)
 
 
