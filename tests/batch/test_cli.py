@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.batch import app
+from tests.batch.test_report import clip_table, parse
 from tests.batch.test_summary import strict_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,9 @@ def test_run_rerun_with_bump_and_compare(drive_clips: Path, tmp_path: Path) -> N
     assert "report:" in a.output
     assert "aggregate: clips 3, lane_departures" in a.output
     assert (tmp_path / "a" / "report.html").read_text().count("<svg") >= 3
+    head, *rows = clip_table(parse(tmp_path / "a" / "report.html"))
+    assert len(rows) == 3
+    assert "lane_rules.departures (reduced)" in head  # a stage's dict output, a column per key
     run = strict_json((tmp_path / "a" / "run.json").read_text())  # no Infinity from a metric
     # no obstacle ahead in these clips: the minimum time to collision is infinite
     assert run["aggregate"]["min_ttc_s"] is None

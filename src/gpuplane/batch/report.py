@@ -139,6 +139,18 @@ def cache_link(cache_url: str | None, stage: str, version: str) -> Markup:
     return Markup(f'<a href="{html.escape(href)}">{html.escape(where)}</a>')
 
 
+def _flat(out: Mapping[str, Any]) -> dict[str, Any]:
+    """A clip's reduced output one level flat: {"lane_rules": {"departures": 3}} becomes
+    {"lane_rules.departures": 3}, one column each."""
+    flat: dict[str, Any] = {}
+    for k, v in out.items():
+        if isinstance(v, Mapping):
+            flat |= {f"{k}.{k2}": v2 for k2, v2 in v.items()}
+        else:
+            flat[k] = v
+    return flat
+
+
 def _metric(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -157,10 +169,11 @@ def clip_rows(summary: Mapping[str, Any], run_dir: Path) -> tuple[list[str], lis
         unresolved.discard(rec["clip"])
         if len(records) < MAX_CLIP_ROWS:
             records.append(rec)
-    metrics = list(dict.fromkeys(k for r in records for k in r.get("out") or {}))
+    outs = {r["clip"]: _flat(r.get("out") or {}) for r in records}
+    metrics = list(dict.fromkeys(k for out in outs.values() for k in out))
     rows: list[list[Any]] = []
     for rec in sorted(records, key=lambda r: r["clip"]):
-        hits, out = set(rec.get("hits", ())), rec.get("out") or {}
+        hits, out = set(rec.get("hits", ())), outs[rec["clip"]]
         outcome = ["cached" if n in hits else "computed" for n in stages]
         rows.append([rec["clip"], "done", rec.get("attempts", 1), *outcome,
                      *(_metric(out[k]) if k in out else "" for k in metrics)])  # fmt: skip
