@@ -24,5 +24,10 @@ async def test_admin_state_lists_each_instance_once_with_its_model_and_state() -
         ("m", "crash_looping"),
     ]
     assert [(i["in_flight"], i["capacity"]) for i in instances] == [(0, 2)] * 3
-    assert [i["last_error"] for i in instances] == [None, None, SEGV]
+    # why each went down: a request's failure, or its engine's last exit
+    assert [i["last_error"] for i in instances] == [
+        "1 failure(s) in a row, the last (connect): refused",
+        None,
+        SEGV,
+    ]
     assert state["models"] == [{"name": "m", "queued": 0, "queued_by_tenant": {}}]

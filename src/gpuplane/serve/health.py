@@ -38,9 +38,10 @@ class InstanceHealth:
         count until `failure_threshold` in a row. `detail` says what failed, for the log."""
         n = self._failures[instance_id] = self._failures[instance_id] + 1
         if kind is FailureKind.CONNECT or n >= self.failure_threshold:
-            self._set(
-                instance_id, False, f"{n} failure(s) in a row, the last ({kind.value}): {detail}"
-            )
+            why = f"{n} failure(s) in a row, the last ({kind.value}): {detail}"
+            if self.slots.get(instance_id).healthy:
+                self.slots.get(instance_id).last_error = why  # what /admin/state shows
+            self._set(instance_id, False, why)
 
     def report_engine(
         self, instance_id: str, *, up: bool, error: str | None, crash_looping: bool
@@ -66,7 +67,7 @@ class InstanceHealth:
         known = "; ".join(str(i.last_error) for i in insts if i.last_error)
         return (
             f"all {len(insts)} instances of model '{model}' are unhealthy; retry later or "
-            "check the engines" + (f". Their last exits: {known}" if known else "")
+            "check the engines" + (f". Their last errors: {known}" if known else "")
         )
 
     def _set(self, instance_id: str, healthy: bool, why: str) -> None:
