@@ -1,8 +1,11 @@
-"""Shared fixtures: the anyio backend, free ports, and a gateway served on a real socket."""
+"""Shared fixtures: the anyio backend, free ports, settings for a gateway, and logging that no
+test leaves configured for the next."""
 
 from __future__ import annotations
 
+import logging
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +14,18 @@ import pytest
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Commands run through Typer's runner call `logs.configure()`, which points the root logger
+    at the runner's stderr; once that is closed, a later test's log lines would become logging
+    errors in its output. Put the root logger back after each test."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def free_port() -> int:
