@@ -1,4 +1,6 @@
-"""Shared fixtures of the control tests: nothing a test started outlives it; one PostgreSQL server.
+"""Shared fixtures of the control tests: nothing a test started outlives it; one PostgreSQL server;
+a service on embedded defaults (`service`) and the API over it in-process (`client`), which a test
+module replaces by defining its own.
 
 `no_job_outlives_the_test` runs for every test that has a `tmp_path` (the state dir of its
 services and adapters). Its teardown comes after the test's own fixtures closed what they
@@ -13,9 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters._procs import JobProcess, JobRecord, session_orphans
+from gpuplane.control.api import create_app
+from gpuplane.control.service import ControlService
 from tests.control.pg_server import create_database, postgres_server
+from tests.control.svc_helpers import config, make_service
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +48,16 @@ def pg_database() -> Iterator[Callable[[], str]]:
     names = itertools.count()
     with postgres_server() as url:
         yield lambda: create_database(url, f"t{next(names)}")
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ControlService]:
+    svc = make_service(config(str(tmp_path)))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def client(service: ControlService) -> Iterator[TestClient]:
+    with TestClient(create_app(service, background=False)) as c:
+        yield c

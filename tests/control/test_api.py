@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import A100, config, job, make_service, wait_state
+from tests.control.svc_helpers import A100, job, wait_state
 
 HELLO = {
     "name": "hello",
@@ -18,19 +13,6 @@ HELLO = {
     "command": ["python", "-c", "print(42)"],
     "resources": {"gpu_mem_mib": 10240, "gpu_cores_pct": 25},
 }
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
-
-
-@pytest.fixture
-def client(service: ControlService) -> Iterator[TestClient]:
-    with TestClient(create_app(service, background=False)) as c:
-        yield c
 
 
 def test_openapi_lists_the_resources(client: TestClient) -> None:

@@ -16,17 +16,10 @@ from typer.testing import CliRunner
 from gpuplane.cli import job as job_cli
 from gpuplane.control.service import ControlService
 from tests.control.api_server import cli, cli_app, serving
-from tests.control.svc_helpers import config, job, make_service, wait_state
+from tests.control.svc_helpers import job, wait_state
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 QUICK = ["python", "-c", "print('hi')"]
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
 
 
 @pytest.fixture

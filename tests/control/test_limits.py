@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, ValidationError
 
 from gpuplane.config import load_settings
-from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.spec import JobSpec
@@ -34,12 +33,6 @@ def service(tmp_path: Path) -> Iterator[ControlService]:
     svc = make_service(config(str(tmp_path), teams=[TeamConfig(name="research")]))
     yield svc
     svc.close()
-
-
-@pytest.fixture
-def client(service: ControlService) -> Iterator[TestClient]:
-    with TestClient(create_app(service, background=False)) as c:
-        yield c
 
 
 def send(client: TestClient, method: str, path: str, body: Any) -> Any:

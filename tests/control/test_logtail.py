@@ -13,7 +13,7 @@ from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api import create_app
 from gpuplane.control.logtail import read_log
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import config, job, make_service, wait_state
+from tests.control.svc_helpers import job, wait_state
 
 MIB = 1024 * 1024
 
@@ -88,13 +88,6 @@ def test_tailing_or_streaming_a_50_mib_log_holds_about_one_block(tmp_path: Path)
     assert peak < 2 * MIB, f"tail held {peak / MIB:.1f} MiB of a 50 MiB log"
     peak, _ = peak_bytes(read_log(path), keep=False)
     assert peak < 2 * MIB, f"streaming held {peak / MIB:.1f} MiB of a 50 MiB log"
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
 
 
 def test_the_api_tails_a_large_log_without_reading_it_whole(service: ControlService) -> None:

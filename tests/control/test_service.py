@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,6 @@ from tests.control.svc_helpers import (
     state,
     wait_state,
 )
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
 
 
 def test_the_minimal_job_runs_as_a_process_on_a_slice(service: ControlService) -> None:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.control import queries
 from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from tests.control.api_server import cli, serving
-from tests.control.svc_helpers import config, make_service
 
 MISTYPED = """\
 name: hello
@@ -20,13 +17,6 @@ team: research
 comand: ["python", "-c", "print(42)"]
 resources: {gpus: 1}
 """
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
 
 
 def test_the_api_names_the_nearest_field_and_lists_the_valid_ones(service: ControlService) -> None:

@@ -4,7 +4,6 @@ tested with its modules: backfilling (`admission/test_nominate.py`), the queue o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
 from gpuplane.control.store import Store
-from tests.control.svc_helpers import config, job, make_service, old_store, wait_state
+from tests.control.svc_helpers import job, old_store, wait_state
 
 # -- the spec --------------------------------------------------------------------------------
 
@@ -62,13 +61,6 @@ def test_upgrading_a_store_gives_old_jobs_no_time_limit(tmp_path: Path) -> None:
         assert tuple(row) == ("succeeded", None)
     finally:
         store.close()
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
 
 
 def test_a_job_past_its_time_limit_is_stopped_and_fails_saying_why(
