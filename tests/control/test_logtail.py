@@ -81,6 +81,31 @@ def peak_bytes(run: Iterator[bytes], keep: bool) -> tuple[int, bytes]:
         tracemalloc.stop()
 
 
+@pytest.mark.parametrize(
+    ("since", "expected"), [(0, b"a\nb\nc\n"), (2, b"b\nc\n"), (5, b"\n"), (6, b""), (99, b"")]
+)
+def test_since_reads_only_what_lies_past_that_byte(
+    tmp_path: Path, since: int, expected: bytes
+) -> None:
+    path = write(tmp_path, b"a\nb\nc\n")
+    assert b"".join(read_log(path, since=since, block=2)) == expected
+
+
+def test_the_api_gives_a_follower_only_the_bytes_it_has_not_seen(
+    service: ControlService, client: TestClient
+) -> None:
+    out = client.post("/jobs", json=job("two", command=["sh", "-c", "echo one; echo two"])).json()
+    wait_state(service, out["id"], "succeeded")
+    logs = f"/jobs/{out['id']}/logs"
+    assert client.get(logs).text == "one\ntwo\n"
+    assert client.get(logs, params={"since": 4}).text == "two\n"
+    assert client.get(logs, params={"since": 8}).text == ""
+    both = client.get(logs, params={"since": 4, "tail": 1})
+    assert both.status_code == 422
+    assert "tail or since" in both.text
+    assert client.get(logs, params={"since": -1}).status_code == 422
+
+
 def test_tailing_or_streaming_a_50_mib_log_holds_about_one_block(tmp_path: Path) -> None:
     path = big_log(tmp_path)
     peak, text = peak_bytes(read_log(path, tail=3), keep=True)

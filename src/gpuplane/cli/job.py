@@ -264,16 +264,12 @@ def logs(
             for chunk in c.logs(ref, tail):
                 typer.echo(chunk, nl=False)
             return
-        shown = 0  # bytes printed so far; each poll prints only what lies past them
+        shown = 0  # bytes printed so far; each poll asks only for what lies past them
         while True:
             state = c.job(ref)["state"]
-            seen = 0
-            for chunk in c.logs(ref):
-                new = chunk[max(0, shown - seen) :]
-                seen += len(chunk)
-                if new:
-                    typer.echo(new, nl=False)
-            shown = max(shown, seen)
+            for chunk in c.logs(ref, since=shown):
+                shown += len(chunk)
+                typer.echo(chunk, nl=False)
             if state in FINAL:
                 return
             _pause(POLL_S)

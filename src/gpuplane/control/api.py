@@ -157,11 +157,20 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
 
     @app.get("/jobs/{ref}/logs", response_class=PlainTextResponse)
     def logs(
-        ref: str, tail: int | None = Query(None, ge=0, description="only the last N lines")
+        ref: str,
+        tail: int | None = Query(None, ge=0, description="only the last N lines"),
+        since: int = Query(
+            0,
+            ge=0,
+            le=2**62,
+            description="from this byte on (a follower's count of bytes seen); not with tail",
+        ),
     ) -> StreamingResponse:
+        if tail is not None and since:
+            raise ResourceError("give tail or since, not both: since counts bytes from the start")
         # streamed a block at a time: a log is never held whole, however large
         return StreamingResponse(
-            queries.job_logs(service, ref, tail), media_type="text/plain; charset=utf-8"
+            queries.job_logs(service, ref, tail, since), media_type="text/plain; charset=utf-8"
         )
 
     @app.get("/teams", response_model=list[TeamView])

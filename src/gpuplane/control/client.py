@@ -100,9 +100,9 @@ class ControlClient:
         out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/cancel")
         return out
 
-    def logs(self, ref: str, tail: int | None = None) -> Iterator[bytes]:
-        """The job's output as it streams in (its last `tail` lines if given)."""
-        params = {"tail": tail} if tail is not None else {}
+    def logs(self, ref: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        """The job's output as it streams in: from byte `since`, or its last `tail` lines."""
+        params = {"tail": tail} if tail is not None else {"since": since} if since else {}
         return self.stream(f"/jobs/{ref}/logs", params=params)
 
     def clusters(self) -> list[dict[str, Any]]:

@@ -38,17 +38,21 @@ def tail_start(f: BinaryIO, lines: int, end: int, block: int = BLOCK) -> int:
 
 
 def read_log(
-    path: str | os.PathLike[str], tail: int | None = None, block: int = BLOCK
+    path: str | os.PathLike[str],
+    tail: int | None = None,
+    block: int = BLOCK,
+    since: int = 0,
 ) -> Iterator[bytes]:
-    """The file's bytes as written so far, in blocks of at most `block`, or only its last `tail`
-    lines; nothing when there is no such file. The file is opened on the first `next`."""
+    """The file's bytes as written so far, in blocks of at most `block`: from byte `since` on
+    (what a follower has not seen yet), or only its last `tail` lines; nothing when there is no
+    such file. The file is opened on the first `next`."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below, when the blocks are read or dropped
     except FileNotFoundError:
         return
     with f:
         end = os.fstat(f.fileno()).st_size  # a running job's later output waits for a next read
-        pos = 0 if tail is None else tail_start(f, tail, end, block)
+        pos = min(since, end) if tail is None else tail_start(f, tail, end, block)
         f.seek(pos)
         while pos < end:
             chunk = f.read(min(block, end - pos))

@@ -109,9 +109,11 @@ def list_jobs(
         return [job_view(service, j) for j in session.scalars(query)]
 
 
-def job_logs(service: ControlService, ref: str, tail: int | None = None) -> Iterator[bytes]:
-    """The job's output in blocks (only its last `tail` lines if given); an unknown job raises
-    NotFoundError here, before anything is read."""
+def job_logs(
+    service: ControlService, ref: str, tail: int | None = None, since: int = 0
+) -> Iterator[bytes]:
+    """The job's output in blocks from byte `since` (or only its last `tail` lines); an unknown
+    job raises NotFoundError here, before anything is read."""
     with service.store.session() as session:
         job = job_row(session, ref)
         cluster = job.cluster_name
@@ -119,7 +121,7 @@ def job_logs(service: ControlService, ref: str, tail: int | None = None) -> Iter
     adapter = service.adapters.get(cluster or "")
     if adapter is None:
         return iter(())
-    return adapter.logs(job_id, tail)
+    return adapter.logs(job_id, tail, since)
 
 
 def _node_views(service: ControlService, session: Session, cluster: str) -> list[NodeView]:

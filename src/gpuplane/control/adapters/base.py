@@ -131,9 +131,9 @@ class ClusterAdapter:
         """Job ids this adapter has bound and not yet released (the reconciler stops strays)."""
         raise NotImplementedError
 
-    def logs(self, job_id: str, tail: int | None = None) -> Iterator[bytes]:
-        """The workload's output so far (its last `tail` lines), in blocks of bounded size, so
-        the API streams it; none when there is none."""
+    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        """The workload's output so far from byte `since` (or its last `tail` lines), in blocks
+        of bounded size, so the API streams it; none when there is none."""
         raise NotImplementedError
 
     def close(self) -> None:

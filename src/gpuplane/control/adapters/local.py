@@ -265,8 +265,8 @@ class LocalAdapter(ClusterAdapter):
             placement=_placement(workload),
         )
 
-    def logs(self, job_id: str, tail: int | None = None) -> Iterator[bytes]:
-        return read_log(self.log_path(job_id), tail)
+    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        return read_log(self.log_path(job_id), tail, since=since)
 
     def close(self) -> None:
         for job_id in self.workloads():
