@@ -7,8 +7,25 @@ nearest valid key when one is unknown.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict
+
+from gpuplane.errors import GpuplaneError
+
+T = TypeVar("T")
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def passes(check: Callable[[T], object], value: T) -> T:
+    """`value`, once `check(value)` accepts it: a field validator's body. The project error that
+    `check` raises becomes the ValueError pydantic reports at the field's path."""
+    try:
+        check(value)
+    except GpuplaneError as exc:
+        raise ValueError(str(exc)) from None
+    return value

@@ -12,9 +12,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from gpuplane.batch.errors import BatchError
 from gpuplane.errors import unknown_name
-from gpuplane.sections import Section
+from gpuplane.sections import Section, passes
 
 VERIFY_CLIPS = (
     "key clips by a sha256 of their bytes, not the store's checksum or size and mtime "
@@ -77,8 +76,4 @@ class BatchConfig(Section):
     def _size(cls, text: str) -> str:
         from gpuplane.batch.cache import parse_size
 
-        try:
-            parse_size(text)
-        except BatchError as exc:
-            raise ValueError(str(exc)) from None
-        return text
+        return passes(parse_size, text)

@@ -22,7 +22,7 @@ from gpuplane.control.bounds import (
     bounded,
 )
 from gpuplane.errors import unknown_name
-from gpuplane.sections import Section
+from gpuplane.sections import Section, passes
 
 # The cluster kinds this version implements, one module each under control/adapters/.
 ADAPTER_KINDS = ("local",)
@@ -185,12 +185,9 @@ class ControlConfig(Section):
         if name is not None:
             # the scheduler core needs the `control` extra; only a config that names a policy
             # imports it here
-            from gpuplane.control.scheduler import UnknownPolicyError, policy_class
+            from gpuplane.control.scheduler import policy_class
 
-            try:
-                policy_class(name)
-            except UnknownPolicyError as exc:
-                raise ValueError(str(exc)) from None
+            return passes(policy_class, name)
         return name
 
     @model_validator(mode="after")

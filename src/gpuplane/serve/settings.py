@@ -8,8 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from gpuplane.errors import ConfigError
-from gpuplane.sections import Section
+from gpuplane.sections import Section, passes
 from gpuplane.serve.engines.base import adapter_class
 
 PlacementPolicy = Literal[
@@ -64,11 +63,7 @@ class ModelConfig(Section):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, engine: str) -> str:
-        try:
-            adapter_class(engine)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return engine
+        return passes(adapter_class, engine)
 
 
 class TenantConfig(Section):
