@@ -3,7 +3,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= engine,control,postgres,batch,ray,dev
+EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,dev
 
 # The embedded engine, llama-cpp-python, compiles llama.cpp from source. Its version is the one
 # pyproject.toml pins; these flags skip what the Python server does not need and build for a CPU
