@@ -1,0 +1,1 @@
+"""The GPU audit: usage samples → findings → recommended slices → a re-pack plan."""
