@@ -271,6 +271,7 @@ def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:
         memory_mib=job.memory_mib,
         fractional=spec.to_request(job.id).is_fractional,
         time_limit_s=limit,
+        team=job.team_name,
     )
 
 

@@ -7,7 +7,8 @@ a SQLite file under ./.gpuplane/ and one `local` cluster (this machine's GPUs, o
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -25,8 +26,9 @@ from gpuplane.errors import unknown_name
 from gpuplane.sections import Section, passes
 
 # The cluster kinds this version implements, one module each under control/adapters/.
-ADAPTER_KINDS = ("local",)
+ADAPTER_KINDS = ("local", "kubernetes")
 DEFAULT_GPU_MODEL = "A100-80GB"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DEFAULT_GPU_MEM_MIB = 80 * 1024
 
 
@@ -52,7 +54,7 @@ class ClusterConfig(Section):
     """A cluster registered at start: its adapter, labels and (for `local`) declared inventory."""
 
     name: str = Field(description="cluster name (lowercase letters, digits, '-')")
-    adapter: str = Field(default="local", description="cluster kind: local")
+    adapter: str = Field(default="local", description="cluster kind: local, kubernetes")
     region: str = Field(default="local", description="the gpuplane.io/region label of its nodes")
     labels: dict[str, str] = Field(default_factory=dict, description="labels of every node")
     discover_gpus: bool = Field(
@@ -62,6 +64,41 @@ class ClusterConfig(Section):
     nodes: list[DeclaredNode] = Field(
         default_factory=list, description="declared inventory (local: when no GPU is found)"
     )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="kubernetes: path of the kubeconfig file (a reference: its credentials are "
+        "read from there, never stored); unset: $KUBECONFIG or ~/.kube/config",
+    )
+    context: str | None = Field(
+        default=None, description="kubernetes: kubeconfig context; unset: its current-context"
+    )
+    namespace: str = Field(
+        default="gpuplane-{team}",
+        description="kubernetes: namespace of a team's Pods ({team} is the team's name)",
+    )
+    bind_kind: Literal["pod", "job"] = Field(
+        default="pod", description="kubernetes: a workload is a bare Pod or a batch/v1 Job"
+    )
+    image: str = Field(
+        default="nvidia/cuda:12.4.1-base-ubuntu22.04",
+        description="kubernetes: container image a job's command runs in",
+    )
+    scheduler_name: str = Field(
+        default="hami-scheduler",
+        description="kubernetes: schedulerName of the Pods (HAMi's scheduler assigns the card)",
+    )
+    grace_period_s: Annotated[
+        int, bounded(0, 3600, "kubernetes: gracePeriodSeconds of a cancelled Pod")
+    ] = 30
+    sync_interval_s: Annotated[
+        float,
+        bounded(
+            1,
+            3600,
+            "kubernetes: a watch silent this long is reopened; the API is "
+            "unreachable after one interval without an answer",
+        ),
+    ] = 30.0
 
     @field_validator("adapter")
     @classmethod
@@ -69,6 +106,22 @@ class ClusterConfig(Section):
         if kind not in ADAPTER_KINDS:
             raise ValueError(unknown_name("cluster adapter", kind, ADAPTER_KINDS))
         return kind
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_template(cls, template: str) -> str:
+        try:
+            example = template.format(team="ml-research")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(
+                f"{template!r} may name only {{team}} (e.g. 'gpuplane-{{team}}')"
+            ) from None
+        if not _DNS_LABEL.fullmatch(example):
+            raise ValueError(
+                f"{template!r} gives {example!r} for team 'ml-research', not a namespace name "
+                "(lowercase letters, digits and '-', at most 63)"
+            )
+        return template
 
 
 class QuotaValues(Section):

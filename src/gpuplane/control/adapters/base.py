@@ -78,6 +78,7 @@ class Workload:
     memory_mib: int = 0
     fractional: bool = False
     time_limit_s: float | None = None
+    team: str | None = None  # the job's team (Kubernetes: it picks the namespace)
 
 
 class WorkloadState(StrEnum):
