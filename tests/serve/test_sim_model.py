@@ -96,6 +96,36 @@ def test_prefix_cache_is_a_bounded_lru() -> None:
     assert cache.match(a) == 0  # a's first block was least recently used and went first
 
 
+def serve(c: InstanceCore, prompt: str) -> int:
+    """Arrive, prefill and complete one request; its cached tokens."""
+    req = c.arrive(prompt, 1, now=0.0)
+    c.prefilled(req)
+    c.release(req, now=0.0, completed=True)
+    return req.cached_tokens
+
+
+def test_a_llama_cpp_cache_keeps_only_its_last_prompt_by_default() -> None:
+    c = core(cache_kind="prompts")
+    a, b = "a" * (8 * c.block_chars), "b" * (8 * c.block_chars)
+    assert serve(c, a + " one") == 0
+    assert serve(c, a + " two") == 8 * c.params.block_tokens  # the last prompt's prefix
+    assert serve(c, b) == 0
+    assert serve(c, a + " three") == 0  # b replaced a: one prompt state only
+    assert len(c.cache) == 1
+
+
+def test_a_llama_cpp_cache_with_cache_keeps_n_prompts_least_recently_used_out() -> None:
+    c = core(cache_kind="prompts", cache_prompts=2)
+    a, b, d = ("a" * (6 * c.block_chars), "b" * (6 * c.block_chars), "d" * (6 * c.block_chars))
+    serve(c, a)
+    serve(c, b)
+    assert serve(c, a) == 6 * c.params.block_tokens  # a is touched: b is now the oldest
+    serve(c, d)
+    assert serve(c, a) == 6 * c.params.block_tokens
+    assert serve(c, b) == 0
+    assert len(c.cache) == 2
+
+
 def test_block_hashes_chain_so_only_leading_blocks_match() -> None:
     x = block_hashes("A" * 64 + "B" * 64, 64)
     y = block_hashes("C" * 64 + "B" * 64, 64)

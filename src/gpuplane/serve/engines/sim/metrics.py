@@ -1,4 +1,4 @@
-"""The simulator's `/metrics` page: an instance's state under vLLM's metric names.
+"""The simulator's `/metrics` page: an instance's state under vLLM's and SGLang's metric names.
 
 Rendered with prometheus_client at scrape time from an `InstanceCore`, which stays free of it.
 """
@@ -15,14 +15,17 @@ from gpuplane.serve.engines.sim.model import InstanceCore
 
 
 def render_metrics(core: InstanceCore, model: str) -> bytes:
-    """The instance's state as vLLM names it on `/metrics` (Prometheus text format).
+    """The instance's state as vLLM and SGLang name it on `/metrics` (Prometheus text format).
 
-    Both the V1 names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`) and the older ones
+    Both vLLM's V1 names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`) and the older ones
     (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`) are exported, as vLLM did while it
-    renamed them. Prefix-cache counters are in tokens, as in vLLM.
+    renamed them; prefix-cache counters are in tokens, as in vLLM. SGLang's (`sglang:*`, with
+    `--enable-metrics`) follow: its running and queued requests, token usage, token counters and
+    `sglang:cache_hit_rate`, the share of prompt tokens served from its prefix cache.
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_VllmCollector(core, model))
+    registry.register(_SglangCollector(core, model))
     return generate_latest(registry)
 
 
@@ -90,3 +93,39 @@ class _VllmCollector(Collector):
         )
         done.add_metric(["length", self.model], float(st.requests_completed))
         yield done
+
+
+class _SglangCollector(Collector):
+    def __init__(self, core: InstanceCore, model: str) -> None:
+        self.core = core
+        self.model = model
+
+    def collect(self) -> Iterator[Metric]:
+        core, st, labels = self.core, self.core.stats, ["model_name"]
+        hit_rate = st.prefix_hit_tokens / st.prefix_queries if st.prefix_queries else 0.0
+        gauges = (
+            ("sglang:num_running_reqs", "The number of running requests.", len(core.running)),
+            (
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                len(core.waiting),
+            ),
+            ("sglang:token_usage", "The token usage.", core.kv_usage()),
+            ("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate),
+        )
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric([self.model], float(value))
+            yield g
+        counters = (
+            ("sglang:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),
+            (
+                "sglang:generation_tokens",
+                "Number of generation tokens processed.",
+                st.generation_tokens,
+            ),
+        )
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric([self.model], float(value))
+            yield c

@@ -8,8 +8,11 @@ instance's prefix cache; inter-token latency grows with the number of running se
 Tokenisation is approximate and documented: one token per `CHARS_PER_TOKEN` (4) characters of the
 prompt text, rounded up. The prefix cache is block-granular like vLLM's: a block is
 `block_tokens` tokens (64 characters by default), identified by a hash chained over every block
-before it, so only whole leading blocks of a shared prefix hit. The cache is an LRU bounded by
-`prefix_cache_tokens`.
+before it, so only whole leading blocks of a shared prefix hit. Its kind is the engine's
+(`cache_kind`): `blocks`, vLLM's and SGLang's, an LRU of blocks bounded by `prefix_cache_tokens`;
+or `prompts`, llama.cpp's server, which keeps the state of whole prompts: its last one only by
+default, `cache_prompts` of them with `--cache` (a hit is the longest shared prefix of one kept
+prompt).
 
 No I/O and no clock reads: the HTTP shell (`server.py`, `instance.py`) hands in `now` and owns
 the `random.Random` seeded from the simulator's seed, so runs are deterministic for a seed. The
@@ -23,6 +26,7 @@ import enum
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 CHARS_PER_TOKEN = 4
 
@@ -62,6 +66,10 @@ class SimParams:
     slowdown: float = 1.0  # multiplies prefill and ITL (a slower card)
     prefix_cache_tokens: int = 262_144
     block_tokens: int = 16
+    # the engine's kind of prefix cache: `blocks` (vLLM, SGLang: a block budget of
+    # prefix_cache_tokens) or `prompts` (llama.cpp: the last `cache_prompts` prompts' states)
+    cache_kind: Literal["blocks", "prompts"] = "blocks"
+    cache_prompts: int = 1
     kv_cache_tokens: int | None = None  # default: max_num_seqs * 4096
     default_max_tokens: int = 16
     tokens_per_chunk: int = 1  # tokens sent per SSE chunk (fewer events in benchmarks)
@@ -80,6 +88,8 @@ class SimParams:
             (self.itl_ms >= 0 and self.itl_growth >= 0, "itl_ms and itl_growth must be >= 0"),
             (self.slowdown > 0, f"slowdown must be > 0, got {self.slowdown}"),
             (self.prefix_cache_tokens >= 0, "prefix_cache_tokens must be >= 0"),
+            (self.cache_kind in ("blocks", "prompts"), "cache_kind must be blocks or prompts"),
+            (self.cache_prompts >= 0, "cache_prompts must be >= 0"),
             (self.block_tokens >= 1 and self.tokens_per_chunk >= 1, "block/chunk sizes >= 1"),
             (self.default_max_tokens >= 1, "default_max_tokens must be >= 1"),
             (self.drop_at_token >= 0, "drop_at_token must be >= 0"),
@@ -100,8 +110,18 @@ class SimParams:
         return self.kv_cache_tokens or self.max_num_seqs * 4096
 
 
+class Cache(Protocol):
+    """An instance's prefix cache: `match` a prompt's block hashes (and touch what hit),
+    `insert` a prefilled prompt's, `clear`; `len`: what it holds (blocks, or prompts)."""
+
+    def __len__(self) -> int: ...
+    def match(self, hashes: list[int]) -> int: ...
+    def insert(self, hashes: list[int]) -> None: ...
+    def clear(self) -> None: ...
+
+
 class PrefixCache:
-    """An LRU set of block hashes bounded to `capacity_blocks` blocks."""
+    """An LRU set of block hashes bounded to `capacity_blocks` blocks (vLLM, SGLang)."""
 
     __slots__ = ("_blocks", "capacity_blocks")
 
@@ -133,6 +153,48 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._blocks.clear()
+
+
+class PromptCache:
+    """The states of the last `capacity_prompts` prompts, least recently used first out
+    (llama.cpp's server: its current context only by default, more with `--cache`). A prompt
+    hits on the longest leading run of blocks it shares with one kept prompt."""
+
+    __slots__ = ("_prompts", "capacity_prompts")
+
+    def __init__(self, capacity_prompts: int) -> None:
+        self.capacity_prompts = capacity_prompts
+        self._prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def match(self, hashes: list[int]) -> int:
+        """Blocks the best kept prompt shares with `hashes`; that prompt is touched."""
+        best, best_n = None, 0
+        for kept in self._prompts:
+            n = 0
+            for a, b in zip(kept, hashes, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = kept, n
+        if best is not None:
+            self._prompts.move_to_end(best)
+        return best_n
+
+    def insert(self, hashes: list[int]) -> None:
+        if self.capacity_prompts == 0:
+            return
+        key = tuple(hashes)
+        self._prompts[key] = None
+        self._prompts.move_to_end(key)
+        while len(self._prompts) > self.capacity_prompts:
+            self._prompts.popitem(last=False)
+
+    def clear(self) -> None:
+        self._prompts.clear()
 
 
 @dataclass(slots=True)
@@ -184,13 +246,16 @@ class InstanceCore:
     stats: SimStats = field(default_factory=SimStats)
     running: dict[int, SimRequest] = field(default_factory=dict)
     waiting: deque[SimRequest] = field(default_factory=deque)
-    cache: PrefixCache = field(init=False)
+    cache: Cache = field(init=False)
     kv_reserved: int = 0
     _next_rid: int = 0
 
     def __post_init__(self) -> None:
-        blocks = self.params.prefix_cache_tokens // self.params.block_tokens
-        self.cache = PrefixCache(blocks)
+        p = self.params
+        if p.cache_kind == "prompts":
+            self.cache = PromptCache(p.cache_prompts)
+        else:
+            self.cache = PrefixCache(p.prefix_cache_tokens // p.block_tokens)
 
     @property
     def block_chars(self) -> int:
