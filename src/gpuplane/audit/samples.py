@@ -86,7 +86,13 @@ TRAFFIC_SCHEMA = pa.schema(
 
 
 class SampleError(GpuplaneError):
-    """A table of samples does not fit the schema: the message names the column and row."""
+    """A table of samples does not fit the schema: the message names the column and row (the
+    0-based row of the table; `row` is None when the whole column is wrong)."""
+
+    def __init__(self, message: str, column: str | None = None, row: int | None = None) -> None:
+        super().__init__(message)
+        self.column = column
+        self.row = row
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +149,16 @@ def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
     if missing:
         raise SampleError(
             f"missing column(s) {', '.join(missing)}; a sample table has the columns "
-            f"{', '.join(schema.names)}"
+            f"{', '.join(schema.names)}",
+            missing[0],
         )
     arrays = []
     for field in schema:
         column = table.column(field.name)
         if pa.types.is_floating(column.type):
             column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        if pa.types.is_string(column.type) and pa.types.is_timestamp(field.type):
+            column = _parse_times(column)
         if pa.types.is_timestamp(column.type) and column.type.tz is None:
             column = pc.assume_timezone(column, "UTC")
         if pa.types.is_dictionary(field.type) and pa.types.is_null(column.type):
@@ -159,11 +168,21 @@ def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             row = _first_uncastable(column, field.type)
             raise SampleError(
-                f"column '{field.name}': cannot read {column.type} as {field.type}"
-                + (f" (row {row}: {column[row].as_py()!r})" if row is not None else "")
-                + f": {exc}"
+                f"column '{field.name}'"
+                + (f" row {row}: cannot read {column[row].as_py()!r}" if row is not None else "")
+                + f" as {field.type} ({exc})",
+                field.name,
+                row,
             ) from None
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _parse_times(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """ISO 8601 text as times: with a zone offset where given, else read as UTC."""
+    try:
+        return column.cast(_TIME)
+    except pa.ArrowInvalid:
+        return column.cast(pa.timestamp("s"))
 
 
 def _first_uncastable(column: pa.ChunkedArray, to: pa.DataType) -> int | None:
@@ -181,12 +200,13 @@ def validate(table: pa.Table) -> None:
     schema = TRAFFIC_SCHEMA if "instance" in table.column_names else SAMPLE_SCHEMA
     for field in schema:
         if field.name not in table.column_names:
-            raise SampleError(f"missing column '{field.name}' (type {field.type})")
+            raise SampleError(f"missing column '{field.name}' (type {field.type})", field.name)
         actual = table.schema.field(field.name).type
         if actual != field.type:
             raise SampleError(
                 f"column '{field.name}' is {actual}, expected {field.type}; "
-                "read foreign tables through coerce()"
+                "read foreign tables through coerce()",
+                field.name,
             )
         column = table.column(field.name)
         if not field.nullable:
@@ -236,7 +256,7 @@ def _refuse(name: str, bad: Any, why: str) -> None:
     if not pc.any(mask).as_py():
         return
     row = pc.index(mask, True).as_py()
-    raise SampleError(f"column '{name}' row {row}: {why}")
+    raise SampleError(f"column '{name}' row {row}: {why}", name, row)
 
 
 class SampleStore:
