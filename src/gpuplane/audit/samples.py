@@ -155,18 +155,10 @@ def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
     arrays = []
     for field in schema:
         column = table.column(field.name)
-        if pa.types.is_floating(column.type):
-            column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
-        if pa.types.is_string(column.type) and pa.types.is_timestamp(field.type):
-            column = _parse_times(column)
-        if pa.types.is_timestamp(column.type) and column.type.tz is None:
-            column = pc.assume_timezone(column, "UTC")
-        if pa.types.is_dictionary(field.type) and pa.types.is_null(column.type):
-            column = pa.chunked_array([pa.array([], pa.string())]) if len(column) == 0 else column
         try:
-            arrays.append(column.cast(field.type))
+            arrays.append(_convert(column, field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            row = _first_uncastable(column, field.type)
+            row = _first_unconvertible(column, field.type)
             raise SampleError(
                 f"column '{field.name}'"
                 + (f" row {row}: cannot read {column[row].as_py()!r}" if row is not None else "")
@@ -177,18 +169,33 @@ def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _parse_times(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """ISO 8601 text as times: with a zone offset where given, else read as UTC."""
-    try:
-        return column.cast(_TIME)
-    except pa.ArrowInvalid:
-        return column.cast(pa.timestamp("s"))
+_ZONE = r"(Z|[+-]\d\d:?\d\d)$"
 
 
-def _first_uncastable(column: pa.ChunkedArray, to: pa.DataType) -> int | None:
+def _convert(column: pa.ChunkedArray | pa.Array, to: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+    if pa.types.is_timestamp(to):
+        if pa.types.is_string(column.type):
+            # ISO 8601 text: with its zone offset where given, else read as UTC
+            zoned = pc.match_substring_regex(column, _ZONE)
+            column = pc.if_else(
+                zoned,
+                pc.if_else(zoned, column, None).cast(_TIME),
+                pc.assume_timezone(pc.if_else(zoned, None, column).cast(pa.timestamp("s")), "UTC"),
+            )
+        elif pa.types.is_timestamp(column.type) and column.type.tz is None:
+            column = pc.assume_timezone(column, "UTC")
+        return column.cast(to, safe=False)  # sub-second digits are dropped
+    if pa.types.is_dictionary(to) and pa.types.is_null(column.type):
+        column = column.cast(pa.string())
+    return column.cast(to)
+
+
+def _first_unconvertible(column: pa.ChunkedArray, to: pa.DataType) -> int | None:
     for i, value in enumerate(column):
         try:
-            pa.array([value.as_py()], column.type).cast(to)
+            _convert(pa.array([value.as_py()], column.type), to)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return i
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuplane import __version__
+from gpuplane.cli import audit as audit_cli
 from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
@@ -31,6 +32,7 @@ app.add_typer(job_cli.app, name="job")
 app.add_typer(cluster_cli.app, name="cluster")
 app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
+app.add_typer(audit_cli.app, name="audit")
 
 
 @app.command()
