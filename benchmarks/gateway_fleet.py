@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -180,8 +181,11 @@ def contender_argv(
 
 
 @contextlib.asynccontextmanager
-async def running(name: str, urls: list[str], caps: list[int]) -> AsyncIterator[str]:
-    kind, policy = CONTENDERS[name]
+async def running(
+    name: str, urls: list[str], caps: list[int], spec: tuple[str, str] | None = None
+) -> AsyncIterator[str]:
+    """The contender `name` (or `spec`: (kind, policy)) as a process in front of `urls`."""
+    kind, policy = spec or CONTENDERS[name]
     port = free_port()
     argv = contender_argv(kind, policy, urls, caps, port)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
@@ -212,10 +216,13 @@ async def running(name: str, urls: list[str], caps: list[int]) -> AsyncIterator[
 # -- load -------------------------------------------------------------------------------------
 
 
+FINISHED = re.compile(rb'"finish_reason":\s*"')  # a finish_reason that is not null
+
+
 async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     ttft = None
-    done = False
+    done = finished = False
     pending = b""  # an SSE event not yet complete: a read may hold several events, or part of one
     try:
         async with client.stream("POST", url, json=body) as resp:
@@ -227,6 +234,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
                 for event in events:
                     if ttft is None and b'"content":"' in event and b'"content":""' not in event:
                         ttft = time.perf_counter() - start
+                    finished = finished or FINISHED.search(event) is not None
                     if event == b"data: [DONE]":
                         done = True
     except httpx.HTTPError as exc:
@@ -234,6 +242,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
     end = time.perf_counter()
     if not done or ttft is None:
         return {"ok": False, "error": "incomplete stream"}
+    if not finished:  # [DONE] without a finish_reason: the engine cut the answer short
+        return {"ok": False, "error": "cut answer"}
     return {"ok": True, "ttft": ttft, "e2e": end - start, "end": end}
 
 
@@ -262,6 +272,7 @@ async def open_loop(
         "ttft_p99_s": pct([r["ttft"] for r in ok], 0.99),
         "e2e_p99_s": pct([r["e2e"] for r in ok], 0.99),
         "throughput_rps": len(ok) / span if span else 0.0,
+        "makespan_s": round(span, 3),
     }
 
 
