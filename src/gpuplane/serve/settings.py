@@ -196,6 +196,18 @@ class HaConfig(Section):
         description="the URL other gateways forward to while this one leads; default: "
         "http://host:port",
     )
+    shared_sync_s: float = Field(
+        default=0.05,
+        gt=0,
+        description="mode shared: how often a gateway sends its heartbeat and reads the slots "
+        "the other gateways hold; a slot freed elsewhere reaches this one's queue within it",
+    )
+    shared_timeout_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="mode shared: the longest one Redis call may take; past it, or with Redis "
+        "down, the gateway admits on its local share of each instance",
+    )
 
     @model_validator(mode="after")
     def _store_named(self) -> HaConfig:
@@ -203,6 +215,11 @@ class HaConfig(Section):
             return self
         if self.mode == "shared" and self.lease != "redis":
             raise ValueError("mode shared keeps its slot table in Redis: set lease: redis")
+        if self.mode == "shared" and "|" in (self.gateway_id or ""):
+            raise ValueError(
+                f"gateway_id {self.gateway_id!r} contains '|', which separates a shared lease's "
+                "gateway id from its epoch; choose a name without it"
+            )
         if self.lease == "file":
             if not self.path:
                 raise ValueError(
