@@ -16,6 +16,7 @@ class Rejection(StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     NO_HEALTHY_INSTANCE = "no_healthy_instance"
+    NOT_LEADER = "not_leader"  # a standby gateway (gateway.ha): another one admits
 
 
 class Rejected(Exception):
