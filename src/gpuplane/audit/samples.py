@@ -49,6 +49,8 @@ import pyarrow.parquet as pq
 from gpuplane.errors import GpuplaneError
 
 KINDS = ("inference", "batch", "")
+# text columns where "" is a value (unknown, or nothing allocated): coerce reads null as ""
+BLANK_TEXT = ("gpu_model", "workload", "team", "kind")
 
 _STR = pa.dictionary(pa.int32(), pa.string())
 _TIME = pa.timestamp("s", tz="UTC")
@@ -143,8 +145,9 @@ def to_table(rows: Sequence[Sample] | Sequence[Traffic]) -> pa.Table:
 
 
 def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
-    """`table` cast to `schema` (column order, types; NaN → null; naive times read as UTC). A
-    missing column or a value that cannot be cast is a `SampleError` naming it."""
+    """`table` cast to `schema` (column order, types; NaN and empty numbers → null; empty
+    `BLANK_TEXT` → ""; naive times read as UTC). A missing column or a value that cannot be
+    cast is a `SampleError` naming it."""
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
         raise SampleError(
@@ -155,6 +158,8 @@ def coerce(table: pa.Table, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:
     arrays = []
     for field in schema:
         column = table.column(field.name)
+        if field.name in BLANK_TEXT and column.null_count:
+            column = pc.fill_null(column.cast(pa.string()), "")
         try:
             arrays.append(_convert(column, field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -298,7 +303,7 @@ class SampleStore:
         with pq.ParquetWriter(
             tmp, table.schema.with_metadata(metadata), compression="zstd", use_dictionary=True
         ) as writer:
-            writer.write_table(table, row_group_size=1 << 20)
+            writer.write_table(table, row_group_size=1 << 22)  # fewer copies of the dictionaries
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
