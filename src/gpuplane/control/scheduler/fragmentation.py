@@ -133,6 +133,20 @@ class WorkloadMix:
         out: FloatArray = np.einsum("...g,...g->...", w, np.where(c >= self.group_k, u, 0))
         return out
 
+    def fragmentation(self, snap: Snapshot) -> FloatArray:
+        """F = P * S - V of every node: the free milli the mix's arrivals are expected not to be
+        able to use there (0 on a node whose free GPU every class can use)."""
+        rows = np.arange(len(snap), dtype=np.int64)
+        free = effective_free(snap, rows)
+        if len(self.thresholds) == 0:
+            out: FloatArray = np.zeros(len(snap))
+            return out
+        w = self.group_weights(snap, rows, snap.cpu_free, snap.mem_free)
+        ge = free[..., None] >= self.thresholds
+        v = self.value(w, ge.sum(axis=-2), (free[..., None] * ge).sum(axis=-2))
+        out = self.total_weight * free.sum(axis=-1) - v
+        return out
+
     def delta(self, cands: Candidates) -> FloatArray:
         """dV for every candidate: shape (n, D) for a fractional request (-inf where the card
         does not fit), (n,) otherwise."""
