@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.applications import Starlette
@@ -32,9 +34,12 @@ from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall, Tenant
 from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import ServeSettings
+from gpuplane.serve.settings import GatewayConfig, ServeSettings
 from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
+
+if TYPE_CHECKING:
+    from gpuplane.serve.ha.shared import RedisSlotTable
 
 log = logging.getLogger("gpuplane.gateway")
 
@@ -53,6 +58,7 @@ class Gateway:
         events = replace(self.metrics.router_events(), health_changed=self.oplog.health_changed)
         self.health_paths: dict[str, str] = {}
         rng = rng or random.Random()
+        self.shared = shared_slots(self.cfg)
         for model in settings.models:
             adapter = get_adapter(model.engine)
             capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
@@ -64,6 +70,7 @@ class Gateway:
                 locality_wait_s=adapter.locality_wait_s,
                 per_request_cache=adapter.prefix_cache_per_request,
                 rng=random.Random(rng.random()),
+                shared=self.shared,
             )
             self.health_paths[model.name] = adapter.health_path
         self.upstream_names = {m.name: m.upstream_model for m in settings.models}
@@ -81,6 +88,8 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
         self._tasks = [
             asyncio.create_task(self._reaper(), name="gpuplane-reaper"),
             asyncio.create_task(self._prober(), name="gpuplane-prober"),
@@ -93,6 +102,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.upstream.aclose()
+        if self.shared is not None:
+            await self.shared.stop()
 
     async def _reaper(self) -> None:
         while True:
@@ -181,6 +192,26 @@ class GatewayApp:
         else:
             response = _method_not_allowed(scope["path"], scope["method"], "POST")
         await response(scope, receive, send)
+
+
+def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
+    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then)."""
+    ha = cfg.ha
+    if ha.mode != "shared":
+        return None
+    from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
+
+    assert ha.url is not None  # the settings require it in mode shared
+    options = SharedOptions(
+        url=ha.url,
+        gateway_id=ha.gateway_id or f"{socket.gethostname()}-{os.getpid()}",
+        ttl_s=ha.lease_ttl_s,
+        renew_s=ha.renew_s,
+        sync_s=ha.shared_sync_s,
+        timeout_s=ha.shared_timeout_s,
+        prefix=ha.key,
+    )
+    return RedisSlotTable(options)
 
 
 def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:

@@ -16,9 +16,9 @@ import functools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from gpuplane.serve.delay import DelayScheduler
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
@@ -61,6 +61,22 @@ class _Waiter:
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
 
 
+class SharedSlots(Protocol):
+    """Slots shared with other gateways (`gateway.ha.mode: shared`; `serve/ha/shared.py`: in
+    Redis). The router's own `SlotTable` is then this gateway's view of them: a placement it
+    grants is committed here before the request proceeds."""
+
+    def attach(self, router: ModelRouter) -> None:
+        """Count the router's instances; the router calls it once, when made."""
+
+    async def commit(self, model: str, lease: Lease) -> bool:
+        """Is the slot the view granted free here too? False: the router's view was stale
+        (the table has told it, through `set_others`, that the instance is full)."""
+
+    def release(self, model: str, lease: Lease) -> None:
+        """Free a lease `commit` granted; idempotent, never fails, never waits."""
+
+
 @dataclass(slots=True)
 class RouterEvents:
     """Callbacks the metrics layer hooks into; the defaults do nothing."""
@@ -84,6 +100,7 @@ class ModelRouter:
         per_request_cache: bool = False,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        shared: SharedSlots | None = None,
     ) -> None:
         self.name = model.name
         self.cfg = cfg
@@ -111,6 +128,9 @@ class ModelRouter:
         self.events = events or RouterEvents()
         self._clock = clock
         self._rng = rng or random.Random()
+        self.shared = shared
+        if shared is not None:
+            shared.attach(self)
 
     @property
     def instances(self) -> list[InstanceSlots]:
@@ -133,6 +153,8 @@ class ModelRouter:
 
         Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance.
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
+        With shared slots, a slot the view granted but another gateway holds sends the request
+        back to placement (or the queue's tail) with what is left of its timeout.
         """
         if not self.slots.healthy_count:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
@@ -144,7 +166,18 @@ class ModelRouter:
                 self._place(blocks, affinity) if avoid else None
             )
             if admission is not None:
-                return admission
+                if self.shared is None:
+                    return admission
+                again = functools.partial(
+                    self.acquire,
+                    body,
+                    tenant=tenant,
+                    weight=weight,
+                    priority=priority,
+                    timeout_s=timeout_s,
+                    avoid=avoid,
+                )
+                return await self._commit(admission, again)
         if self.queue.is_full():
             self._reject(
                 Rejection.QUEUE_FULL,
@@ -161,8 +194,9 @@ class ModelRouter:
             self.delay.add_waiter(waiter.preferred)
             waiter.patience = loop.call_later(wait.patience_s, self._lose_patience, waiter)
         self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
+        started = self._clock()
         try:
-            return await waiter.future
+            admission = await waiter.future
         except asyncio.CancelledError:
             self._withdraw(waiter)
             raise
@@ -171,6 +205,13 @@ class ModelRouter:
             if waiter.patience is not None:
                 waiter.patience.cancel()
             self._stop_preferring(waiter)
+        if self.shared is None:
+            return admission
+        left = max(0.0, timeout - (self._clock() - started))
+        again = functools.partial(
+            self.acquire, body, tenant=tenant, weight=weight, priority=priority, timeout_s=left
+        )
+        return await self._commit(admission, again)
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
         """A streamed answer's first byte came `seconds` after it was sent: learn the speeds
@@ -212,6 +253,30 @@ class ModelRouter:
             self._release(admission.lease)
         if failure is not None:
             self.health.report_failure(iid, failure, detail)
+
+    async def _commit(
+        self, admission: Admission, again: Callable[[], Awaitable[Admission]]
+    ) -> Admission:
+        """Keep the admission if the shared slots grant it too; else ask `again` (the view
+        now shows the instance full)."""
+        assert self.shared is not None
+        lease = admission.lease
+        try:
+            granted = await self.shared.commit(self.name, lease)
+        except BaseException:
+            self._release(lease)  # the caller left while it asked
+            raise
+        if granted:
+            return admission
+        if self.slots.release(lease):  # not held: nothing to learn from, but it frees the view
+            self._dispatch(lease.instance_id)
+        return await again()
+
+    def set_others(self, instance_id: str, n: int) -> None:
+        """`n` of the instance's slots are held beyond this gateway (told by the shared
+        slots); waiters take what that frees."""
+        if self.slots.set_others(instance_id, n):
+            self._dispatch(instance_id)
 
     def reap(self) -> int:
         """Release leases past the TTL; each one is a leak and is reported."""
@@ -261,6 +326,8 @@ class ModelRouter:
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
         if self.slots.release(lease):
+            if self.shared is not None:
+                self.shared.release(self.name, lease)
             self.delay.held(lease.instance_id, self._clock() - lease.acquired_at)
             self._dispatch(lease.instance_id)
 

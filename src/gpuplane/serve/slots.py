@@ -36,6 +36,9 @@ class InstanceSlots:
     in_flight: int = 0
     healthy: bool = True
     leases: set[int] = field(default_factory=set)
+    # slots held beyond this table, counted in `in_flight` (gateway.ha.mode shared: the other
+    # gateways' leases, or what this one withholds while the shared table is unreachable)
+    others: int = 0
     # what the engine's supervisor said when its process last exited (None: never, or not
     # supervised here), and whether it exits soon after every start
     last_error: str | None = None
@@ -138,6 +141,19 @@ class SlotTable:
             self._available = None
         inst.count(-1)
         return True
+
+    def set_others(self, instance_id: str, n: int) -> bool:
+        """The instance's slots held beyond this table are `n` now; True when that freed room
+        on an instance that had none (waiters may take it)."""
+        inst = self._instances[instance_id]
+        if n == inst.others:
+            return False
+        was_full = inst.in_flight >= inst.capacity
+        inst.count(n - inst.others)
+        inst.others = n
+        if was_full != (inst.in_flight >= inst.capacity):
+            self._available = None
+        return was_full and inst.in_flight < inst.capacity
 
     def expired(self, now: float, ttl: float) -> list[Lease]:
         """Leases held longer than `ttl`: each is a leak the reaper will release."""

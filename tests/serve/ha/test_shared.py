@@ -1,0 +1,305 @@
+"""Mode shared against a real Redis: the Lua scripts' semantics, and routers of several
+gateways over one slot table (exact admission, renewal and expiry, fail closed, re-sync,
+fencing)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from gpuplane.serve.errors import Rejected
+from gpuplane.serve.ha.shared import RedisSlotTable, Share, load_scripts
+from gpuplane.serve.router import Admission, ModelRouter
+from tests.serve.ha.shared_helpers import (
+    TTL_S,
+    killable_redis,
+    options,
+    prefix,
+    shared_router,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
+
+INC = "inc-1"
+
+
+@pytest.fixture
+async def scripts(redis_server: str) -> AsyncIterator[tuple[dict[str, AsyncScript], str]]:
+    """The scripts on one client, and a key prefix whose incarnation is INC."""
+    client = aioredis.from_url(redis_server)
+    key = prefix()
+    await client.set(f"{key}:inc", INC)
+    try:
+        yield {n: client.register_script(s) for n, s in load_scripts().items()}, key
+    finally:
+        await client.aclose()
+
+
+async def acquire(
+    s: dict[str, AsyncScript], key: str, lease: str, cap: int, *, ttl_ms: int = 60_000
+) -> list[int]:
+    gateway, epoch, _ = lease.split("|")
+    keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
+    return list(await s["acquire"](keys, [INC, gateway, epoch, lease, cap, ttl_ms]))
+
+
+async def renew(s: dict[str, AsyncScript], key: str, gateway: str, epoch: int, *leases: str) -> Any:
+    keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
+    return await s["renew"](keys, [INC, gateway, epoch, 60_000, *leases])
+
+
+# -- the scripts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_capacity_is_exact_under_concurrent_acquirers_and_releases(
+    scripts: tuple[dict[str, AsyncScript], str], seed: int
+) -> None:
+    s, key = scripts
+    rng = random.Random(seed)
+    cap = rng.randint(1, 6)
+    held: set[str] = set()
+    most = 0
+    for round_ in range(12):  # a burst of acquirers racing, then some of the holders leave
+        burst = [f"g{rng.randint(0, 2)}|1|{round_}-{n}" for n in range(rng.randint(1, 12))]
+        free = cap - len(held)
+        answers = await asyncio.gather(*(acquire(s, key, lease, cap) for lease in burst))
+        held |= {lease for lease, (status, _) in zip(burst, answers, strict=True) if status == 1}
+        assert all(status in (0, 1) for status, _ in answers)
+        assert sum(status for status, _ in answers) == min(len(burst), free)
+        assert len(held) <= cap
+        most = max(most, len(held))
+        for lease in rng.sample(sorted(held), rng.randint(0, len(held))):
+            released = await s["release"]([f"{key}:i0"], [lease])
+            assert released == 1
+            held.discard(lease)
+    assert most == cap  # the bursts did fill it
+
+
+async def test_full_set_refuses_and_answers_the_count(
+    scripts: tuple[dict[str, AsyncScript], str],
+) -> None:
+    s, key = scripts
+    assert await acquire(s, key, "a|1|1", 2) == [1, 1]
+    assert await acquire(s, key, "b|1|1", 2) == [1, 2]
+    assert await acquire(s, key, "a|1|2", 2) == [0, 2]
+    assert await acquire(s, key, "a|1|1", 2) == [1, 2]  # a retry of one that landed: no new slot
+
+
+async def test_expired_leases_are_purged_before_capacity_is_checked(
+    scripts: tuple[dict[str, AsyncScript], str],
+) -> None:
+    s, key = scripts
+    assert (await acquire(s, key, "a|1|1", 1, ttl_ms=150))[0] == 1
+    assert (await acquire(s, key, "b|1|1", 1))[0] == 0
+    await asyncio.sleep(0.3)  # past the lease's expiry by Redis's own clock
+    assert await acquire(s, key, "b|1|1", 1) == [1, 1]
+
+
+async def test_release_is_idempotent(scripts: tuple[dict[str, AsyncScript], str]) -> None:
+    s, key = scripts
+    await acquire(s, key, "a|1|1", 2)
+    await acquire(s, key, "a|1|2", 2)
+    assert await s["release"]([f"{key}:i0"], ["a|1|1"]) == 1
+    assert await s["release"]([f"{key}:i0"], ["a|1|1"]) == 0
+    assert await s["release"]([f"{key}:i0"], ["never|1|9"]) == 0
+    assert (await renew(s, key, "a", 1))[2] == 1  # one lease left: counted once
+
+
+async def test_renew_of_another_gateways_lease_is_refused(
+    scripts: tuple[dict[str, AsyncScript], str],
+) -> None:
+    s, key = scripts
+    await acquire(s, key, "a|1|1", 2, ttl_ms=200)
+    assert list(await renew(s, key, "b", 1, "a|1|1")) == [-4, 0, 0]
+    assert list(await renew(s, key, "a", 2, "a|1|1")) == [-4, 0, 0]  # not its epoch's either
+    await asyncio.sleep(0.3)
+    assert (await renew(s, key, "b", 1))[2] == 0  # it was not extended: it expired
+
+
+async def test_stale_epoch_is_refused(scripts: tuple[dict[str, AsyncScript], str]) -> None:
+    s, key = scripts
+    assert (await renew(s, key, "a", 2))[0] == 1  # epoch 2 of gateway a registers
+    assert await acquire(s, key, "a|1|7", 4) == [-3, 0]
+    assert list(await renew(s, key, "a", 1)) == [-3, 0, 0]
+    assert (await acquire(s, key, "a|2|7", 4))[0] == 1
+
+
+async def test_another_incarnation_is_refused(
+    scripts: tuple[dict[str, AsyncScript], str],
+) -> None:
+    s, key = scripts
+    keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
+    assert list(await s["acquire"](keys, ["inc-0", "a", 1, "a|1|1", 4, 1000])) == [-2, 0]
+
+
+# -- routers over the shared table --------------------------------------------------------------
+
+
+async def gateways(url: str, n: int, capacities: list[int], **kw: float) -> list[ModelRouter]:
+    """`n` gateways' routers of model m on one table, once all of them admit through Redis."""
+    key = prefix()
+    tables = [RedisSlotTable(options(url, f"gw{i}", key, **kw)) for i in range(n)]
+    routers = [shared_router(t, capacities) for t in tables]
+    for t in tables:
+        await t.start()
+    await until(lambda: all(t.state is Share.SHARED for t in tables), 5 * TTL_S + 2)
+    return routers
+
+
+def table(router: ModelRouter) -> RedisSlotTable:
+    assert isinstance(router.shared, RedisSlotTable)
+    return router.shared
+
+
+async def stop(routers: list[ModelRouter], admissions: list[tuple[ModelRouter, Admission]]) -> None:
+    for router, admission in admissions:
+        router.finish(admission)
+    for router in routers:
+        await table(router).stop()
+
+
+async def until(done: Any, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached within {timeout_s} s")
+
+
+async def in_redis(url: str, router: ModelRouter) -> int:
+    """Leases of every instance in Redis now (expired ones excluded)."""
+    client = aioredis.from_url(url)
+    try:
+        t = table(router)
+        now = await client.time()
+        ms = now[0] * 1000 + now[1] // 1000
+        return sum([await client.zcount(i.key, ms, "+inf") for i in t._instances.values()])
+    finally:
+        await client.aclose()
+
+
+async def test_gateways_admit_exactly_the_capacity_between_them(redis_server: str) -> None:
+    routers = await gateways(redis_server, 3, [2, 2])
+    rng = random.Random(4)
+    held: list[tuple[ModelRouter, Admission]] = []
+    order = [rng.choice(routers) for _ in range(4)]
+    held = [
+        (r, a)
+        for r, a in zip(order, await asyncio.gather(*(r.acquire({}) for r in order)), strict=True)
+    ]
+    assert sorted(a.lease.instance_id for _, a in held) == ["http://i0"] * 2 + ["http://i1"] * 2
+    for router in routers:  # every gateway now sees the model full and queues
+        with pytest.raises(Rejected, match="no slot"):
+            await router.acquire({}, timeout_s=0.2)
+    # a slot freed on one gateway goes to a request waiting on another
+    waiting = asyncio.create_task(routers[2].acquire({}, timeout_s=5))
+    await asyncio.sleep(0.1)
+    freed_by = next((r, a) for r, a in held if r is not routers[2])
+    held.remove(freed_by)
+    freed_by[0].finish(freed_by[1])
+    held.append((routers[2], await waiting))
+    assert await in_redis(redis_server, routers[0]) == 4
+    await stop(routers, held)
+    assert await in_redis(redis_server, routers[0]) == 0
+
+
+async def test_leases_of_long_generations_are_renewed_and_a_dead_gateways_expire(
+    redis_server: str,
+) -> None:
+    a, b = await gateways(redis_server, 2, [2])
+    held = [(a, await a.acquire({})), (a, await a.acquire({}))]
+    await asyncio.sleep(3 * TTL_S)  # renewed meanwhile
+    with pytest.raises(Rejected):
+        await b.acquire({}, timeout_s=0.1)
+    loop = table(a)._loop
+    assert loop is not None
+    loop.cancel()  # gateway a dies: no renewal, no release reaches Redis
+    waiting = asyncio.create_task(b.acquire({}, timeout_s=5 * TTL_S))
+    got = await waiting  # within one TTL of a's last renewal
+    assert got.lease.instance_id == "http://i0"
+    await stop([a, b], [*held, (b, got)])
+
+
+async def test_redis_down_fails_closed_to_local_shares() -> None:
+    with killable_redis() as server:
+        routers = await gateways(server.url, 2, [3, 3])
+        server.kill()
+        await until(lambda: all(table(r).state is Share.LOCAL for r in routers), 2.0)
+        held: list[tuple[ModelRouter, Admission]] = []
+        for router in routers:  # each admits its share of each instance, no more
+            while True:
+                try:
+                    held.append((router, await router.acquire({}, timeout_s=0.1)))
+                except Rejected:
+                    break
+        per_instance = [sum(a.lease.instance_id == f"http://i{i}" for _, a in held) for i in (0, 1)]
+        assert per_instance == [3, 3]
+        shares = sorted(sum(r is router for r, _ in held) for router in routers)
+        assert shares == [3, 3]  # 3 // 2 each, the remainder to a different gateway per instance
+        await stop(routers, held)
+
+
+async def test_resync_after_redis_lost_its_data_counts_every_lease_once() -> None:
+    with killable_redis() as server:
+        a, b = await gateways(server.url, 2, [4])
+        held = [(a, await a.acquire({})), (a, await a.acquire({})), (b, await b.acquire({}))]
+        server.kill()  # its data is gone
+        await until(lambda: table(a).state is Share.LOCAL, 2.0)
+        with pytest.raises(Rejected):  # a holds its share (2) already
+            await a.acquire({}, timeout_s=0.1)
+        held.append((b, await b.acquire({})))  # b had 1 of its 2
+        server.start()
+        await until(lambda: table(a).state is Share.RESYNC and table(b).state is Share.RESYNC, 3)
+        # re-syncing: both registered again, exactly once each; nobody admits past the total
+        await until(lambda: table(a)._synced and table(b)._synced, 3)
+        assert await in_redis(server.url, a) == 4
+        for router in (a, b):
+            with pytest.raises(Rejected):
+                await router.acquire({}, timeout_s=0.1)
+        await until(lambda: table(a).state is Share.SHARED, 5 * TTL_S + 2)
+        assert await in_redis(server.url, a) == 4
+        router, admission = held.pop(0)
+        router.finish(admission)
+        held.append((b, await b.acquire({}, timeout_s=2)))  # the freed slot, from b
+        assert await in_redis(server.url, a) == 4
+        await stop([a, b], held)
+
+
+async def test_resync_after_redis_paused_keeps_the_same_leases() -> None:
+    with killable_redis() as server:
+        a, b = await gateways(server.url, 2, [4])
+        held = [(a, await a.acquire({})), (b, await b.acquire({}))]
+        server.pause()  # calls time out; what Redis holds stays
+        await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
+        held.append((a, await a.acquire({})))  # a's share is 2: it had 1
+        server.resume()
+        await until(lambda: all(table(r).state is Share.SHARED for r in (a, b)), 5 * TTL_S + 2)
+        assert await in_redis(server.url, a) == 3  # the two from before once, the new one too
+        held.append((b, await b.acquire({}, timeout_s=1)))
+        with pytest.raises(Rejected):
+            await a.acquire({}, timeout_s=0.1)
+        await stop([a, b], held)
+
+
+async def test_a_process_under_a_newer_epoch_fences_the_old_one(redis_server: str) -> None:
+    key = prefix()
+    old = RedisSlotTable(options(redis_server, "gw", key))
+    router = shared_router(old, [2])
+    await old.start()
+    await until(lambda: old.state is Share.SHARED, 5 * TTL_S + 2)
+    admission = await router.acquire({})
+    new = RedisSlotTable(options(redis_server, "gw", key))  # the same gateway id, restarted
+    await new.start()
+    await until(lambda: old.state is Share.FENCED, 2.0)
+    with pytest.raises(Rejected):
+        await router.acquire({}, timeout_s=0.1)
+    router.finish(admission)
+    await old.stop()
+    await new.stop()
