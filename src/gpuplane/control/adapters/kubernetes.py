@@ -1,0 +1,447 @@
+"""The `kubernetes` adapter: a cluster whose GPUs HAMi shares, through the official `kubernetes`
+client (extra `kubernetes`, imported at first use).
+
+Registration reads the server's `/version` and discovery documents and refuses a version outside
+the supported range (`k8s/versions.py`). Inventory is the Ready, schedulable nodes with their
+labels, allocatable CPU and memory and the healthy cards HAMi registered on them
+(`hami.io/node-nvidia-register`), kept current by a watch (`k8s/reflector.py`). A bound job is a
+Pod, or a batch/v1 Job (`bind_kind: job`), named after the job id in its team's namespace,
+pinned to its node and cards (`k8s/manifests.py`); the name makes `bind` idempotent: a retry
+(after a timeout, or by a restarted service) finds the object by its name (409) and takes it
+back when it is this job's on the same placement. What runs is watched too (the objects labelled
+with this service instance), so `status`, `workloads` and adoption after a restart need no
+records of their own: the cluster keeps the state. `release` deletes with the cluster's grace
+period. Every client or transport error is mapped here into an AdapterError saying what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from gpuplane.control.adapters.base import (
+    AdapterError,
+    ClusterAdapter,
+    Inventory,
+    Workload,
+    WorkloadState,
+    WorkloadStatus,
+    register,
+)
+from gpuplane.control.adapters.k8s import manifests
+from gpuplane.control.adapters.k8s.convert import (
+    NodeView,
+    ObjectView,
+    job_status,
+    node_view,
+    object_view,
+)
+from gpuplane.control.adapters.k8s.manifests import Binding
+from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error, read_json
+from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiException
+
+log = logging.getLogger("gpuplane.control.kubernetes")
+T = TypeVar("T")
+LOG_BLOCK = 64 * 1024
+
+
+class _Api:
+    """The client's pieces one cluster uses, made from its kubeconfig."""
+
+    def __init__(self, client: Any, api_client: Any) -> None:
+        self.client = client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.version = client.VersionApi(api_client)
+        self.core_group = client.CoreApi(api_client)
+        self.apis = client.ApisApi(api_client)
+        self.exception: type[ApiException] = client.ApiException
+        from urllib3.exceptions import HTTPError
+
+        self.transport_errors: tuple[type[Exception], ...] = (OSError, HTTPError)
+
+
+@register
+class KubernetesAdapter(ClusterAdapter):
+    """Pods (or Jobs) on a Kubernetes cluster with HAMi."""
+
+    kind: ClassVar[str] = "kubernetes"
+    unsupported: ClassVar[dict[str, str]] = {
+        "per-job images": "the cluster's `image` runs every job's command (specs name no image)",
+    }
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.instance = self.control.instance or ""
+        self._api: _Api | None = None
+        self.profile: ApiProfile | None = None
+        self._nodes: Reflector[NodeView] | None = None
+        self._pods: Reflector[ObjectView] | None = None
+        self._jobs: Reflector[ObjectView] | None = None
+        self._bound: dict[str, Binding] = {}  # bound here, perhaps not yet seen by the watch
+        self._lock = threading.Lock()
+        self.timeout_s = min(10.0, self.cluster.sync_interval_s)
+
+    @property
+    def where(self) -> str:
+        ctx = f" context {self.cluster.context}" if self.cluster.context else ""
+        config = self.cluster.kubeconfig or "the default kubeconfig"
+        return f"cluster {self.cluster.name} ({config}{ctx})"
+
+    # -- connection --------------------------------------------------------------------------
+
+    def _connect(self) -> _Api:
+        """Load the kubeconfig, check the server's version and groups, start the watches.
+        Once; raises AdapterError saying what is wrong."""
+        with self._lock:
+            if self._api is not None:
+                return self._api
+            try:
+                from kubernetes import client, config
+            except ImportError:
+                raise AdapterError(
+                    f"{self.where}: the kubernetes adapter needs the official client: "
+                    "pip install 'gpuplane[kubernetes]'"
+                ) from None
+            try:
+                api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                    config_file=self.cluster.kubeconfig,
+                    context=self.cluster.context,
+                    persist_config=False,
+                )
+            except Exception as exc:  # ConfigException, a missing or malformed file
+                raise AdapterError(
+                    f"{self.where}: cannot load the kubeconfig: {exc}; check the path and the "
+                    "context (`kubectl config get-contexts`)"
+                ) from None
+            api = _Api(client, api_client)
+            timeout = _raw(self.timeout_s)
+            version = self._call(
+                "read /version", lambda: read_json(api.version.get_code(**timeout))
+            )
+            core = self._call(
+                "read /api", lambda: read_json(api.core_group.get_api_versions(**timeout))
+            )
+            groups = self._call(
+                "read /apis", lambda: read_json(api.apis.get_api_versions(**timeout))
+            )
+            self.profile = api_profile(
+                version, core, groups, manifests.needs(self.cluster), self.where
+            )
+            interval = self.cluster.sync_interval_s
+            self._nodes = Reflector(
+                api.core.list_node,
+                node_view,
+                what=f"{self.cluster.name} nodes",
+                interval_s=interval,
+            ).start()
+            mine = manifests.selector(self.instance)
+            self._pods = Reflector(
+                api.core.list_pod_for_all_namespaces,
+                object_view,
+                what=f"{self.cluster.name} pods",
+                interval_s=interval,
+                label_selector=mine,
+            ).start()
+            if self.cluster.bind_kind == "job":
+                self._jobs = Reflector(
+                    api.batch.list_job_for_all_namespaces,
+                    object_view,
+                    what=f"{self.cluster.name} jobs",
+                    interval_s=interval,
+                    label_selector=mine,
+                ).start()
+            self._api = api
+            return api
+
+    def _synced(self, reflector: Reflector[T] | None) -> Reflector[T]:
+        """`reflector` once it has listed, or AdapterError with why it has not."""
+        assert reflector is not None
+        if not reflector.synced.wait(self.cluster.sync_interval_s):
+            why = reflector.error or "no answer"
+            raise AdapterError(
+                f"{self.where}: could not list {reflector.what} within "
+                f"{self.cluster.sync_interval_s:g}s ({why}); check that the API server is reachable"
+            )
+        return reflector
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """`fn()`, its client and transport errors mapped into AdapterError once, here."""
+        try:
+            return fn()
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise AdapterError(f"{self.where}: could not {what}: {describe_error(exc)}") from exc
+
+    def reachable(self) -> tuple[bool, str]:
+        """Whether the API server answered within the last sync interval, and if not, why."""
+        if self._nodes is None or self._nodes.last_contact is None:
+            return False, "not connected yet"
+        quiet = time.monotonic() - self._nodes.last_contact
+        if quiet > self.cluster.sync_interval_s:
+            return False, self._nodes.error or f"no answer for {quiet:.0f}s"
+        return True, ""
+
+    # -- inventory ---------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        self._connect()
+        views = sorted(self._synced(self._nodes).snapshot(), key=lambda v: v.node.name)
+        for problem in (v.problem for v in views if v.problem):
+            log.warning("%s: %s", self.where, problem)
+        cards = sum(len(v.node.devices) for v in views)
+        unhealthy = sum(v.unhealthy for v in views)
+        assert self.profile is not None
+        left_out = f", {unhealthy} unhealthy left out" if unhealthy else ""
+        return Inventory(
+            tuple(v.node for v in views),
+            f"Kubernetes {self.profile.git_version} ({self.where}): {len(views)} Ready node(s), "
+            f"{cards} HAMi card(s){left_out}",
+        )
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def _views(self) -> tuple[dict[str, ObjectView], dict[str, list[ObjectView]]]:
+        """This instance's workloads by job id, and the Pods of each."""
+        pods: dict[str, list[ObjectView]] = {}
+        for view in self._synced(self._pods).snapshot():
+            pods.setdefault(view.job_id, []).append(view)
+        if self._jobs is None:
+            return {j: max(ps, key=lambda p: p.created) for j, ps in pods.items()}, pods
+        return {v.job_id: v for v in self._synced(self._jobs).snapshot()}, pods
+
+    def _binding(self, workload: Workload) -> Binding:
+        assert self._nodes is not None
+        view = self._synced(self._nodes).view.get(("", workload.node))
+        if view is None:
+            raise AdapterError(
+                f"{self.where}: node {workload.node} is not a Ready, schedulable node there "
+                "now; the job is placed again once the inventory is refreshed"
+            )
+        missing = [d.index for d in workload.devices if d.index not in view.uuids]
+        if missing:
+            raise AdapterError(
+                f"{self.where}: node {workload.node} has no healthy HAMi card with index "
+                f"{', '.join(map(str, missing))} (it has {sorted(view.uuids)}); the job is "
+                "placed again once the inventory is refreshed"
+            )
+        return Binding(
+            manifests.namespace_of(self.cluster, workload.team),
+            manifests.object_name(workload.job_id),
+            tuple(view.uuids[d.index] for d in workload.devices),
+        )
+
+    def _manifest(self, workload: Workload, binding: Binding) -> dict[str, Any]:
+        if self.cluster.bind_kind == "job":
+            assert self.profile is not None
+            return manifests.job_manifest(
+                workload, binding, self.cluster, self.instance, self.profile
+            )
+        return manifests.pod_manifest(workload, binding, self.cluster, self.instance)
+
+    def bind(self, workload: Workload) -> None:
+        """Create the workload's Pod (or Job). On 409 the existing object is read: this job's,
+        on the same node and cards, it is taken back; this job's elsewhere or on its way out,
+        it is deleted at once and created again; anyone else's is an error."""
+        if not workload.command:
+            raise AdapterError(f"job {workload.job_id} has an empty command")
+        api = self._connect()
+        binding = self._binding(workload)
+        body = self._manifest(workload, binding)
+        kind = body["kind"]
+        for attempt in range(3):
+            try:
+                self._create(api, binding, body)
+                break
+            except api.exception as exc:
+                if exc.status != 409:
+                    raise AdapterError(
+                        f"{self.where}: could not create {kind} {binding.namespace}/"
+                        f"{binding.name}: {describe_error(exc)}"
+                    ) from exc
+                existing = object_view(self._read(api, binding, kind))
+                if existing is None or existing.job_id != workload.job_id:
+                    raise AdapterError(
+                        f"{self.where}: a {kind} named {binding.namespace}/{binding.name} "
+                        f"already exists and is not job {workload.job_id}'s; delete it "
+                        "(kubectl delete) and the job is bound on the next try"
+                    ) from None
+                same = (existing.node, existing.uuids) == (workload.node, binding.uuids)
+                if same and not existing.terminating:
+                    break  # ours, as asked: taken back
+                self._delete(api, binding, kind, grace=0)
+            except api.transport_errors as exc:  # a timeout: the next try finds it by name
+                if attempt == 2:
+                    raise AdapterError(
+                        f"{self.where}: could not create {kind} {binding.namespace}/"
+                        f"{binding.name}: {describe_error(exc)}"
+                    ) from exc
+        else:
+            raise AdapterError(
+                f"{self.where}: {kind} {binding.namespace}/{binding.name} is still being "
+                "deleted; the job is bound on the next try"
+            )
+        with self._lock:
+            self._bound[workload.job_id] = binding
+
+    def _create(self, api: _Api, binding: Binding, body: dict[str, Any]) -> None:
+        create = (
+            api.batch.create_namespaced_job
+            if body["kind"] == "Job"
+            else api.core.create_namespaced_pod
+        )
+        try:
+            read_json(create(binding.namespace, body, **_raw(self.timeout_s)))
+        except api.exception as exc:
+            if exc.status != 404:
+                raise
+            # the team's namespace does not exist yet: create it (409: someone just did)
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": binding.namespace}}
+            try:
+                read_json(api.core.create_namespace(ns, **_raw(self.timeout_s)))
+            except api.exception as again:
+                if again.status != 409:
+                    raise
+            read_json(create(binding.namespace, body, **_raw(self.timeout_s)))
+
+    def _read(self, api: _Api, binding: Binding, kind: str) -> dict[str, Any]:
+        read = api.batch.read_namespaced_job if kind == "Job" else api.core.read_namespaced_pod
+        return self._call(
+            f"read {kind} {binding.namespace}/{binding.name}",
+            lambda: read_json(read(binding.name, binding.namespace, **_raw(self.timeout_s))),
+        )
+
+    def _delete(self, api: _Api, binding: Binding, kind: str, grace: int) -> None:
+        """Delete, its Pods with it (a Job's, in the background); gone already is fine."""
+        delete = (
+            api.batch.delete_namespaced_job if kind == "Job" else api.core.delete_namespaced_pod
+        )
+        body = {"gracePeriodSeconds": grace, "propagationPolicy": "Background"}
+        try:
+            read_json(delete(binding.name, binding.namespace, body=body, **_raw(self.timeout_s)))
+        except api.exception as exc:
+            if exc.status != 404:
+                raise
+
+    def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
+        api = self._connect()
+        views, pods = self._views()
+        out = {}
+        for job_id in job_ids:
+            view = views.get(job_id)
+            if view is None:
+                out[job_id] = self._unseen(api, job_id)
+            elif view.kind == "Job":
+                out[job_id] = job_status(view.raw, pods.get(job_id, []))
+            else:
+                out[job_id] = view.status
+        return out
+
+    def _unseen(self, api: _Api, job_id: str) -> WorkloadStatus:
+        """A job the watch has not shown: just bound (the watch lags), or gone."""
+        with self._lock:
+            binding = self._bound.get(job_id)
+        if binding is not None:
+            kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
+            try:
+                view = object_view(self._read(api, binding, kind))
+            except AdapterError as exc:
+                if getattr(exc.__cause__, "status", None) != 404:
+                    return WorkloadStatus(WorkloadState.RUNNING, None, str(exc))
+                view = None
+            if view is not None:
+                return view.status  # a Job's: running until the watch shows its Pods
+        return WorkloadStatus(
+            WorkloadState.LOST,
+            None,
+            f"{self.where} has no Pod or Job of this job (deleted outside gpuplane?)",
+        )
+
+    def release(self, job_id: str) -> None:
+        try:
+            api = self._connect()
+            views, _ = self._views()
+        except AdapterError as exc:
+            log.warning("releasing job %s: %s", job_id, exc)
+            return
+        with self._lock:
+            binding = self._bound.pop(job_id, None)
+        view = views.get(job_id)
+        if view is not None:
+            binding = Binding(view.namespace, view.name, view.uuids)
+        if binding is None:
+            return
+        kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
+        try:
+            self._delete(api, binding, kind, self.cluster.grace_period_s)
+        except Exception as exc:  # never raises: the reconciler deletes it again
+            log.warning(
+                "%s: could not delete %s %s/%s of job %s: %s",
+                self.where,
+                kind,
+                binding.namespace,
+                binding.name,
+                job_id,
+                describe_error(exc),
+            )
+
+    def workloads(self) -> list[str]:
+        views, _ = self._views()
+        return [job_id for job_id, view in views.items() if not view.terminating]
+
+    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        api = self._connect()
+        _, pods = self._views()
+        latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
+        if latest is None:
+            return iter(())
+        return self._stream_log(api, latest, tail, since)
+
+    def _stream_log(
+        self, api: _Api, pod: ObjectView, tail: int | None, since: int
+    ) -> Iterator[bytes]:
+        kw: dict[str, Any] = {"container": manifests.CONTAINER, **_raw(self.timeout_s)}
+        if tail is not None:
+            kw["tail_lines"] = tail
+        try:
+            resp = api.core.read_namespaced_pod_log(pod.name, pod.namespace, **kw)
+        except api.exception as exc:
+            if exc.status in (400, 404):  # not started yet, or gone: no output to show
+                return
+            raise AdapterError(
+                f"{self.where}: could not read the log of Pod {pod.namespace}/{pod.name}: "
+                f"{describe_error(exc)}"
+            ) from exc
+        skip = since
+        try:
+            for block in resp.stream(LOG_BLOCK):
+                if skip >= len(block):
+                    skip -= len(block)
+                    continue
+                yield block[skip:]
+                skip = 0
+        finally:
+            resp.release_conn()
+
+    def close(self) -> None:
+        if self._api is not None:
+            for job_id in self.workloads():
+                self.release(job_id)
+        for reflector in (self._nodes, self._pods, self._jobs):
+            if reflector is not None:
+                reflector.stop()
+
+
+def _raw(timeout_s: float | None = None) -> dict[str, Any]:
+    """Keyword arguments for a call whose JSON the adapter reads itself."""
+    kw: dict[str, Any] = {"_preload_content": False}
+    if timeout_s is not None:
+        kw["_request_timeout"] = timeout_s
+    return kw
