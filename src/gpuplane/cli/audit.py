@@ -4,12 +4,19 @@ or recorded files into a sample store (a directory of Parquet files by day)."""
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NoReturn
 
+import pyarrow as pa
 import typer
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError, SampleStore
+from gpuplane.control.spec import parse_duration
+from gpuplane.errors import GpuplaneError
 
 app = typer.Typer(
     help="GPU audit: usage samples, findings, right-sized slices.", no_args_is_help=True
@@ -17,12 +24,24 @@ app = typer.Typer(
 
 
 class Source(enum.StrEnum):
+    control = "control"
     file = "file"
 
 
-def _fail(message: str) -> None:
+# One pass of a collector: the samples of the window [since, until).
+Pass = Callable[[datetime, datetime], pa.Table]
+
+
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+def _duration(value: str, option: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        _fail(f"{option}: {exc}")
 
 
 @app.command()
@@ -34,6 +53,13 @@ def collect(
     interval: float | None = typer.Option(
         None, "--interval", min=1.0, help="collect every this many seconds until interrupted"
     ),
+    db: str | None = typer.Option(
+        None, "--db", help="--source control: the store's database URL (control.database_url)"
+    ),
+    since: str = typer.Option(
+        "1h", "--since", help="--source control: the first pass covers this much history"
+    ),
+    step: str = typer.Option("60s", "--step", help="--source control: one sample per this"),
     traffic: bool = typer.Option(
         False, "--traffic", help="--source file: the files hold gateway traffic, not samples"
     ),
@@ -42,9 +68,47 @@ def collect(
     an interrupted collector loses at most the pass in flight."""
     if once and interval is not None:
         _fail("--once and --interval exclude each other; give one (--once is the default)")
-    if interval is not None:
-        _fail("--source file imports once; drop --interval")
-    _import(files or [], out, traffic)
+    if source is Source.file:
+        if interval is not None:
+            _fail("--source file imports once; drop --interval")
+        _import(files or [], out, traffic)
+        return
+    if files:
+        _fail(f"--source {source.value} takes no file arguments (got {files[0]})")
+    if source is Source.control:
+        if db is None:
+            _fail("--source control needs --db, the control plane's database URL")
+        from gpuplane.audit.collect import store as control_store
+
+        url, step_s = str(db), _duration(step, "--step")
+
+        def one(lo: datetime, hi: datetime) -> pa.Table:
+            return control_store.collect(url, lo, hi, step_s)
+
+        _loop(one, SampleStore(out), _duration(since, "--since"), interval)
+
+
+def _loop(one: Pass, store: SampleStore, history_s: float, interval: float | None) -> None:
+    """Run `one` over `[now - history, now)`, then (with an interval) every `interval` seconds
+    over the time since the last pass; each pass's samples are appended as soon as it ends."""
+    until = datetime.now(UTC)
+    since = until - timedelta(seconds=history_s)
+    try:
+        while True:
+            try:
+                table = one(since, until)
+                store.append(table)
+            except (GpuplaneError, OSError) as exc:
+                _fail(str(exc))
+            typer.echo(f"{until.isoformat(timespec='seconds')}: {table.num_rows} samples")
+            if interval is None:
+                return
+            time.sleep(
+                max(0.0, (until + timedelta(seconds=interval) - datetime.now(UTC)).total_seconds())
+            )
+            since, until = until, datetime.now(UTC)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; every finished pass is stored")
 
 
 def _import(files: list[Path], out: Path, traffic: bool) -> None:
