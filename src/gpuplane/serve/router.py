@@ -278,6 +278,18 @@ class ModelRouter:
         if self.slots.set_others(instance_id, n):
             self._dispatch(instance_id)
 
+    def turn_away(self, reason: Rejection, message: str) -> int:
+        """Refuse every waiter now with `reason` (a gateway that stops leading: its waiters
+        retry at the new leader); returns how many."""
+        turned = 0
+        while (waiter := self.queue.pop()) is not None:
+            if waiter.future.done():
+                continue
+            self.events.rejected(self.name, reason)
+            waiter.future.set_exception(Rejected(reason, message))
+            turned += 1
+        return turned
+
     def reap(self) -> int:
         """Release leases past the TTL; each one is a leak and is reported."""
         expired = self.slots.expired(self._clock(), self.cfg.lease_ttl_s)
