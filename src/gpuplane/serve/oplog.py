@@ -26,6 +26,7 @@ _REMEDY = {
     Rejection.QUEUE_FULL: "add instances or raise gateway.queue.max_size",
     Rejection.QUEUE_TIMEOUT: "add instances or raise gateway.queue.timeout_s",
     Rejection.NO_HEALTHY_INSTANCE: "check the engines (GET /admin/state)",
+    Rejection.NOT_LEADER: "clients retry at the leader (GET /admin/state shows which leads)",
 }
 
 
