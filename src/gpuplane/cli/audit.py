@@ -4,6 +4,7 @@ or recorded files into a sample store (a directory of Parquet files by day)."""
 from __future__ import annotations
 
 import enum
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -24,6 +25,7 @@ app = typer.Typer(
 
 
 class Source(enum.StrEnum):
+    nvml = "nvml"
     control = "control"
     file = "file"
 
@@ -63,6 +65,19 @@ def collect(
     traffic: bool = typer.Option(
         False, "--traffic", help="--source file: the files hold gateway traffic, not samples"
     ),
+    cluster: str = typer.Option("local", "--cluster", help="--source nvml: this node's cluster"),
+    node: str | None = typer.Option(
+        None, "--node", help="--source nvml: this node's name (default $NODE_NAME, or hostname)"
+    ),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        help="--source nvml: the local adapter's job records "
+        "(<control.state_dir>/clusters/<cluster>/run), to name each process's job",
+    ),
+    record: Path | None = typer.Option(
+        None, "--record", help="--source nvml: also write NVML's answer of each pass here (JSON)"
+    ),
 ) -> None:
     """Collect usage samples into the store at --out; each pass is written as it completes, so
     an interrupted collector loses at most the pass in flight."""
@@ -75,6 +90,9 @@ def collect(
         return
     if files:
         _fail(f"--source {source.value} takes no file arguments (got {files[0]})")
+    if source is Source.nvml:
+        _nvml(SampleStore(out), cluster, node, run_dir, record, interval)
+        return
     if source is Source.control:
         if db is None:
             _fail("--source control needs --db, the control plane's database URL")
@@ -86,6 +104,38 @@ def collect(
             return control_store.collect(url, lo, hi, step_s)
 
         _loop(one, SampleStore(out), _duration(since, "--since"), interval)
+
+
+def _nvml(
+    store: SampleStore,
+    cluster: str,
+    node: str | None,
+    run_dir: Path | None,
+    record: Path | None,
+    interval: float | None,
+) -> None:
+    from gpuplane.audit.collect import nvml
+
+    def nobody(pid: int) -> nvml.Owner | None:
+        return None
+
+    try:
+        reader = nvml.Reader()
+    except CollectError as exc:
+        _fail(str(exc))
+    name = node or nvml.default_node()
+
+    def one(lo: datetime, hi: datetime) -> pa.Table:
+        answer = reader.answer()
+        if record is not None:
+            record.write_text(json.dumps(answer, indent=2) + "\n")
+        resolve = nvml.run_dir_resolver(run_dir) if run_dir else nobody  # jobs come and go
+        return nvml.samples(answer, hi, cluster, name, resolve)
+
+    try:
+        _loop(one, store, 0.0, interval)
+    finally:
+        reader.close()
 
 
 def _loop(one: Pass, store: SampleStore, history_s: float, interval: float | None) -> None:
