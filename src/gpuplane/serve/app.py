@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.errors import FailureKind, error_response
+from gpuplane.serve.engines import EngineAdapter, get_adapter
+from gpuplane.serve.errors import FailureKind, Rejection, error_response
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall, Tenant
@@ -39,6 +39,7 @@ from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
 
 if TYPE_CHECKING:
+    from gpuplane.serve.ha.leadership import Leadership
     from gpuplane.serve.ha.shared import RedisSlotTable
 
 log = logging.getLogger("gpuplane.gateway")
@@ -59,8 +60,9 @@ class Gateway:
         self.health_paths: dict[str, str] = {}
         rng = rng or random.Random()
         self.shared = shared_slots(self.cfg)
+        adapters: dict[str, EngineAdapter] = {}
         for model in settings.models:
-            adapter = get_adapter(model.engine)
+            adapter = adapters[model.name] = get_adapter(model.engine)
             capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
             self.routers[model.name] = ModelRouter(
                 model,
@@ -84,6 +86,7 @@ class Gateway:
         }
         self.upstream = Upstream(self.cfg)
         self._tasks: list[asyncio.Task[None]] = []
+        self.leadership = leadership(self.cfg, self.routers, adapters)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -94,8 +97,18 @@ class Gateway:
             asyncio.create_task(self._reaper(), name="gpuplane-reaper"),
             asyncio.create_task(self._prober(), name="gpuplane-prober"),
         ]
+        if self.leadership is not None:
+            self.leadership.start()
+
+    async def step_down(self) -> None:
+        """Hand the leader lease over now (primary/standby), first thing on shutdown: a
+        standby takes over while requests admitted here finish. Idempotent."""
+        if self.leadership is not None:
+            await self.leadership.step_down()
 
     async def stop(self) -> None:
+        if self.leadership is not None:
+            await self.leadership.aclose()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -158,7 +171,10 @@ class Gateway:
             }
             for router in self.routers.values()
         ]
-        return {"instances": instances, "models": models}
+        state: dict[str, Any] = {"instances": instances, "models": models}
+        if self.leadership is not None:
+            state["ha"] = self.leadership.state()
+        return state
 
     def resolve_tenant(self, headers: Mapping[str, str]) -> Tenant | None:
         """The caller's tenant; None when keys are configured and the request has no valid one."""
@@ -192,6 +208,17 @@ class GatewayApp:
         else:
             response = _method_not_allowed(scope["path"], scope["method"], "POST")
         await response(scope, receive, send)
+
+
+def leadership(
+    cfg: GatewayConfig, routers: Mapping[str, ModelRouter], adapters: Mapping[str, EngineAdapter]
+) -> Leadership | None:
+    """The lease loop when `gateway.ha.mode` is primary_standby (its store is imported then)."""
+    if cfg.ha.mode != "primary_standby":
+        return None
+    from gpuplane.serve.ha.leadership import Leadership
+
+    return Leadership(cfg.ha, routers, adapters)
 
 
 def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
@@ -234,6 +261,11 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
+            ha = gw.leadership.state()
+            return JSONResponse(
+                {"status": ha["role"], "message": why, "leader_url": ha["leader_url"]}, 503
+            )
         down = [name for name, r in gw.routers.items() if not any(i.healthy for i in r.instances)]
         if down:
             return JSONResponse({"status": "unready", "models_without_healthy_instance": down}, 503)
@@ -319,6 +351,9 @@ async def _completion(
         gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
         return body_or_error
     raw = body_or_error
+    if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
+        gw.metrics.reject(UNKNOWN_MODEL, Rejection.NOT_LEADER.value)
+        return error_response(503, why, Rejection.NOT_LEADER.value, headers={"retry-after": "1"})
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -78,8 +78,13 @@ async def serving(settings: ServeSettings, gateway: Gateway | None = None) -> As
                 )
             await asyncio.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{gw.host}:{port}"
+        url = f"http://{gw.host}:{port}"
+        leadership = app.gateway.leadership
+        if leadership is not None and leadership.url is None:
+            leadership.url = url  # where standbys send clients (gateway.ha.advertise_url)
+        yield url
     finally:
+        await app.gateway.step_down()  # a standby takes over while admitted requests finish
         server.should_exit = True
         with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
             await serving_task

@@ -152,6 +152,12 @@ class Election:
             return Change.LOST
         return Change.NONE
 
+    def fence(self) -> Change:
+        """Stop leading now: the store refused a write as fenced, or this gateway steps down."""
+        lost = self.epoch is not None
+        self.epoch, self.deadline = None, -math.inf
+        return Change.LOST if lost else Change.NONE
+
     def rebuilt(self, epoch: int) -> None:
         """The slot table was rebuilt for `epoch`; admitting may start if it is still current."""
         self.rebuilt_epoch = epoch

@@ -1,0 +1,160 @@
+"""Primary/standby in one process: two gateways on one lease file over simulated engines.
+
+The standby answers 503 not_leader with Retry-After and /readyz 503; the leader admits; a
+step-down hands over at once; the new leader counts the requests the old one left running
+(the engines' own count) before it admits, so the engines never run more than the capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuplane.config import parse_settings
+from gpuplane.serve.app import Gateway, create_app
+from gpuplane.serve.engines.sim import SimFleet, start_sim
+from tests.conftest import gateway_settings
+
+pytestmark = pytest.mark.anyio
+
+CAPACITY = 2  # the gateway's slots per instance; the engines could run 8, so more would show
+
+
+def _settings(urls: list[str], lease: Path, **ha: Any) -> Any:
+    models = [
+        {
+            "name": "m",
+            "engine": "sim",
+            "instances": [{"url": u, "max_concurrency": CAPACITY} for u in urls],
+        }
+    ]
+    ha_cfg = {"mode": "primary_standby", "lease": "file", "path": str(lease), **ha}
+    return parse_settings(gateway_settings(models, ha=ha_cfg))
+
+
+@asynccontextmanager
+async def _gateway(settings: Any, gid: str) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
+    ha = settings.gateway.ha.model_copy(update={"gateway_id": gid})
+    settings = settings.model_copy(
+        update={"gateway": settings.gateway.model_copy(update={"ha": ha})}
+    )
+    gw = Gateway(settings)
+    transport = httpx.ASGITransport(app=create_app(settings, gateway=gw))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{gid}") as client:
+            yield client, gw
+    finally:
+        await gw.stop()
+
+
+async def _until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        got = check()
+        if await got if inspect.isawaitable(got) else got:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {check}")
+
+
+def _chat(max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+async def _ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/readyz")).status_code == 200
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with start_sim(2, 8, seed=3, itl_ms=40) as fleet:
+        yield fleet
+
+
+async def test_the_standby_refuses_with_retry_after_and_a_step_down_hands_over(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    settings = _settings(fleet.urls, tmp_path / "lease")
+    async with AsyncExitStack() as stack:
+        a, gw_a = await stack.enter_async_context(_gateway(settings, "a"))
+        await _until(lambda: _ready(a))
+        b, gw_b = await stack.enter_async_context(_gateway(settings, "b"))
+        await asyncio.sleep(0.6)  # b has asked a few times by now
+        ready = await b.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "standby"
+        refused = await b.post("/v1/chat/completions", json=_chat())
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "not_leader"
+        assert "the leader is a-" in refused.json()["error"]["message"]
+        assert (await a.post("/v1/chat/completions", json=_chat())).status_code == 200
+        epoch_a = gw_a.state()["ha"]["epoch"]
+
+        await gw_a.step_down()
+        await _until(lambda: _ready(b), timeout_s=3.0)
+        assert gw_b.state()["ha"]["epoch"] > epoch_a
+        assert (await b.post("/v1/chat/completions", json=_chat())).status_code == 200
+        after = await a.post("/v1/chat/completions", json=_chat())
+        assert after.status_code == 503
+        assert after.json()["error"]["code"] == "not_leader"
+
+
+async def test_the_new_leader_counts_what_the_old_one_left_running(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    settings = _settings(fleet.urls[:1], tmp_path / "lease")
+    async with AsyncExitStack() as stack:
+        a, gw_a = await stack.enter_async_context(_gateway(settings, "a"))
+        await _until(lambda: _ready(a))
+        b, gw_b = await stack.enter_async_context(_gateway(settings, "b"))
+        # the old leader fills the instance with long generations, then hands over
+        old = [
+            asyncio.create_task(a.post("/v1/chat/completions", json=_chat(30)))
+            for _ in range(CAPACITY)
+        ]
+        await _until(lambda: len(fleet.instances[0].core.running) == CAPACITY)
+        await gw_a.step_down()
+        await _until(lambda: _ready(b), timeout_s=3.0)
+        assert gw_b.state()["ha"]["inherited"] == CAPACITY
+        new = [
+            asyncio.create_task(b.post("/v1/chat/completions", json=_chat(4)))
+            for _ in range(CAPACITY)
+        ]
+        answers = await asyncio.gather(*old, *new)
+        assert [r.status_code for r in answers] == [200] * (2 * CAPACITY)
+        stats = fleet.instances[0].core.stats
+        assert stats.max_running_seen == CAPACITY  # never more, across the switch
+        assert gw_b.state()["ha"]["inherited"] == 0  # drained as the engine finished them
+
+
+async def test_a_leader_that_stops_leading_turns_its_waiters_away(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    settings = _settings(fleet.urls[:1], tmp_path / "lease")
+    async with _gateway(settings, "a") as (a, gw_a):
+        await _until(lambda: _ready(a))
+        running = [
+            asyncio.create_task(a.post("/v1/chat/completions", json=_chat(20)))
+            for _ in range(CAPACITY)
+        ]
+        await _until(lambda: len(fleet.instances[0].core.running) == CAPACITY)
+        waiting = asyncio.create_task(a.post("/v1/chat/completions", json=_chat()))
+        await _until(lambda: len(gw_a.routers["m"].queue) > 0)
+        await gw_a.step_down()
+        refused = await waiting
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "not_leader"
+        assert [r.status_code for r in await asyncio.gather(*running)] == [200] * CAPACITY
