@@ -133,3 +133,50 @@ def test_per_request_cache_model_evicts_like_llama_cpp() -> None:
     idx.record(t1, "i")  # hit: touches t1's entry, saves another t1 entry, evicts t2
     assert idx.match(t1) == {"i": len(t1)}
     assert idx.match(t2) == {}
+
+
+@pytest.mark.parametrize("per_request_cache", [False, True])
+def test_a_miss_at_a_reuse_distance_bounds_what_the_instance_is_thought_to_keep(
+    per_request_cache: bool,
+) -> None:
+    # the engine keeps one prompt (llama.cpp by default): a, then b, then a misses
+    a, b, c = (chat(s * 640, "q") for s in "ABC")
+    idx = PrefixIndex(10_000, per_request_cache=per_request_cache)  # told nothing: unbounded
+    idx.record(a, "i")
+    idx.record(b, "i")
+    distance = idx.reuse_distance(a, "i")
+    assert distance == len(b)
+    idx.record(a, "i")  # placed there as cached
+    idx.evicted("i", distance)
+    assert idx.capacity("i") == len(b)
+    assert idx.match(a) == {"i": len(a)}  # just prefilled: held
+    assert idx.match(b) == {}
+    idx.record(c, "i")
+    assert idx.match(a) == {}  # one prompt's worth, the newest
+    assert idx.match(c) == {"i": len(c)}
+
+
+def test_an_unexpected_hit_grows_what_the_instance_is_thought_to_keep() -> None:
+    a, b, c = (chat(s * 640, "q") for s in "ABC")
+    idx = PrefixIndex(10_000, blocks_per_instance=len(a))
+    idx.record(a, "i")
+    idx.record(b, "i")
+    assert idx.match(a) == {}
+    idx.held(a, "i")  # a came back at cached speed after all
+    assert idx.capacity("i") == 2 * len(a)
+    idx.record(c, "i")
+    assert idx.match(b) == {"i": len(b)}
+    assert idx.match(c) == {"i": len(c)}
+
+
+def test_an_instance_that_keeps_nothing_is_never_predicted_to_hit() -> None:
+    a = chat("A" * 640, "q")
+    idx = PrefixIndex(10_000)
+    idx.record(a, "i")
+    distance = idx.reuse_distance(a, "i")
+    assert distance == 0
+    idx.record(a, "i")
+    idx.evicted("i", distance)  # missed right after serving it: no prefix cache at all
+    assert idx.match(a) == {}
+    idx.record(a, "i")
+    assert idx.match(a) == {}

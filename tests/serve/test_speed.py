@@ -5,11 +5,12 @@ cards (`serve/speed.py`)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from gpuplane.serve.speed import Answer, InstanceSpeeds
-from tests.serve.conftest import SLOW, SYSTEM, fleet_with_a_slow_card, make_router
+from tests.serve.conftest import SLOW, SYSTEM, fleet_with_a_slow_card, make_router, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
@@ -90,3 +91,29 @@ async def test_baseline_policies_place_on_the_slow_card_as_peer_routers_do() -> 
     assert {a.lease.instance_id for a in placed} == {"http://i0", "http://i1", SLOW}
     for admission in placed:
         router.finish(admission)
+
+
+async def test_learns_that_an_engine_keeps_only_its_last_prompt_and_stops_predicting_more() -> None:
+    router, _ = make_router([1])  # an external llama.cpp: nothing told of its cache
+    iid = "http://i0"
+    a, b, c, d = (prompt(f"system prompt {name} " * 40) for name in "abcd")
+
+    async def serve(body: dict[str, Any], seconds: float) -> bool:
+        admission = await router.acquire(body)
+        router.observe_first_byte(admission, seconds)
+        router.finish(admission)
+        return admission.cached
+
+    assert not await serve(a, 8.0)
+    assert not await serve(b, 8.0)
+    assert await serve(a, 8.0)  # predicted a hit; the engine had only b: a miss
+    assert router.index.capacity(iid) is not None
+    assert not await serve(c, 8.0)
+    assert not await serve(d, 8.0)
+    assert not await serve(c, 8.0)  # it keeps only d now: c is not predicted to hit
+    assert await serve(c, 0.1)  # c is its last prompt: a hit, delivered
+    learned = router.index.capacity(iid)
+    assert learned is not None
+    # placed as uncached, answered at cached speed: it keeps more than that after all
+    assert not await serve(a, 0.1)
+    assert (router.index.capacity(iid) or 0) > learned

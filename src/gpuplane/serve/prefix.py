@@ -5,6 +5,15 @@ the hash of everything before it, so equal hashes mean equal prefixes. The index
 hash to the instances that served it most recently, and evicts least-recently-used blocks past
 its bound. `match` answers, per instance, how many leading blocks of a prompt it holds, and
 `is_hit` whether that many make a cache hit worth placing (or waiting) for.
+
+What each engine's cache actually keeps is learned from its answers, since the gateway is
+rarely told (an external llama.cpp keeps only its last prompt unless started with `--cache`):
+a prefix placed as cached is measured by its reuse distance, the blocks the instance served
+since it last served that prefix (`reuse_distance`). An answer at uncached speed says the engine
+keeps fewer blocks than that: the instance's cache model is bounded to it and drops what it
+used less recently (`evicted`). An answer at
+cached speed for a prompt the model had dropped says it keeps more: the bound grows by that
+prompt (`held`). So the index stops predicting hits an instance does not deliver.
 """
 
 from __future__ import annotations
@@ -89,10 +98,29 @@ class _CacheModel(ABC):
         """Drop the least recently used entry; return the blocks no longer held."""
 
     def _evict_to_capacity(self) -> list[int]:
+        """Drop the oldest entries past `capacity`; the newest stays unless it is 0 (an engine
+        that keeps one prompt keeps its last one, whatever its size)."""
         evicted: list[int] = []
-        while self.capacity is not None and len(self) and self._size() > self.capacity:
+        keep = 1 if self.capacity else 0
+        while self.capacity is not None and len(self) > keep and self._size() > self.capacity:
             evicted += self._pop_oldest()
         return evicted
+
+    @abstractmethod
+    def newer_than(self, hashes: Sequence[int]) -> int | None:
+        """Blocks used since the prefix `hashes` (leading blocks held here) was last used; None
+        when it is not held."""
+
+    def bound(self, blocks: int) -> list[int]:
+        """The engine keeps at most `blocks`: shrink to it; return the blocks no longer held."""
+        if self.capacity is None or blocks < self.capacity:
+            self.capacity = blocks
+        return self._evict_to_capacity()
+
+    def grow(self, blocks: int) -> None:
+        """The engine kept `blocks` more than the bound allowed (unbounded: nothing to do)."""
+        if self.capacity is not None:
+            self.capacity += blocks
 
     def evict_through(self, hashes: Sequence[int]) -> list[int]:
         """The engine evicted these blocks, and so everything it used less recently: drop all
@@ -134,6 +162,13 @@ class _BlockLRU(_CacheModel):
 
     def blocks(self) -> list[int]:
         return list(self._held)
+
+    def newer_than(self, hashes: Sequence[int]) -> int | None:
+        prefix = set(hashes)
+        for n, h in enumerate(reversed(self._held)):
+            if h in prefix:
+                return n
+        return None
 
 
 class _RequestLRU(_CacheModel):
@@ -188,6 +223,14 @@ class _RequestLRU(_CacheModel):
 
     def blocks(self) -> list[int]:
         return list(self._refs)
+
+    def newer_than(self, hashes: Sequence[int]) -> int | None:
+        n, last = 0, len(hashes) - 1
+        for entry in reversed(self._entries.values()):
+            if last >= 0 and len(entry) > last and entry[last] == hashes[last]:
+                return n
+            n += len(entry)
+        return None
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -275,6 +318,33 @@ class PrefixIndex:
             h, holders = blocks.popitem(last=False)
             for iid in holders:
                 self._held[iid].discard(h)
+
+    def reuse_distance(self, hashes: Sequence[int], instance_id: str) -> int | None:
+        """Blocks `instance_id` served since it last served the prefix `hashes` (its matched
+        leading blocks); None when the index does not hold it there. Ask before `record`."""
+        held = self._held.get(instance_id)
+        return held.newer_than(hashes) if held is not None and hashes else None
+
+    def evicted(self, instance_id: str, distance: int) -> None:
+        """The engine no longer held a prefix it had served `distance` blocks before: it keeps
+        fewer blocks than that. The instance's cache model is bounded to `distance` (what it
+        served since, the prompt just placed there among it, stays held)."""
+        held = self._held.get(instance_id)
+        if held is not None:
+            for h in held.bound(distance):
+                self._drop(h, instance_id)
+
+    def held(self, prompt: Sequence[int], instance_id: str) -> None:
+        """The engine held `prompt` when the index thought it did not: it keeps more than the
+        instance's cache model allows; the bound grows by that prompt."""
+        held = self._held.get(instance_id)
+        if held is not None:
+            held.grow(len(prompt))
+
+    def capacity(self, instance_id: str) -> int | None:
+        """The blocks the index lets `instance_id` hold (None: unbounded), as learned."""
+        held = self._held.get(instance_id)
+        return held.capacity if held is not None else self._blocks_per_instance
 
     def forget_prefix(self, hashes: Sequence[int], instance_id: str) -> None:
         """`instance_id` no longer holds these blocks: its engine evicted them, and with them

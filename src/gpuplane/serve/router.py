@@ -44,6 +44,8 @@ class Admission:
     choice: Choice
     blocks: Sequence[int] = ()
     finished: bool = False
+    # placed as cached: the blocks the instance served since it last served this prefix
+    distance: int | None = None
 
     @property
     def cached(self) -> bool:
@@ -215,11 +217,20 @@ class ModelRouter:
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
         """A streamed answer's first byte came `seconds` after it was sent: learn the speeds
-        from it, and forget a prefix placed as cached that came back at uncached speed (the
-        engine evicted it, and with it what it had used less recently)."""
+        from it, and what the engine's cache keeps. A prefix placed as cached that came back at
+        uncached speed was evicted: the engine keeps fewer blocks than it served since that
+        prefix (`PrefixIndex.evicted`; without that distance, the prefix and what it used less
+        recently are forgotten). One placed as uncached that came back at cached speed says it
+        keeps more (`PrefixIndex.held`)."""
         iid = admission.lease.instance_id
-        if self.speeds.observe(iid, admission.cached, seconds) is Answer.EVICTED:
-            self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
+        answer = self.speeds.observe(iid, admission.cached, seconds)
+        if answer is Answer.EVICTED:
+            if admission.distance is not None:
+                self.index.evicted(iid, admission.distance)
+            else:
+                self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
+        elif answer is Answer.HELD:
+            self.index.held(admission.blocks, iid)
 
     def finish(
         self,
@@ -330,10 +341,15 @@ class ModelRouter:
         if choice is None:
             return None
         lease = self.slots.acquire(choice.instance_id, self._clock())
+        distance = None
         if blocks:
+            if is_hit(choice.matched_blocks, blocks):
+                matched = blocks[: choice.matched_blocks]
+                distance = self.index.reuse_distance(matched, choice.instance_id)
             self.index.record(blocks, choice.instance_id)
         self.events.placed(self.name, choice)
-        return Admission(lease, self.slots.get(choice.instance_id).url, choice, blocks)
+        url = self.slots.get(choice.instance_id).url
+        return Admission(lease, url, choice, blocks, distance=distance)
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
