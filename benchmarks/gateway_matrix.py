@@ -42,6 +42,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -457,9 +458,8 @@ async def llama_run(
         work.append((tenant, body))
     engine = EngineConfig(cache_bytes=cache_bytes)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    supervisor = Supervisor(
-        LlamaCpp(), embedded_launches(engine, ports), log_dir=Path(".gpuplane/bench-logs")
-    )
+    logs = Path(tempfile.gettempdir()) / "gpuplane-matrix-logs"
+    supervisor = Supervisor(LlamaCpp(), embedded_launches(engine, ports), log_dir=logs)
     await supervisor.start()
     try:
         if contender in GATEWAY:
