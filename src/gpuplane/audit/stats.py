@@ -127,7 +127,7 @@ def dataset(source: Source) -> ds.Dataset:
     return source
 
 
-def _run(source: Source, columns: list[str], *steps: ac.Declaration) -> pa.Table:
+def run(source: Source, columns: list[str], *steps: ac.Declaration) -> pa.Table:
     scan = ac.Declaration("scan", ac.ScanNodeOptions(dataset(source), columns=columns))
     return ac.Declaration.from_sequence([scan, *steps]).to_table(use_threads=True)
 
@@ -136,11 +136,11 @@ def _filter(expr: pc.Expression) -> ac.Declaration:
     return ac.Declaration("filter", ac.FilterNodeOptions(expr))
 
 
-def _aggregate(aggs: list[tuple[object, ...]], keys: list[str]) -> ac.Declaration:
+def aggregate(aggs: list[tuple[object, ...]], keys: list[str]) -> ac.Declaration:
     return ac.Declaration("aggregate", ac.AggregateNodeOptions(aggs, keys=keys))
 
 
-def _plain(columns: list[str]) -> ac.Declaration:
+def plain(columns: list[str]) -> ac.Declaration:
     """Dictionary strings as plain strings: each Parquet row group has its own dictionary, and
     the hash aggregate groups by value, not by dictionary code."""
     exprs = [pc.field(c).cast(pa.string()) if c in _STRINGS else pc.field(c) for c in columns]
@@ -151,13 +151,13 @@ _STRINGS = frozenset({"workload", "team", "kind", "cluster", "node", "card", "gp
                       "instance", "deployment"})  # fmt: skip
 
 
-def _share() -> pc.Expression:
+def share() -> pc.Expression:
     """A row's share of its card (max of memory and compute shares); null where the row does not
     say its allocation (a usage-only collector: another row says it)."""
     mem = pc.divide(pc.field("alloc_mem_mib").cast(pa.float64()), pc.field("card_mem_mib"))
     cores = pc.divide(pc.field("alloc_cores_pct").cast(pa.float64()), 100.0)
-    share = pc.min_element_wise(pc.max_element_wise(mem, cores, skip_nulls=False), 1.0)
-    return pc.if_else(pc.field("workload") == "", 0.0, share)
+    out = pc.min_element_wise(pc.max_element_wise(mem, cores, skip_nulls=False), 1.0)
+    return pc.if_else(pc.field("workload") == "", 0.0, out)
 
 
 def timeline(source: Source) -> tuple[Window, Timeline]:
@@ -167,7 +167,7 @@ def timeline(source: Source) -> tuple[Window, Timeline]:
         ac.ProjectNodeOptions(
             [
                 pc.field("time"),
-                _share(),
+                share(),
                 pc.field("compute_share"),
                 pc.field("alloc_mem_mib").cast(pa.float64()),
                 pc.field("mem_used_mib"),
@@ -175,7 +175,7 @@ def timeline(source: Source) -> tuple[Window, Timeline]:
             ["time", "share", "compute", "alloc_mem", "mem_used"],
         ),
     )
-    agg = _aggregate(
+    agg = aggregate(
         [
             ("share", "hash_sum", None, "allocated"),
             ("compute", "hash_sum", None, "used"),
@@ -186,7 +186,7 @@ def timeline(source: Source) -> tuple[Window, Timeline]:
     )
     cols = ["time", "workload", "alloc_mem_mib", "card_mem_mib", "alloc_cores_pct",
             "compute_share", "mem_used_mib"]  # fmt: skip
-    t = _run(source, cols, project, agg).sort_by("time")
+    t = run(source, cols, project, agg).sort_by("time")
     if t.num_rows == 0:
         raise ValueError("the sample store holds no samples")
     times = t["time"].cast(pa.int64()).to_numpy()
@@ -207,7 +207,7 @@ def workload_stats(
     """Each allocated workload's statistics over `window`, and every card the samples name."""
     allocated = pc.field("workload") != ""
     attrs = ("team", "kind", "cluster", "node", "card", "gpu_model")
-    agg = _aggregate(
+    agg = aggregate(
         [
             ("mem_used_mib", "hash_tdigest", pc.TDigestOptions(q=[0.5, 0.99]), "mem_q"),
             ("mem_used_mib", "hash_max", None, "mem_max"),
@@ -224,14 +224,14 @@ def workload_stats(
         ["workload"],
     )
     cols = [*_KEYS, "time", "mem_used_mib", "compute_share"]
-    t = _run(source, cols, _filter(allocated), _plain(cols), agg)
+    t = run(source, cols, _filter(allocated), plain(cols), agg)
     since = pa.scalar(window.end_s - idle_for_s, pa.timestamp("s", tz="UTC"))
-    recent = _run(
+    recent = run(
         source,
         ["workload", "time", "compute_share"],
         _filter(allocated & (pc.field("time") >= since)),
-        _plain(["workload", "compute_share"]),
-        _aggregate([("compute_share", "hash_max", None, "recent")], ["workload"]),
+        plain(["workload", "compute_share"]),
+        aggregate([("compute_share", "hash_max", None, "recent")], ["workload"]),
     )
     recent_of = dict(zip(recent["workload"].to_pylist(), recent["recent"].to_pylist(), strict=True))
     traffic_of = _requests(traffic) if traffic is not None else {}
@@ -276,11 +276,11 @@ def workload_stats(
 def cards(source: Source) -> list[Card]:
     """Every card the samples name, held or free."""
     keys = ["cluster", "node", "card", "gpu_model"]
-    t = _run(
+    t = run(
         source,
         [*keys, "card_mem_mib"],
-        _plain([*keys, "card_mem_mib"]),
-        _aggregate([("card_mem_mib", "hash_max", None, "card_mem_mib")], keys),
+        plain([*keys, "card_mem_mib"]),
+        aggregate([("card_mem_mib", "hash_max", None, "card_mem_mib")], keys),
     )
     out = [Card(**r) for r in t.to_pylist()]
     return sorted(out, key=lambda c: (c.cluster, c.node, c.card))
@@ -291,11 +291,11 @@ def _requests(traffic: Source) -> dict[str, tuple[str, int]]:
     instance by its URL; the workload is the URL's host (the pod's or process's name), or the
     instance itself when it is not a URL. The deployment is the model it serves."""
     cols = ["instance", "model", "requests"]
-    t = _run(
+    t = run(
         traffic,
         cols,
-        _plain(cols),
-        _aggregate([("requests", "hash_sum", None, "requests")], ["instance", "model"]),
+        plain(cols),
+        aggregate([("requests", "hash_sum", None, "requests")], ["instance", "model"]),
     )
     out: dict[str, tuple[str, int]] = {}
     rows = zip(t["instance"].to_pylist(), t["model"].to_pylist(), t["requests"].to_pylist(),
