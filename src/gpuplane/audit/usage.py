@@ -8,7 +8,7 @@ measured; idle GPU-hours are the allocated share of samples with no compute (eng
 below `idle_compute`), shown apart from use. Free GPU-hours are each card's observed time that no
 allocation held.
 
-Reconciliation: allocated + free over every card must equal the physical GPU-hours (cards ×
+Reconciliation: allocated + free over every card must equal the physical GPU-hours (cards x
 window) within 1 %; a gap means samples are missing (a collector was down) or a card is
 over-booked, and the report says so.
 """
