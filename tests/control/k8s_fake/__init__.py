@@ -83,7 +83,10 @@ class FakeKubeApi:
         self.logs: dict[tuple[str, str], bytes] = {}
         self.requests: list[tuple[str, str]] = []
         self.bookmark_interval_s = bookmark_interval_s
-        self.unreachable = False
+        self.unreachable = False  # every request answered 503
+        self.watch_generation = 0
+        self.slow_creates = 0  # this many Pod or Job creates answer only after slow_create_s
+        self.slow_create_s = 0.0
         self.kubelet = Kubelet(self, run_commands=run_commands, auto_start=auto_start)
         self._http: FakeHttpServer | None = None
         self.address = ""
@@ -180,6 +183,12 @@ class FakeKubeApi:
     def create_namespace(self, name: str) -> Obj:
         return self.state.create("namespaces", "", {"metadata": {"name": name}})
 
+    def end_watches(self) -> None:
+        """End every open watch stream, as an API server's restart does."""
+        with self.state.lock:
+            self.watch_generation += 1
+            self.state.cond.notify_all()
+
     def compact(self) -> None:
         """etcd compaction: a watch from an older resourceVersion now gets 410 Gone."""
         self.state.compact()
@@ -210,6 +219,10 @@ class FakeKubeApi:
         self, ns: str, name: str, message: str = "The node was low on resource: memory."
     ) -> Obj:
         return self.kubelet.evict(ns, name, message)
+
+    def deadline_exceeded(self, ns: str, name: str) -> Obj:
+        """The kubelet stops a Pod at its activeDeadlineSeconds."""
+        return self.kubelet.stop_at_deadline(ns, name)
 
     def write_log(self, ns: str, name: str, data: bytes) -> None:
         self.logs[(ns, name)] = self.logs.get((ns, name), b"") + data

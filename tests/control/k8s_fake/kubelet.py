@@ -205,6 +205,18 @@ class Kubelet:
         self._job_sync(pod)
         return pod
 
+    def stop_at_deadline(self, ns: str, name: str) -> Obj:
+        self._kill(ns, name, signal.SIGKILL)
+
+        def past(o: Obj) -> None:
+            o["status"].update(
+                phase="Failed",
+                reason="DeadlineExceeded",
+                message="Pod was active on the node longer than the specified deadline",
+            )
+
+        return self.fake.state.update("pods", ns, name, past)
+
     def delete_pod(self, ns: str, name: str, grace: int | None) -> Obj:
         state = self.fake.state
         pod = state.get("pods", ns, name)

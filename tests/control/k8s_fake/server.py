@@ -85,6 +85,7 @@ def _merge(target: Obj, patch: Obj) -> None:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: FakeHttpServer
+    _read_body: Obj | None = None  # this request's body, once read
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read their own output
         pass
@@ -114,6 +115,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _body(self) -> Obj:
+        """The request's JSON body, read once."""
+        if self._read_body is None:
+            self._read_body = self._parse_body()
+        return self._read_body
+
+    def _parse_body(self) -> Obj:
         n = int(self.headers.get("Content-Length") or 0)
         if not n:
             return {}
@@ -129,8 +136,10 @@ class Handler(BaseHTTPRequestHandler):
         url = url._replace(path=url.path.rstrip("/") or "/")
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         fake.requests.append((method, url.path))
+        self._read_body = None
         try:
             if fake.unreachable:
+                self._body()  # read it, so the connection's next request starts clean
                 raise ApiError(503, "ServiceUnavailable", "the fake API server is unreachable")
             if method == "GET" and self._discovery(url.path):
                 return
@@ -243,7 +252,11 @@ class Handler(BaseHTTPRequestHandler):
                 body = self._body()
                 if resource == "pods":
                     fake.check_pod(body)
-                self._send(201, fake.state.create(resource, ns or "", body))
+                created = fake.state.create(resource, ns or "", body)
+                if resource in ("pods", "jobs") and fake.slow_creates:
+                    fake.slow_creates -= 1  # created, but the answer comes too late
+                    time.sleep(fake.slow_create_s)
+                self._send(201, created)
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
             return
@@ -317,7 +330,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 rv = int(rv_text)
             last_bookmark = time.monotonic()
-            while not fake.state.closed:
+            generation = fake.watch_generation
+            while not fake.state.closed and generation == fake.watch_generation:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

@@ -210,6 +210,7 @@ class KubernetesAdapter(ClusterAdapter):
 
     def _views(self) -> tuple[dict[str, ObjectView], dict[str, list[ObjectView]]]:
         """This instance's workloads by job id, and the Pods of each."""
+        self._connect()
         pods: dict[str, list[ObjectView]] = {}
         for view in self._synced(self._pods).snapshot():
             pods.setdefault(view.job_id, []).append(view)
@@ -393,8 +394,13 @@ class KubernetesAdapter(ClusterAdapter):
             )
 
     def workloads(self) -> list[str]:
+        """What the watch shows of this instance's, less what is on its way out, and what was
+        bound here since (the watch may not have shown it yet)."""
         views, _ = self._views()
-        return [job_id for job_id, view in views.items() if not view.terminating]
+        held = {job_id for job_id, view in views.items() if not view.terminating}
+        with self._lock:
+            held.update(self._bound)
+        return sorted(held)
 
     def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
         api = self._connect()

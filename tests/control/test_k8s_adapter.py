@@ -1,0 +1,461 @@
+"""The kubernetes adapter against a fake API server (`tests/control/k8s_fake`: no Kubernetes API
+server can run on this machine; the fake speaks the real wire format, and its kubelet runs each
+Pod's command here as a process). The contract part also runs against a real cluster with HAMi
+when GPUPLANE_TEST_KUBECONFIG names its kubeconfig (GPUPLANE_TEST_KUBE_IMAGE: an image with
+`sh`; default busybox)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpuplane.control.adapters import (
+    AdapterError,
+    Workload,
+    WorkloadState,
+    WorkloadStatus,
+    create_adapter,
+)
+from gpuplane.control.adapters.kubernetes import KubernetesAdapter
+from gpuplane.control.scheduler import DeviceGrant
+from gpuplane.control.settings import ClusterConfig, ControlConfig
+from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
+from tests.control.k8s_fake import FakeKubeApi, hami_card
+
+T = TypeVar("T")
+REAL = os.environ.get("GPUPLANE_TEST_KUBECONFIG")
+INSTANCE = "test-host:8080"
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    """One cluster under test: a fake one (with its handle) or a real one."""
+
+    kubeconfig: str
+    fake: FakeKubeApi | None
+    tmp: Path
+    made: list[KubernetesAdapter]
+
+    def adapter(self, instance: str = INSTANCE, **settings: Any) -> KubernetesAdapter:
+        settings.setdefault("grace_period_s", 1)
+        settings.setdefault("sync_interval_s", 2.0)
+        if self.fake is None:
+            settings.setdefault("image", os.environ.get("GPUPLANE_TEST_KUBE_IMAGE", "busybox"))
+        cluster = ClusterConfig(
+            name="kube", adapter="kubernetes", kubeconfig=self.kubeconfig, **settings
+        )
+        control = ControlConfig(state_dir=str(self.tmp), instance=instance)
+        adapter = create_adapter(cluster, control)
+        assert isinstance(adapter, KubernetesAdapter)
+        self.made.append(adapter)
+        return adapter
+
+
+def fake_cluster(tmp: Path, minor: int = 29) -> FakeKubeApi:
+    fake = FakeKubeApi(minor=minor, run_commands=True, bookmark_interval_s=0.2).start()
+    fake.add_node(
+        "gpu-a",
+        labels={"topology.kubernetes.io/region": "eu-west-4"},
+        cards=[hami_card("GPU-a0", index=0), hami_card("GPU-a1", index=1)],
+    )
+    fake.add_node(
+        "gpu-b",
+        cards=[
+            hami_card("GPU-b0", index=0, model="NVIDIA-L4", mem_mib=23034, count=1),
+            hami_card("GPU-b1", index=1, model="NVIDIA-L4", mem_mib=23034, health=False),
+        ],
+        legacy_register=True,
+    )
+    return fake
+
+
+@pytest.fixture(params=["fake", "real"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    if request.param == "real":
+        if not REAL:
+            pytest.skip("GPUPLANE_TEST_KUBECONFIG is not set: no real cluster to run against")
+        made: list[KubernetesAdapter] = []
+        yield Cluster(REAL, None, tmp_path, made)
+    else:
+        fake = fake_cluster(tmp_path)
+        made = []
+        yield Cluster(fake.kubeconfig(tmp_path / "kubeconfig"), fake, tmp_path, made)
+    for adapter in made:
+        adapter.close()
+    if request.param == "fake":
+        fake.stop()
+        assert fake.kubelet.procs == {}, "a Pod's process outlived the test"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[tuple[FakeKubeApi, Cluster]]:
+    api = fake_cluster(tmp_path)
+    made: list[KubernetesAdapter] = []
+    yield api, Cluster(api.kubeconfig(tmp_path / "kubeconfig"), api, tmp_path, made)
+    for adapter in made:
+        adapter.close()
+    api.stop()
+
+
+def gpu_node(adapter: KubernetesAdapter) -> tuple[str, int]:
+    """A node with a card, and the card's index (the first the inventory lists)."""
+    node = next(n for n in adapter.inventory().nodes if n.devices)
+    return node.name, node.devices[0].index
+
+
+def workload(
+    adapter: KubernetesAdapter, job_id: str, script: str, *, fractional: bool = True
+) -> Workload:
+    node, index = gpu_node(adapter)
+    grant = DeviceGrant(index, 8192, 250) if fractional else DeviceGrant(index, 81920, 1000)
+    return Workload(
+        job_id=job_id,
+        name=job_id,
+        command=("sh", "-c", script),
+        node=node,
+        devices=(grant,),
+        fractional=fractional,
+        cpu_millis=100,
+        memory_mib=64,
+        team="ml",
+    )
+
+
+def ended(adapter: KubernetesAdapter, job_id: str) -> WorkloadStatus:
+    def probe() -> WorkloadStatus | None:
+        status = adapter.status([job_id])[job_id]
+        return status if status.state != WorkloadState.RUNNING else None
+
+    return wait_for(probe, f"{job_id} to end", timeout=120)
+
+
+def pods_of(fake: FakeKubeApi, job_id: str) -> list[dict[str, Any]]:
+    items, _ = fake.state.select("pods", None, f"gpuplane.io/job-id={job_id}")
+    return items
+
+
+# -- the contract: the same on the fake and on a real cluster -----------------------------------
+
+
+def test_a_bound_job_runs_and_reports_its_exit_code_and_output(cluster: Cluster) -> None:
+    adapter = cluster.adapter()
+    w = workload(adapter, "exit-three", "echo hello from k8s; exit 3")
+    adapter.bind(w)
+    assert "exit-three" in adapter.workloads()
+    status = ended(adapter, "exit-three")
+    assert (status.state, status.exit_code) == (WorkloadState.FAILED, 3)
+    assert "exited with code 3" in status.message
+    out = wait_for(lambda: b"".join(adapter.logs("exit-three")), "its log")
+    assert out == b"hello from k8s\n"
+    assert b"".join(adapter.logs("exit-three", since=6)) == b"from k8s\n"
+
+
+def test_a_job_that_succeeds_is_succeeded_and_release_forgets_it(cluster: Cluster) -> None:
+    adapter = cluster.adapter()
+    adapter.bind(workload(adapter, "ok-job", "exit 0"))
+    assert ended(adapter, "ok-job") == WorkloadStatus(WorkloadState.SUCCEEDED, 0)
+    adapter.release("ok-job")
+    adapter.release("ok-job")  # idempotent
+    wait_for(lambda: "ok-job" not in adapter.workloads() or None, "the Pod to go")
+    assert adapter.status(["ok-job"])["ok-job"].state == WorkloadState.LOST
+
+
+def test_a_second_bind_of_the_same_job_makes_no_second_pod(cluster: Cluster) -> None:
+    adapter = cluster.adapter()
+    w = workload(adapter, "twice", "sleep 30")
+    adapter.bind(w)
+    adapter.bind(w)
+    assert adapter.workloads().count("twice") == 1
+    if cluster.fake is not None:
+        assert len(pods_of(cluster.fake, "twice")) == 1
+    adapter.release("twice")
+
+
+def test_a_restarted_service_takes_its_running_jobs_back(cluster: Cluster) -> None:
+    first = cluster.adapter()
+    w = workload(first, "survivor", "sleep 30")
+    first.bind(w)
+    wait_for(lambda: "survivor" in first.workloads() or None, "the watch to see it")
+    again = cluster.adapter()  # the same instance, after a restart: no records of its own
+    wait_for(lambda: "survivor" in again.workloads() or None, "the new adapter to see it")
+    assert again.status(["survivor"])["survivor"].state == WorkloadState.RUNNING
+    again.bind(w)  # taken back, not started twice
+    other = cluster.adapter(instance="someone-else:8080")
+    assert "survivor" not in other.workloads()
+    if cluster.fake is not None:
+        assert len(pods_of(cluster.fake, "survivor")) == 1
+    again.release("survivor")
+    wait_for(lambda: "survivor" not in again.workloads() or None, "the Pod to go")
+
+
+def test_release_of_an_unknown_job_does_nothing(cluster: Cluster) -> None:
+    adapter = cluster.adapter()
+    adapter.release("never-bound")
+    assert "never-bound" not in adapter.workloads()
+
+
+# -- the fake only: what a test cannot make a real cluster do -----------------------------------
+
+
+def test_inventory_has_the_nodes_healthy_hami_cards_in_gpuplanes_labels(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    api.add_node("cordoned", cards=[hami_card("GPU-c0", index=0)])
+    api.state.update("nodes", "", "cordoned", lambda o: o["spec"].update(unschedulable=True))
+    inv = cluster.adapter().inventory()
+    nodes = {n.name: n for n in inv.nodes}
+    assert sorted(nodes) == ["gpu-a", "gpu-b"]  # the cordoned node takes no placements
+    a, b = nodes["gpu-a"], nodes["gpu-b"]
+    assert [(d.index, d.uuid, d.mem_mib, d.model) for d in a.devices] == [
+        (0, "GPU-a0", 81920, "A100-SXM4-80GB"),
+        (1, "GPU-a1", 81920, "A100-SXM4-80GB"),
+    ]
+    assert a.labels[LABEL_REGION] == "eu-west-4"
+    assert a.labels[LABEL_GPU_MODEL] == "A100-SXM4-80GB"
+    assert a.labels[LABEL_VGPU] == "true"
+    assert (a.cpu_millis, a.memory_mib) == (64_000, 512 * 1024)
+    # the older annotation form; its unhealthy card is left out; count 1: not splittable
+    assert [(d.index, d.uuid) for d in b.devices] == [(0, "GPU-b0")]
+    assert b.labels[LABEL_GPU_MODEL] == "L4"
+    assert b.labels[LABEL_VGPU] == "false"
+    assert LABEL_REGION not in b.labels  # the cluster's region applies (sync_cluster)
+    assert "Kubernetes v1.29.3" in inv.source
+    assert "1 unhealthy left out" in inv.source
+
+
+def test_the_watch_keeps_the_inventory_current(fake: tuple[FakeKubeApi, Cluster]) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.inventory()
+    api.add_node("gpu-c", cards=[hami_card("GPU-c0", index=0)])
+    api.set_cards(
+        "gpu-a", [hami_card("GPU-a0", index=0, health=False), hami_card("GPU-a1", index=1)]
+    )
+
+    def current() -> dict[str, list[int]] | None:
+        nodes = {n.name: [d.index for d in n.devices] for n in adapter.inventory().nodes}
+        return nodes if nodes.get("gpu-c") == [0] and nodes["gpu-a"] == [1] else None
+
+    wait_for(current, "the new node and the unhealthy card")
+    api.remove_node("gpu-c")
+    wait_for(
+        lambda: all(n.name != "gpu-c" for n in adapter.inventory().nodes) or None,
+        "the removed node to go",
+    )
+
+
+def test_a_watch_from_a_compacted_resource_version_lists_again(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.inventory()
+    assert adapter._nodes is not None
+    api.unreachable = True  # the server restarts: the watch ends and cannot reopen ...
+    api.end_watches()
+    api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
+    api.compact()  # ... and compacts past the watch's resourceVersion: 410 Gone when it does
+    api.unreachable = False
+    wait_for(
+        lambda: any(n.name == "after-compaction" for n in adapter.inventory().nodes) or None,
+        "the relisted node",
+    )
+    assert adapter._nodes.relists >= 1
+    assert ("GET", "/api/v1/nodes") in api.requests[api.requests.index(("GET", "/version")) + 1 :]
+
+
+def test_bookmarks_move_a_quiet_watch_on(fake: tuple[FakeKubeApi, Cluster]) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.inventory()
+    nodes = adapter._nodes
+    assert nodes is not None
+    before = int(nodes.resource_version or 0)
+    api.create_namespace("unrelated")  # moves the server's resourceVersion, not a node
+    wait_for(
+        lambda: int(nodes.resource_version or 0) > before or None,
+        "a bookmark",
+    )
+
+
+def test_an_unsupported_version_is_refused_with_the_supported_range(tmp_path: Path) -> None:
+    for minor in (24, 36):
+        with FakeKubeApi(minor=minor) as api:
+            cluster = Cluster(api.kubeconfig(tmp_path / "kc"), api, tmp_path, [])
+            with pytest.raises(AdapterError) as err:
+                cluster.adapter().inventory()
+            assert f"Kubernetes v1.{minor}.3" in str(err.value)
+            assert "supports 1.25 to 1.35" in str(err.value)
+
+
+def test_a_missing_kubeconfig_is_refused_saying_what_to_check(tmp_path: Path) -> None:
+    cluster = Cluster(str(tmp_path / "nowhere"), None, tmp_path, [])
+    with pytest.raises(AdapterError, match=r"cannot load the kubeconfig.*get-contexts"):
+        cluster.adapter(image="x").inventory()
+
+
+def test_the_pod_is_pinned_to_its_node_and_card_in_the_teams_namespace(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    w = workload(adapter, "pinned", "sleep 30")
+    w = replace(w, devices=(DeviceGrant(1, 8192, 250),))
+    adapter.bind(w)
+    (pod,) = pods_of(api, "pinned")
+    assert pod["metadata"]["namespace"] == "gpuplane-ml"  # created on first use
+    assert pod["metadata"]["annotations"]["nvidia.com/use-gpuuuid"] == "GPU-a1"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a"}
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1"
+    assert limits["nvidia.com/gpumem"] == "8192"
+    assert limits["nvidia.com/gpucores"] == "25"
+    adapter.release("pinned")
+    deletes = [r for r in api.requests if r[0] == "DELETE"]
+    assert deletes == [("DELETE", "/api/v1/namespaces/gpuplane-ml/pods/gp-pinned")]
+
+
+def test_a_bind_retried_after_a_timeout_takes_the_created_pod_back(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter(sync_interval_s=1.0)  # its calls time out after 1 s
+    w = workload(adapter, "slow-answer", "sleep 30")
+    api.slow_creates, api.slow_create_s = 1, 2.0  # created, but the answer comes too late
+    adapter.bind(w)
+    posts = [r for r in api.requests if r == ("POST", "/api/v1/namespaces/gpuplane-ml/pods")]
+    assert len(posts) >= 2  # it was asked again ...
+    assert len(pods_of(api, "slow-answer")) == 1  # ... and there is still one Pod
+    adapter.release("slow-answer")
+
+
+def test_a_pod_of_that_name_that_is_not_the_jobs_is_refused(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    api.create_namespace("gpuplane-ml")
+    api.state.create(
+        "pods",
+        "gpuplane-ml",
+        {
+            "metadata": {"name": "gp-squatted"},
+            "spec": {"containers": [{"name": "x", "image": "y"}]},
+        },
+    )
+    adapter = cluster.adapter()
+    with pytest.raises(AdapterError, match="already exists and is not job squatted's"):
+        adapter.bind(workload(adapter, "squatted", "true"))
+
+
+def test_a_bind_that_fails_half_way_leaves_nothing_behind(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    """The namespace is created, then the Pod is refused (no image): the job fails with the
+    server's reason and no workload is left; a corrected cluster binds it."""
+    api, cluster = fake
+    adapter = cluster.adapter(image="")
+    with pytest.raises(AdapterError, match=r"422.*image: Required value"):
+        adapter.bind(workload(adapter, "half", "true"))
+    assert adapter.workloads() == []
+    assert pods_of(api, "half") == []
+    fixed = cluster.adapter(image="busybox")
+    fixed.bind(workload(fixed, "half", "exit 0"))
+    assert ended(fixed, "half").state == WorkloadState.SUCCEEDED
+
+
+def test_a_card_the_node_no_longer_has_is_refused_before_any_create(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    w = workload(adapter, "stale", "true")
+    w = replace(w, devices=(DeviceGrant(7, 1, 0),))
+    with pytest.raises(AdapterError, match="no healthy HAMi card with index 7"):
+        adapter.bind(w)
+    assert not any(method == "POST" for method, _ in api.requests)
+
+
+def test_oomkilled_evicted_and_deadline_are_named(fake: tuple[FakeKubeApi, Cluster]) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    for job_id in ("oom", "evicted", "deadline"):
+        adapter.bind(workload(adapter, job_id, "sleep 30"))
+
+    def running(job_id: str) -> bool:
+        return bool(pods_of(api, job_id)[0]["status"]["phase"] == "Running")
+
+    for job_id in ("oom", "evicted", "deadline"):
+        wait_for(partial(running, job_id), f"{job_id} to run")
+    api.oom_kill("gpuplane-ml", "gp-oom")
+    api.evict("gpuplane-ml", "gp-evicted")
+    api.deadline_exceeded("gpuplane-ml", "gp-deadline")
+    oom, evicted, deadline = (ended(adapter, j) for j in ("oom", "evicted", "deadline"))
+    assert (oom.state, oom.exit_code) == (WorkloadState.FAILED, 137)
+    assert oom.message.startswith("OOMKilled")
+    assert "memory_mib" in oom.message
+    assert evicted.state == WorkloadState.FAILED
+    assert "evicted by Kubernetes" in evicted.message
+    assert "low on resource" in evicted.message
+    assert deadline.state == WorkloadState.TIMED_OUT
+
+
+@pytest.mark.parametrize(("minor", "survives"), [(25, False), (29, True)])
+def test_a_job_survives_an_eviction_where_pod_failure_policy_is_served(
+    tmp_path: Path, minor: int, survives: bool
+) -> None:
+    api = fake_cluster(tmp_path, minor=minor)
+    cluster = Cluster(api.kubeconfig(tmp_path / "kc"), api, tmp_path, [])
+    try:
+        adapter = cluster.adapter(bind_kind="job")
+        adapter.bind(workload(adapter, "resilient", "sleep 30"))
+        first = wait_for(lambda: pods_of(api, "resilient"), "the Job's Pod")[0]
+        wait_for(
+            lambda: adapter.status(["resilient"])["resilient"].state == WorkloadState.RUNNING,
+            "running",
+        )
+        api.evict("gpuplane-ml", first["metadata"]["name"])
+        if survives:  # podFailurePolicy Ignore: the Job controller starts a new Pod
+            wait_for(lambda: len(pods_of(api, "resilient")) == 2 or None, "a replacement Pod")
+            assert adapter.status(["resilient"])["resilient"].state == WorkloadState.RUNNING
+        else:
+            status = ended(adapter, "resilient")
+            assert status.state == WorkloadState.FAILED
+            assert "evicted" in status.message
+        adapter.release("resilient")
+        wait_for(lambda: pods_of(api, "resilient") == [] or None, "the Job's Pods to go")
+    finally:
+        for adapter in cluster.made:
+            adapter.close()
+        api.stop()
+
+
+def test_release_never_raises_when_the_api_server_is_down(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.bind(workload(adapter, "stranded", "sleep 30"))
+    api.unreachable = True
+    adapter.release("stranded")  # logged, not raised: the reconciler deletes it again
+    api.unreachable = False
+    adapter.release("stranded")
+    wait_for(lambda: pods_of(api, "stranded") == [] or None, "the Pod to go")
