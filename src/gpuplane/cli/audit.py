@@ -26,6 +26,7 @@ app = typer.Typer(
 
 class Source(enum.StrEnum):
     nvml = "nvml"
+    prometheus = "prometheus"
     control = "control"
     file = "file"
 
@@ -55,17 +56,26 @@ def collect(
     interval: float | None = typer.Option(
         None, "--interval", min=1.0, help="collect every this many seconds until interrupted"
     ),
+    url: str | None = typer.Option(
+        None, "--url", help="--source prometheus: the Prometheus server, e.g. http://prom:9090"
+    ),
     db: str | None = typer.Option(
         None, "--db", help="--source control: the store's database URL (control.database_url)"
     ),
     since: str = typer.Option(
-        "1h", "--since", help="--source control: the first pass covers this much history"
+        "1h",
+        "--since",
+        help="--source control|prometheus: the first pass covers this much history",
     ),
-    step: str = typer.Option("60s", "--step", help="--source control: one sample per this"),
+    step: str = typer.Option(
+        "60s", "--step", help="--source control|prometheus: one sample per this"
+    ),
     traffic: bool = typer.Option(
         False, "--traffic", help="--source file: the files hold gateway traffic, not samples"
     ),
-    cluster: str = typer.Option("local", "--cluster", help="--source nvml: this node's cluster"),
+    cluster: str = typer.Option(
+        "local", "--cluster", help="--source nvml|prometheus: the cluster the cards are in"
+    ),
     node: str | None = typer.Option(
         None, "--node", help="--source nvml: this node's name (default $NODE_NAME, or hostname)"
     ),
@@ -92,6 +102,21 @@ def collect(
         _fail(f"--source {source.value} takes no file arguments (got {files[0]})")
     if source is Source.nvml:
         _nvml(SampleStore(out), cluster, node, run_dir, record, interval)
+        return
+    if source is Source.prometheus:
+        if url is None:
+            _fail("--source prometheus needs --url, the Prometheus server (http://host:9090)")
+        from gpuplane.audit.collect import prometheus
+
+        client, step_s = prometheus.PromClient(url), _duration(step, "--step")
+
+        def window(lo: datetime, hi: datetime) -> pa.Table:
+            return prometheus.collect(client, cluster, lo, hi, step_s)
+
+        try:
+            _loop(window, SampleStore(out), _duration(since, "--since"), interval)
+        finally:
+            client.close()
         return
     if source is Source.control:
         if db is None:
