@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gpuplane.audit.settings import AuditSettings
 from gpuplane.batch.settings import BatchConfig
 from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import ConfigError, explain
@@ -23,6 +24,7 @@ class Settings(ServeSettings):
 
     batch: BatchConfig = BatchConfig()
     control: ControlConfig = ControlConfig()
+    audit: AuditSettings = AuditSettings()
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
