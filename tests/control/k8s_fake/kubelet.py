@@ -28,6 +28,7 @@ class Kubelet:
         self.run_commands = run_commands
         self.auto_start = auto_start
         self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+        self.started: list[str] = []  # "namespace/name" of each Pod started, in order
         self._work: queue.Queue[Event | None] = queue.Queue()
         self._lock = threading.Lock()
         fake.state.listeners.append(self._on_event)
@@ -107,6 +108,7 @@ class Kubelet:
             }
 
         state.update("pods", ns, name, running)
+        self.started.append(f"{ns}/{name}")
         if self.run_commands:
             self._run(ns, name, container)
 
