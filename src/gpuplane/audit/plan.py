@@ -79,6 +79,7 @@ class RepackPlan:
     before: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # card -> workloads
     after: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     placements: Mapping[str, tuple[str, str, str, int, int]] = field(default_factory=dict)
+    card_mem: Mapping[str, int] = field(default_factory=dict)  # every card -> its memory (MiB)
 
     @property
     def freed(self) -> int:
@@ -198,6 +199,7 @@ def make_plan(
         before=_card_map(held),
         after=_card_map(after),
         placements={h.workload: placement_key(h) for h in held},
+        card_mem={card: m for (_, card), m in estate.card_mem.items()},
     )
 
 

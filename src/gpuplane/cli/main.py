@@ -6,6 +6,7 @@ import typer
 
 from gpuplane import __version__
 from gpuplane.cli import audit as audit_cli
+from gpuplane.cli import audit_review
 from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
@@ -32,6 +33,7 @@ app.add_typer(job_cli.app, name="job")
 app.add_typer(cluster_cli.app, name="cluster")
 app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
+audit_review.register(audit_cli.app)
 app.add_typer(audit_cli.app, name="audit")
 
 

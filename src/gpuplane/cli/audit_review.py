@@ -1,0 +1,261 @@
+"""`gpuplane audit findings|recommend|plan|usage|report|fleet`: read a sample store (or the
+seed-like fleet), print what the audit finds. Thin: parse, call `gpuplane.audit`, print.
+
+Every command reads the same inputs: `--store DIR` (the sample store `audit collect` writes) and
+`--traffic DIR` (the gateway's traffic store), or `--fleet SEED` (the generated seed-like fleet,
+no store needed); thresholds from the `audit:` section of `--config`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuplane.audit.pipeline import Audit, run_audit
+from gpuplane.audit.settings import AuditSettings
+from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, fail, mib, print_table
+from gpuplane.errors import GpuplaneError
+
+STORE = typer.Option(None, "--store", help="the sample store (a directory `audit collect` wrote)")
+TRAFFIC = typer.Option(None, "--traffic", help="the gateway's traffic store (for zero_traffic)")
+FLEET = typer.Option(None, "--fleet", help="audit the seed-like fleet of this seed instead")
+CONFIG = typer.Option(None, "--config", help="gpuplane.yaml; its audit: section sets thresholds")
+PLANS = typer.Option(Path(".gpuplane/audit/plans"), "--plans", help="where plans are kept")
+
+
+def _settings(config: Path | None) -> AuditSettings:
+    from gpuplane.config import load_settings
+
+    return load_settings(config).audit
+
+
+def _inputs(store: Path | None, traffic: Path | None, fleet: int | None) -> tuple[Any, Any]:
+    """The samples and traffic to audit: the stores, or the generated fleet's tables."""
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+
+    if (store is None) == (fleet is None):
+        fail("give --store DIR (a sample store) or --fleet SEED (the seed-like fleet), not both")
+    if fleet is not None:
+        from gpuplane.audit.fleet import generate
+
+        f = generate(fleet)
+        return f.samples(), f.traffic()
+    assert store is not None
+    if not store.is_dir():
+        fail(f"--store {store} is not a directory; collect samples with `gpuplane audit collect`")
+    return SampleStore(store), SampleStore(traffic, TRAFFIC_SCHEMA) if traffic else None
+
+
+def _audit(samples: Any, traffic: Any, cfg: AuditSettings) -> Audit:
+    """Run the audit; an error exits non-zero, saying why."""
+    try:
+        return run_audit(samples, traffic, cfg)
+    except (GpuplaneError, ValueError) as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to `gpuplane audit` (part A's collect lives in cli/audit.py)."""
+    app.command()(findings)
+    app.command()(recommend)
+    app.command()(plan)
+    app.command()(usage)
+    app.command()(report)
+    app.command()(fleet)
+
+
+def findings(
+    store: Path | None = STORE,
+    traffic: Path | None = TRAFFIC,
+    fleet: int | None = FLEET,
+    config: Path | None = CONFIG,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Idle, idle_held, oversized, zero-traffic workloads and fragmented nodes, with the numbers."""
+    a = _audit(*_inputs(store, traffic, fleet), _settings(config))
+    data = [f.to_json() for f in a.findings]
+
+    def table(rows: list[dict[str, Any]]) -> None:
+        print_table(
+            ["KIND", "SUBJECT", "TEAM", "NODE", "WHY"],
+            [[r["kind"], r["subject"], r["team"], r["node"], r["message"]] for r in rows],
+        )
+        if not a.traffic:
+            typer.echo("no --traffic: zero_traffic was not evaluated", err=True)
+
+    emit(data, output, table)
+
+
+def recommend(
+    store: Path | None = STORE,
+    traffic: Path | None = TRAFFIC,
+    fleet: int | None = FLEET,
+    config: Path | None = CONFIG,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """The right-sized slice of every workload, next to what it holds."""
+    a = _audit(*_inputs(store, traffic, fleet), _settings(config))
+    data = [
+        {
+            "workload": r.workload,
+            "team": r.team,
+            "kind": r.kind,
+            "node": r.node,
+            "card": r.card,
+            "alloc_mem_mib": r.alloc_mem_mib,
+            "alloc_cores_pct": r.alloc_cores_pct,
+            "peak_mem_mib": round(r.peak_mib, 1),
+            "mem_mib": r.mem_mib,
+            "cores_pct": r.cores_pct,
+            "mig_profile": r.profile,
+        }
+        for r in sorted(a.recommendations.values(), key=lambda r: r.workload)
+    ]
+
+    def table(rows: list[dict[str, Any]]) -> None:
+        print_table(
+            ["WORKLOAD", "TEAM", "KIND", "HOLDS", "PEAK", "RECOMMENDED"],
+            [
+                [
+                    r["workload"],
+                    r["team"],
+                    r["kind"],
+                    f"{mib(r['alloc_mem_mib'])} {r['alloc_cores_pct']}%",
+                    mib(int(r["peak_mem_mib"])),
+                    r["mig_profile"] or f"{mib(r['mem_mib'])} {r['cores_pct']}%",
+                ]
+                for r in rows
+            ],
+        )
+
+    emit(data, output, table)
+
+
+def plan(
+    store: Path | None = STORE,
+    traffic: Path | None = TRAFFIC,
+    fleet: int | None = FLEET,
+    config: Path | None = CONFIG,
+    plans: Path = PLANS,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """The re-pack plan (a dry run: nothing changes): moves ordered by savings, cards freed. The
+    plan is kept under --plans by its id."""
+    a = _audit(*_inputs(store, traffic, fleet), _settings(config))
+    data = a.plan.to_json()
+    plans.mkdir(parents=True, exist_ok=True)
+    (plans / f"{a.plan.id}.json").write_text(json.dumps(data, indent=1))
+
+    def table(d: dict[str, Any]) -> None:
+        print_table(
+            ["#", "ACTION", "WORKLOAD", "TEAM", "FROM", "TO", "SLICE"],
+            [
+                [i + 1, m["action"], m["workload"], m["team"], m["from_card"],
+                 m["to_card"] if m["action"] != "retire" else "-",
+                 f"{mib(m['mem_mib'])} {m['gpu_milli'] / 10:g}%"]
+                for i, m in enumerate(d["moves"])
+            ],
+        )  # fmt: skip
+        typer.echo(
+            f"plan {d['id']} ({d['policy']}): {d['held_before']} cards held -> "
+            f"{d['held_after']}, frees {d['freed']} ({d['freed_ratio']:.0%}); "
+            f"{d['violations']} placement violations. Dry run: nothing changed."
+        )
+
+    emit(data, output, table)
+
+
+def usage(
+    store: Path | None = STORE,
+    traffic: Path | None = TRAFFIC,
+    fleet: int | None = FLEET,
+    config: Path | None = CONFIG,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """GPU-hours and slice-hours per team (a slice counts its share of the card), idle apart,
+    cost from audit.prices; reconciled to the physical GPU-hours."""
+    from gpuplane.audit.usage import usage as team_usage
+
+    cfg = _settings(config)
+    source, tr = _inputs(store, traffic, fleet)
+    a = _audit(source, tr, cfg)
+    u = team_usage(source, a.stats.window, cfg)
+    data = {
+        "teams": [
+            {
+                "team": t.team,
+                "gpu_model": t.gpu_model,
+                "gpu_hours": round(t.gpu_hours, 3),
+                "slice_hours": round(t.slice_hours, 3),
+                "used_gpu_hours": round(t.used_gpu_hours, 3),
+                "idle_gpu_hours": round(t.idle_gpu_hours, 3),
+                "cost": None if t.cost is None else round(t.cost, 2),
+            }
+            for t in u.teams
+        ],
+        "free_gpu_hours": round(u.free_gpu_hours, 3),
+        "physical_gpu_hours": round(u.physical_gpu_hours, 3),
+        "reconciled": u.reconciled,
+        "gap": round(u.gap, 6),
+        "unpriced": list(u.unpriced),
+    }
+
+    def table(d: dict[str, Any]) -> None:
+        print_table(
+            ["TEAM", "MODEL", "GPU-HOURS", "SLICE-HOURS", "USED", "IDLE", "COST"],
+            [
+                [t["team"], t["gpu_model"], f"{t['gpu_hours']:.1f}", f"{t['slice_hours']:.1f}",
+                 f"{t['used_gpu_hours']:.1f}", f"{t['idle_gpu_hours']:.1f}",
+                 "-" if t["cost"] is None else f"{t['cost']:.2f}"]
+                for t in d["teams"]
+            ],
+        )  # fmt: skip
+        state = "reconciled" if d["reconciled"] else "NOT reconciled: samples missing?"
+        typer.echo(
+            f"free {d['free_gpu_hours']:.1f} GPU-hours; physical {d['physical_gpu_hours']:.1f} "
+            f"GPU-hours ({state}, gap {d['gap']:.2%})"
+        )
+        if d["unpriced"]:
+            typer.echo(f"no price for {', '.join(d['unpriced'])}: set audit.prices", err=True)
+
+    emit(data, output, table)
+
+
+def report(
+    out: Path = typer.Option(Path("audit-report.html"), "--out", help="the HTML file to write"),
+    store: Path | None = STORE,
+    traffic: Path | None = TRAFFIC,
+    fleet: int | None = FLEET,
+    config: Path | None = CONFIG,
+) -> None:
+    """Write the standalone HTML report (plots inline, no external URL)."""
+    from gpuplane.audit.recommend import replay
+    from gpuplane.audit.report import write_report
+    from gpuplane.audit.usage import usage as team_usage
+
+    cfg = _settings(config)
+    source, tr = _inputs(store, traffic, fleet)
+    a = _audit(source, tr, cfg)
+    u = team_usage(source, a.stats.window, cfg)
+    rp = replay(source, a.recommendations.values())
+    typer.echo(f"wrote {write_report(a, u, out, rp)}")
+
+
+def fleet(
+    out: Path = typer.Option(..., "--out", help="the sample store to write (a directory)"),
+    traffic_out: Path | None = typer.Option(None, "--traffic-out", help="its traffic store"),
+    seed: int = typer.Option(0, "--seed", help="the fleet's seed"),
+) -> None:
+    """Write the seed-like fleet's samples (and traffic) into stores, to audit like real ones."""
+    from gpuplane.audit.fleet import generate
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+
+    f = generate(seed)
+    SampleStore(out).append(f.samples())
+    if traffic_out is not None:
+        SampleStore(traffic_out, TRAFFIC_SCHEMA).append(f.traffic())
+    typer.echo(f"wrote {len(f.workloads)} workloads on {f.spec.cards} cards into {out}")
