@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_BLOCKS_PER_PROMPT = 1024  # prefixes longer than this many blocks are compared up to here
+# How many of an instance's most recently used blocks a reuse distance is looked for in.
+MAX_REUSE_SCAN = 1024
 # A prefix worth placing for (and waiting for) covers at least this share of the prompt's blocks.
 LOCALITY_MIN_SHARE = 0.5
 
@@ -164,9 +166,14 @@ class _BlockLRU(_CacheModel):
         return list(self._held)
 
     def newer_than(self, hashes: Sequence[int]) -> int | None:
-        prefix = set(hashes)
-        for n, h in enumerate(reversed(self._held)):
-            if h in prefix:
+        # the prefix's last block is the one of its blocks other prompts share least: the
+        # blocks after it in LRU order were used since. The scan stops there, or after
+        # `MAX_REUSE_SCAN` blocks: a prefix used longer ago than that counts as not measured.
+        last = hashes[-1] if hashes else None
+        if last not in self._held:
+            return None
+        for n, h in enumerate(itertools.islice(reversed(self._held), MAX_REUSE_SCAN)):
+            if h == last:
                 return n
         return None
 
