@@ -13,6 +13,7 @@ def test_public_surface_is_exactly_all() -> None:
         "logs",
         "averages",
         "sections",
+        "audit",
     }
     assert public <= set(gpuplane.__all__)
     for name in gpuplane.__all__:

@@ -27,7 +27,7 @@ a killed collector loses at most the batch in flight and a reader never sees hal
 `compact(day)` merges a day's parts into one file sorted by card and time (the compact form
 scans fastest); the merged file names the parts it replaces in its footer, so a crash between
 writing it and deleting them never counts a row twice. Stored this way a sample costs about
-1.3 bytes (10,000 cards x 1-minute samples for a day: `tests/audit/test_samples_store.py`).
+2.9 bytes (10,000 cards x 1-minute samples for a day: `benchmarks/audit_store.py`).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ TRAFFIC_SCHEMA = pa.schema(
         pa.field("model", _STR, nullable=False),  # the model a deployment serves
         pa.field("instance", _STR, nullable=False),  # the instance's URL
         pa.field("requests", pa.int64(), nullable=False),  # finished in the interval
-        pa.field("prompt_tokens", pa.int64(), nullable=False),
-        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("prompt_tokens", pa.int64()),  # null: the engine does not count them
+        pa.field("completion_tokens", pa.int64()),
         pa.field("slot_seconds", pa.float64(), nullable=False),  # slots held x seconds
     ]
 )
@@ -124,8 +124,8 @@ class Traffic:
     model: str
     instance: str
     requests: int
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
     slot_seconds: float
 
 

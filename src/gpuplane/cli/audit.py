@@ -3,6 +3,7 @@ or recorded files into a sample store (a directory of Parquet files by day)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import time
@@ -16,6 +17,7 @@ import typer
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError, SampleStore
+from gpuplane.cli._loop import run as run_loop
 from gpuplane.control.spec import parse_duration
 from gpuplane.errors import GpuplaneError
 
@@ -27,6 +29,7 @@ app = typer.Typer(
 class Source(enum.StrEnum):
     nvml = "nvml"
     prometheus = "prometheus"
+    gateway = "gateway"
     control = "control"
     file = "file"
 
@@ -57,7 +60,9 @@ def collect(
         None, "--interval", min=1.0, help="collect every this many seconds until interrupted"
     ),
     url: str | None = typer.Option(
-        None, "--url", help="--source prometheus: the Prometheus server, e.g. http://prom:9090"
+        None,
+        "--url",
+        help="--source prometheus|gateway: the server, e.g. http://prom:9090, http://gw:8000",
     ),
     db: str | None = typer.Option(
         None, "--db", help="--source control: the store's database URL (control.database_url)"
@@ -68,7 +73,10 @@ def collect(
         help="--source control|prometheus: the first pass covers this much history",
     ),
     step: str = typer.Option(
-        "60s", "--step", help="--source control|prometheus: one sample per this"
+        "60s",
+        "--step",
+        help="--source control|prometheus: one sample per this; "
+        "--source gateway --once: observe the gateway this long",
     ),
     traffic: bool = typer.Option(
         False, "--traffic", help="--source file: the files hold gateway traffic, not samples"
@@ -118,6 +126,17 @@ def collect(
         finally:
             client.close()
         return
+    if source is Source.gateway:
+        if url is None:
+            _fail("--source gateway needs --url, the gateway (http://host:8000)")
+        window_s = interval if interval is not None else _duration(step, "--step")
+        try:
+            run_loop(_gateway(url, SampleStore(out, TRAFFIC_SCHEMA), window_s, interval is None))
+        except GpuplaneError as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            typer.echo("interrupted; every finished pass is stored")
+        return
     if source is Source.control:
         if db is None:
             _fail("--source control needs --db, the control plane's database URL")
@@ -161,6 +180,31 @@ def _nvml(
         _loop(one, store, 0.0, interval)
     finally:
         reader.close()
+
+
+async def _gateway(url: str, store: SampleStore, window_s: float, once: bool) -> None:
+    """Sample the gateway's slots every second; every `window_s`, store one traffic row per
+    instance for the window."""
+    from gpuplane.audit.collect.gateway import GatewayReader, traffic
+
+    reader = GatewayReader(url)
+    try:
+        await reader.sample(time.monotonic())
+        before = await reader.read()
+        while True:
+            end = time.monotonic() + window_s
+            while (left := end - time.monotonic()) > 0:
+                await asyncio.sleep(min(1.0, left))
+                await reader.sample(time.monotonic())
+            after = await reader.read()
+            table = traffic(datetime.now(UTC), before, after, reader.take_slot_seconds())
+            store.append(table)
+            typer.echo(f"{datetime.now(UTC).isoformat(timespec='seconds')}: {table.num_rows} rows")
+            before = after
+            if once:
+                return
+    finally:
+        await reader.aclose()
 
 
 def _loop(one: Pass, store: SampleStore, history_s: float, interval: float | None) -> None:

@@ -161,6 +161,11 @@ class GatewayMetrics:
             "Slot grants by the placement decision that made them (prefix = affinity hit)",
             ["model", "reason"],
         )
+        self.instance_requests = Tally(
+            "gpuplane_instance_requests_total",
+            "Slot grants on an instance (request attempts placed there)",
+            ["model", "instance"],
+        )
         self.prefix_hits = Tally(
             "gpuplane_prefix_affinity_hits_total",
             "Requests placed on an instance that recently served their prompt prefix",
@@ -198,6 +203,7 @@ class GatewayMetrics:
             self.requests,
             self.rejections,
             self.placements,
+            self.instance_requests,
             self.prefix_hits,
             self.reaped,
             self.upstream_failures,
@@ -239,6 +245,7 @@ class GatewayMetrics:
 
     def _placed(self, model: str, choice: Choice) -> None:
         self.placements.inc(model, choice.reason)
+        self.instance_requests.inc(model, choice.instance_id)
         if choice.reason == "prefix":
             self.prefix_hits.inc(model)
 
