@@ -26,7 +26,7 @@ from gpuplane.errors import unknown_name
 from gpuplane.sections import Section, passes
 
 # The cluster kinds this version implements, one module each under control/adapters/.
-ADAPTER_KINDS = ("local", "kubernetes")
+ADAPTER_KINDS = ("local", "kubernetes", "ray")
 DEFAULT_GPU_MODEL = "A100-80GB"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DEFAULT_GPU_MEM_MIB = 80 * 1024
@@ -54,7 +54,7 @@ class ClusterConfig(Section):
     """A cluster registered at start: its adapter, labels and (for `local`) declared inventory."""
 
     name: str = Field(description="cluster name (lowercase letters, digits, '-')")
-    adapter: str = Field(default="local", description="cluster kind: local, kubernetes")
+    adapter: str = Field(default="local", description="cluster kind: local, kubernetes, ray")
     region: str = Field(default="local", description="the gpuplane.io/region label of its nodes")
     labels: dict[str, str] = Field(default_factory=dict, description="labels of every node")
     discover_gpus: bool = Field(
@@ -71,6 +71,11 @@ class ClusterConfig(Section):
     )
     context: str | None = Field(
         default=None, description="kubernetes: kubeconfig context; unset: its current-context"
+    )
+    address: str | None = Field(
+        default=None,
+        description="ray: URL of the cluster's job API (the dashboard, e.g. "
+        "http://127.0.0.1:8265); required for a ray cluster",
     )
     namespace: str = Field(
         default="gpuplane-{team}",
@@ -96,7 +101,8 @@ class ClusterConfig(Section):
             1,
             3600,
             "kubernetes: a watch silent this long is reopened; the API is "
-            "unreachable after one interval without an answer",
+            "unreachable after one interval without an answer (ray: the timeout of each call "
+            "to its job API)",
         ),
     ] = 30.0
 
@@ -106,6 +112,15 @@ class ClusterConfig(Section):
         if kind not in ADAPTER_KINDS:
             raise ValueError(unknown_name("cluster adapter", kind, ADAPTER_KINDS))
         return kind
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> ClusterConfig:
+        if self.adapter == "ray" and not self.address:
+            raise ValueError(
+                f"cluster {self.name}: a ray cluster needs `address`, the URL of its job API "
+                "(the dashboard, e.g. http://127.0.0.1:8265)"
+            )
+        return self
 
     @field_validator("namespace")
     @classmethod
