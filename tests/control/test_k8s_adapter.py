@@ -7,6 +7,7 @@ when GPUPLANE_TEST_KUBECONFIG names its kubeconfig (GPUPLANE_TEST_KUBE_IMAGE: an
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -255,7 +256,10 @@ def test_the_watch_keeps_the_inventory_current(fake: tuple[FakeKubeApi, Cluster]
     api, cluster = fake
     adapter = cluster.adapter()
     adapter.inventory()
+    changed = threading.Event()
+    adapter.on_change(changed.set)
     api.add_node("gpu-c", cards=[hami_card("GPU-c0", index=0)])
+    assert changed.wait(10), "the watch did not say the inventory changed"
     api.set_cards(
         "gpu-a", [hami_card("GPU-a0", index=0, health=False), hami_card("GPU-a1", index=1)]
     )

@@ -84,6 +84,7 @@ class KubernetesAdapter(ClusterAdapter):
         self._nodes: Reflector[NodeView] | None = None
         self._pods: Reflector[ObjectView] | None = None
         self._jobs: Reflector[ObjectView] | None = None
+        self._listeners: list[Callable[[], None]] = []
         self._bound: dict[str, Binding] = {}  # bound here, perhaps not yet seen by the watch
         self._lock = threading.Lock()
         self.timeout_s = min(10.0, self.cluster.sync_interval_s)
@@ -140,6 +141,7 @@ class KubernetesAdapter(ClusterAdapter):
                 node_view,
                 what=f"{self.cluster.name} nodes",
                 interval_s=interval,
+                on_change=self._inventory_changed,
             ).start()
             mine = manifests.selector(self.instance)
             self._pods = Reflector(
@@ -190,6 +192,16 @@ class KubernetesAdapter(ClusterAdapter):
         return True, ""
 
     # -- inventory ---------------------------------------------------------------------------
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the watch's thread: it should only signal) whenever the watch
+        changes what `inventory()` answers, so a syncer writes it to the store at once rather
+        than every sync interval."""
+        self._listeners.append(callback)
+
+    def _inventory_changed(self) -> None:
+        for callback in self._listeners:
+            callback()
 
     def inventory(self) -> Inventory:
         self._connect()
