@@ -12,8 +12,32 @@ def test_a_mix_from_requests_keeps_the_popular_classes() -> None:
     reqs += [Request(f"b{i}", gpus=2) for i in range(9)] + [Request("c", gpu_milli=130)]
     w = WorkloadMix.from_requests(reqs, popularity=0.95)
     assert {(c.gpus, c.milli) for c in w.classes} == {(0, 500), (2, 1000)}
-    assert w.total_weight == pytest.approx(0.99)
+    # the kept classes' weights are renormalised to sum to 1, as the published simulator does
+    assert w.total_weight == pytest.approx(1.0)
+    assert {c.milli: c.weight for c in w.classes} == {
+        500: pytest.approx(90 / 99),
+        1000: pytest.approx(9 / 99),
+    }
     assert len(WorkloadMix.from_requests(reqs)) == 3
+
+
+def test_host_memory_tells_classes_apart_only_where_it_counts() -> None:
+    """The published FGD's typical pods are (CPU, GPU share, cards, model): two requests that
+    differ only in host memory are one class for `fgd`, two for `frag` (memory counts)."""
+    reqs = [
+        Request(f"a{i}", gpu_milli=500, cpu_millis=4000, memory_mib=1024 * (1 + i % 3))
+        for i in range(30)
+    ]
+    reqs += [Request(f"b{i}", gpus=1, cpu_millis=8000) for i in range(20)]
+    fgd = WorkloadMix.from_requests(reqs, popularity=0.5)
+    assert [(c.milli, c.weight) for c in fgd.classes] == [(500, 1.0)]  # 60 % in one class
+    frag = WorkloadMix.from_requests(reqs, popularity=0.5, use_memory=True)
+    assert len(frag.classes) == 2  # 40 % (b) then 20 % each (a by memory): b + one a
+    assert {c.milli for c in frag.classes} == {1000, 500}
+    online = OnlineWorkloadMix(popularity=1.0)
+    for r in reqs:
+        online.observe(r)
+    assert len(online.mix.classes) == 2
 
 
 def test_an_online_mix_counts_each_job_once() -> None:

@@ -143,3 +143,33 @@ def test_with_no_gpu_task_known_a_share_still_lands_on_a_card_that_fits(policy: 
     placement = decide(snap, Request("share", gpu_milli=10), pol).placement
     assert placement is not None
     assert placement.devices[0].index != taken
+
+
+def cpu_used() -> Snapshot:
+    """n1 and n2: 8 free cards each; n2 has 20 cores, n1 64."""
+    return Snapshot([node("n1"), node("n2", cpu=20_000)])
+
+
+def test_frag_packs_a_cpu_only_job_where_it_fits_best_and_leaves_gpu_ties_to_fgd() -> None:
+    """With the mix's tasks needing 8 cores, a 4-core job strands no GPU on either node: FGD's
+    scores tie. A CPU-only job goes where it fits best (n2, with fewer cores), which
+    keeps n1's cores for the GPU tasks; a GPU job ties as in FGD (the first node: consolidating
+    the cards matters more there than the cores left, measured over the mixes)."""
+    mix = WorkloadMix([TaskClass(1, 1000, 8000, 0, 1.0)], use_memory=True)
+    cpu_job, gpu_job = Request("c", cpu_millis=4000), Request("g", gpus=1, cpu_millis=4000)
+    assert node_of(cpu_used(), cpu_job, make_policy("fgd", mix=mix)) == "n1"
+    assert node_of(cpu_used(), cpu_job, make_policy("frag", mix=mix)) == "n2"
+    assert node_of(cpu_used(), gpu_job, make_policy("fgd", mix=mix)) == "n1"
+    assert node_of(cpu_used(), gpu_job, make_policy("frag", mix=mix)) == "n1"
+
+
+def test_fgd_learns_its_classes_as_the_published_simulator_does() -> None:
+    """Its typical pods: CPU, GPU share, cards and model (not host memory), the popular ones
+    covering 95 %, weights renormalised over those kept."""
+    pods = [Request(f"a{i}", gpu_milli=500, memory_mib=GIB * (i % 4 + 1)) for i in range(60)]
+    pods += [Request(f"b{i}", gpus=2, memory_mib=GIB * i) for i in range(40)]
+    mix = make_policy("fgd").for_mix(pods).mix  # type: ignore[attr-defined]
+    assert sorted((c.gpus, c.milli, c.weight) for c in mix.classes) == [
+        (0, 500, pytest.approx(0.6)),
+        (2, 1000, pytest.approx(0.4)),
+    ]

@@ -43,10 +43,15 @@ class TaskClass:
     selector: Selector = field(default_factory=Selector)
 
     @classmethod
-    def key_of(cls, r: Request) -> tuple[int, int, int, int, tuple[object, ...]]:
+    def key_of(
+        cls, r: Request, with_memory: bool = True
+    ) -> tuple[int, int, int, int, tuple[object, ...]]:
+        """The class of `r`; without `with_memory`, requests that differ only in host memory
+        are one class (as the published FGD's typical pods: CPU, GPU share, cards, model)."""
         sel = (tuple(sorted(r.selector.match_labels.items())), r.selector.gpu_models)
         milli = MILLI_PER_GPU if r.gpus else r.gpu_milli
-        return (r.gpus or (1 if r.is_fractional else 0), milli, r.cpu_millis, r.memory_mib, sel)
+        mem = r.memory_mib if with_memory else 0
+        return (r.gpus or (1 if r.is_fractional else 0), milli, r.cpu_millis, mem, sel)
 
 
 class WorkloadMix:
@@ -91,10 +96,11 @@ class WorkloadMix:
         cls, requests: Iterable[Request], popularity: float = 1.0, use_memory: bool = False
     ) -> WorkloadMix:
         """The distribution of `requests` by class; keep the most popular classes covering
-        `popularity` of them (the published FGD keeps 95 %), weights as shares of all."""
+        `popularity` of them (the published FGD keeps 95 %), weights as shares of those kept.
+        Host memory tells classes apart only when it counts (`use_memory`)."""
         reqs = list(requests)
-        counts = Counter(TaskClass.key_of(r) for r in reqs)
-        selectors = {TaskClass.key_of(r)[4]: r.selector for r in reqs}
+        counts = Counter(TaskClass.key_of(r, use_memory) for r in reqs)
+        selectors = {TaskClass.key_of(r, use_memory)[4]: r.selector for r in reqs}
         return _from_counts(counts, selectors, popularity, use_memory)
 
     def __len__(self) -> int:
@@ -199,17 +205,19 @@ def _from_counts(
     popularity: float,
     use_memory: bool,
 ) -> WorkloadMix:
-    """Classes by popularity until they cover `popularity` of the requests; weights = shares."""
+    """Classes by popularity until they cover `popularity` of the requests; weights = shares of
+    the kept classes, which sum to 1 (the published simulator renormalises after the cut)."""
     total = sum(counts.values())
-    kept: list[TaskClass] = []
+    kept: list[tuple[int, int, int, int, int, Selector]] = []
     covered = 0
     for (gpus, milli, cpu, mem, sel), n in sorted(counts.items(), key=lambda kv: -kv[1]):
         if covered >= popularity * total:
             break
         covered += n
         whole = milli == MILLI_PER_GPU and gpus >= 1
-        kept.append(TaskClass(gpus if whole else 0, milli, cpu, mem, n / total, selectors[sel]))
-    return WorkloadMix(kept, use_memory=use_memory)
+        kept.append((gpus if whole else 0, milli, cpu, mem, n, selectors[sel]))
+    classes = (TaskClass(g, m, c, mem, n / covered, sel) for g, m, c, mem, n, sel in kept)
+    return WorkloadMix(classes, use_memory=use_memory)
 
 
 def effective_free(snap: Snapshot, rows: IntArray) -> IntArray:
@@ -262,7 +270,7 @@ class OnlineWorkloadMix:
         self._seen[r.job_id] = None
         if len(self._seen) > self.remember:
             del self._seen[next(iter(self._seen))]
-        key = TaskClass.key_of(r)
+        key = TaskClass.key_of(r, self.use_memory)
         self._counts[key] += 1
         self._selectors.setdefault(key[4], r.selector)
         self._total += 1

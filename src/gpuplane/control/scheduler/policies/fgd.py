@@ -2,8 +2,11 @@
 
 Score = int(100 * sigmoid((F_before - F_after) / 1000)) per node, where F is the node's
 fragmentation under the workload mix's task distribution (`fragmentation.py`); a shared task goes
-to the node's first card with the best score; integer scores, random ties. Kept as the reference
-that gpuplane's own `frag` policy is measured against.
+to the node's first card with the best score; integer scores, ties to the earliest node (the
+published simulator's host selection takes the smallest node name). The mix is the paper's
+"typical pods": classes by CPU, GPU share, card count and GPU model (host memory does not tell
+them apart), the most popular covering 95 % of the pods, weights renormalised over those.
+Kept as the reference that gpuplane's own `frag` policy is measured against.
 """
 
 from __future__ import annotations
