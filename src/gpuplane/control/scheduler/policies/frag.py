@@ -1,4 +1,4 @@
-"""gpuplane's fragmentation-aware policy: FGD, plus host memory and best-fit ties for CPU-only tasks.
+"""gpuplane's fragmentation-aware policy: FGD, host memory, best-fit ties for CPU-only tasks.
 
 Like FGD (`fgd.py`) it places each task where the expected GPU fragmentation of the node grows
 least under the workload mix's task distribution (`fragmentation.py`), scored as FGD does
