@@ -208,3 +208,23 @@ def test_hamis_legacy_names_are_read_like_the_current_ones() -> None:
     assert (row["workload"], row["mem_used_mib"], row["alloc_cores_pct"]) == ("ml/chat-a", 512, 25)
     assert row["compute_share"] == pytest.approx(0.12)
     assert row["alloc_mem_mib"] is None  # no limit series: unknown
+
+
+def test_a_long_window_is_asked_in_pieces_prometheus_accepts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[float, float]] = []
+
+    def fetch(self: PromClient, start: float, end: float, step_s: float) -> dict[str, list[Series]]:
+        asked.append((start, end))
+        return {}
+
+    monkeypatch.setattr(PromClient, "fetch", fetch)
+    client = PromClient("http://127.0.0.1:9")
+    since = datetime(2026, 11, 1, tzinfo=UTC)
+    collect(client, "c1", since, since + timedelta(days=14), step_s=60)
+    client.close()
+    assert all((end - start) / 60 + 1 <= 11_000 for start, end in asked)
+    assert asked[0][0] == since.timestamp()
+    assert all(b[0] - a[1] == 60 for a, b in itertools.pairwise(asked))  # no gap, no overlap
+    assert asked[-1][1] >= (since + timedelta(days=14)).timestamp() - 60

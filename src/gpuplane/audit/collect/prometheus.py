@@ -38,6 +38,7 @@ from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import Sample, to_table
 
 MIB = 1 << 20
+MAX_POINTS = 10_000  # per series and query; Prometheus refuses more than 11,000
 
 # name -> (names to query, newest first); the legacy names carry other labels (_LEGACY_LABELS)
 METRICS: dict[str, tuple[str, ...]] = {
@@ -273,6 +274,9 @@ def collect(
     """The samples of `[since, until)`, at multiples of `step_s`."""
     start = math.ceil(since.timestamp() / step_s) * step_s
     end = until.timestamp() - 1e-3
-    if end < start:
-        return to_table([])
-    return samples(client.fetch(start, end, step_s), cluster)
+    tables = []
+    while start <= end:  # Prometheus answers at most 11,000 points per series
+        stop = min(end, start + (MAX_POINTS - 1) * step_s)
+        tables.append(samples(client.fetch(start, stop, step_s), cluster))
+        start = stop + step_s
+    return pa.concat_tables(tables) if tables else to_table([])
