@@ -104,6 +104,7 @@ def main() -> None:
     )
     ap.add_argument("--mix-seed", type=int, default=0, help="seed of the mixes' derivation")
     ap.add_argument("--pod-lists", nargs="+", type=Path, help="pod list CSVs to run as mixes")
+    ap.add_argument("--out", type=Path, help="where to write the JSON (default by mode)")
     args = ap.parse_args()
     nodes_csv = str(args.data / "openb_node_list_gpu_node.csv")
     pods_csv = str(args.data / "openb_pod_list_default.csv")
@@ -168,7 +169,7 @@ def main() -> None:
         "jobs": args.jobs,
     }
     print(f"{wall:.0f} s wall")
-    save(out, RESULTS, echo_json=args.json)
+    save(out, args.out or RESULTS, echo_json=args.json)
 
 
 def _mixes(
@@ -247,7 +248,7 @@ def _mixes(
         "wall_s": round(wall, 1),
         "jobs": args.jobs,
     }
-    save(out, MIX_RESULTS, echo_json=args.json)
+    save(out, args.out or MIX_RESULTS, echo_json=args.json)
 
 
 if __name__ == "__main__":
