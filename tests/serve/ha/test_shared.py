@@ -44,14 +44,19 @@ async def scripts(redis_server: str) -> AsyncIterator[tuple[dict[str, AsyncScrip
 async def acquire(
     s: dict[str, AsyncScript], key: str, lease: str, cap: int, *, ttl_ms: int = 60_000
 ) -> list[int]:
+    """[status, how many leases the set holds after it]"""
     gateway, epoch, _ = lease.split("|")
     keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
-    return list(await s["acquire"](keys, [INC, gateway, epoch, lease, cap, ttl_ms]))
+    status, _, *holders = await s["acquire"](keys, [INC, gateway, epoch, lease, cap, ttl_ms])
+    return [status, len(holders)]
 
 
-async def renew(s: dict[str, AsyncScript], key: str, gateway: str, epoch: int, *leases: str) -> Any:
+async def renew(
+    s: dict[str, AsyncScript], key: str, gateway: str, epoch: int, *leases: str
+) -> list[Any]:
+    """[status, leases added, then the set's lease ids]"""
     keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
-    return await s["renew"](keys, [INC, gateway, epoch, 60_000, *leases])
+    return list(await s["renew"](keys, [INC, gateway, epoch, 60_000, *leases]))
 
 
 # -- the scripts ------------------------------------------------------------------------------
@@ -109,7 +114,7 @@ async def test_release_is_idempotent(scripts: tuple[dict[str, AsyncScript], str]
     assert await s["release"]([f"{key}:i0"], ["a|1|1"]) == 1
     assert await s["release"]([f"{key}:i0"], ["a|1|1"]) == 0
     assert await s["release"]([f"{key}:i0"], ["never|1|9"]) == 0
-    assert (await renew(s, key, "a", 1))[2] == 1  # one lease left: counted once
+    assert (await renew(s, key, "a", 1))[2:] == [b"a|1|2"]  # one lease left: counted once
 
 
 async def test_renew_of_another_gateways_lease_is_refused(
@@ -117,17 +122,17 @@ async def test_renew_of_another_gateways_lease_is_refused(
 ) -> None:
     s, key = scripts
     await acquire(s, key, "a|1|1", 2, ttl_ms=200)
-    assert list(await renew(s, key, "b", 1, "a|1|1")) == [-4, 0, 0]
-    assert list(await renew(s, key, "a", 2, "a|1|1")) == [-4, 0, 0]  # not its epoch's either
+    assert await renew(s, key, "b", 1, "a|1|1") == [-4, 0]
+    assert await renew(s, key, "a", 2, "a|1|1") == [-4, 0]  # not its epoch's either
     await asyncio.sleep(0.3)
-    assert (await renew(s, key, "b", 1))[2] == 0  # it was not extended: it expired
+    assert await renew(s, key, "b", 1) == [1, 0]  # it was not extended: it expired
 
 
 async def test_stale_epoch_is_refused(scripts: tuple[dict[str, AsyncScript], str]) -> None:
     s, key = scripts
     assert (await renew(s, key, "a", 2))[0] == 1  # epoch 2 of gateway a registers
     assert await acquire(s, key, "a|1|7", 4) == [-3, 0]
-    assert list(await renew(s, key, "a", 1)) == [-3, 0, 0]
+    assert await renew(s, key, "a", 1) == [-3, 0]
     assert (await acquire(s, key, "a|2|7", 4))[0] == 1
 
 
@@ -136,7 +141,7 @@ async def test_another_incarnation_is_refused(
 ) -> None:
     s, key = scripts
     keys = [f"{key}:inc", f"{key}:epochs", f"{key}:i0"]
-    assert list(await s["acquire"](keys, ["inc-0", "a", 1, "a|1|1", 4, 1000])) == [-2, 0]
+    assert await s["acquire"](keys, ["inc-0", "a", 1, "a|1|1", 4, 1000]) == [-2, 0]
 
 
 # -- routers over the shared table --------------------------------------------------------------
@@ -244,6 +249,28 @@ async def test_redis_down_fails_closed_to_local_shares() -> None:
         shares = sorted(sum(r is router for r, _ in held) for router in routers)
         assert shares == [3, 3]  # 3 // 2 each, the remainder to a different gateway per instance
         await stop(routers, held)
+
+
+async def test_redis_down_counts_what_a_gateway_held_beyond_its_share() -> None:
+    with killable_redis() as server:
+        a, b = await gateways(server.url, 2, [4])
+        held = [(a, await a.acquire({})) for _ in range(4)]  # a holds the whole instance
+        await asyncio.sleep(0.2)  # b has looked since
+        server.kill()
+        await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
+        with pytest.raises(Rejected):  # b's share (2) is taken by a's two beyond its own
+            await b.acquire({}, timeout_s=0.1)
+        for _ in range(2):  # a drains down to its share, and admits again only below it
+            router, admission = held.pop()
+            router.finish(admission)
+        with pytest.raises(Rejected):
+            await a.acquire({}, timeout_s=0.1)
+        router, admission = held.pop()
+        router.finish(admission)
+        held.append((a, await a.acquire({}, timeout_s=0.1)))
+        with pytest.raises(Rejected):
+            await b.acquire({}, timeout_s=0.1)
+        await stop([a, b], held)
 
 
 async def test_resync_after_redis_lost_its_data_counts_every_lease_once() -> None:

@@ -12,9 +12,17 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- {status, n, then every lease id in the set}: a gateway learns who holds what
+local function holders(status, n, key)
+  local answer = {status, n}
+  for _, lease in ipairs(redis.call('ZRANGE', key, 0, -1)) do answer[#answer + 1] = lease end
+  return answer
+end
+
 --- acquire
 -- KEYS: incarnation, epochs (hash gateway -> epoch), the instance's set
 -- ARGV: incarnation, gateway, epoch, lease, capacity, ttl_ms
+-- Answers {status, 0, then the set's lease ids after it}.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-2, 0} end
 local registered = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
 if registered > tonumber(ARGV[3]) then return {-3, 0} end
@@ -23,25 +31,25 @@ redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local expiry = now + tonumber(ARGV[6])
 if redis.call('ZSCORE', KEYS[3], ARGV[4]) then  -- a retried acquire that had landed
   redis.call('ZADD', KEYS[3], expiry, ARGV[4])
-  return {1, redis.call('ZCARD', KEYS[3])}
+  return holders(1, 0, KEYS[3])
 end
-local held = redis.call('ZCARD', KEYS[3])
-if held >= tonumber(ARGV[5]) then return {0, held} end
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return holders(0, 0, KEYS[3]) end
 redis.call('ZADD', KEYS[3], expiry, ARGV[4])
-return {1, held + 1}
+return holders(1, 0, KEYS[3])
 
 --- renew
 -- Extend (or register again: after a re-sync, or one whose renewal came late) the caller's own
--- leases on one instance; with no lease it only counts. Registers the caller's epoch.
+-- leases on one instance; with no lease it only looks. Registers the caller's epoch.
+-- Answers {status, leases added (were not in the set), then the set's lease ids}.
 -- KEYS: incarnation, epochs, the instance's set
 -- ARGV: incarnation, gateway, epoch, ttl_ms, lease...
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-2, 0, 0} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-2, 0} end
 local registered = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
 local epoch = tonumber(ARGV[3])
-if registered > epoch then return {-3, 0, 0} end
+if registered > epoch then return {-3, 0} end
 local mine = ARGV[2] .. '|' .. ARGV[3] .. '|'
 for i = 5, #ARGV do
-  if string.sub(ARGV[i], 1, #mine) ~= mine then return {-4, 0, 0} end
+  if string.sub(ARGV[i], 1, #mine) ~= mine then return {-4, 0} end
 end
 if registered < epoch then redis.call('HSET', KEYS[2], ARGV[2], epoch) end
 local now = now_ms()
@@ -50,7 +58,7 @@ local added = 0
 for i = 5, #ARGV do
   added = added + redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[i])
 end
-return {1, added, redis.call('ZCARD', KEYS[3])}
+return holders(1, added, KEYS[3])
 
 --- release
 -- Idempotent: 1 the first time, 0 afterwards (or for a lease already expired).

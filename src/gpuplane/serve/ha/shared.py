@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -114,6 +115,10 @@ class _Instance:
     offset: int
     held: set[str] = field(default_factory=set)  # this gateway's leases (their ids in Redis)
     seen: int = 0  # the set's size, as last answered
+    by_gateway: Counter[str] = field(default_factory=Counter)  # its leases per gateway, then
+    # `by_gateway` when the table was last whole: until it is again, a gateway that has not yet
+    # registered its leases anew (Redis lost them) is counted as holding at least those
+    before: Counter[str] = field(default_factory=Counter)
 
 
 class RedisSlotTable:
@@ -173,13 +178,13 @@ class RedisSlotTable:
         lease_id = self._lease_id(lease)
         if self.state is Share.LOCAL or self.state is Share.FENCED:
             return self._take_locally(inst, lease_id)
-        if self.state is Share.RESYNC and len(inst.held) >= self._share(inst):
+        if self.state is Share.RESYNC and len(inst.held) >= self._allowance(inst):
             self._show(inst)
             return False
         keys = [self._keys["incarnation"], self._keys["epochs"], inst.key]
         args: list[str | int] = [self.incarnation, self.options.gateway_id, self.epoch]
         try:
-            status, count = await self._scripts["acquire"](
+            status, _, *holders = await self._scripts["acquire"](
                 keys, [*args, lease_id, inst.capacity, self._ttl_ms]
             )
         except _UNREACHABLE as exc:
@@ -194,8 +199,8 @@ class RedisSlotTable:
         elif status == -2:
             self._set_state(Share.RESYNC)
             return self._take_locally(inst, lease_id)
-        inst.seen = int(count)
-        if status == 1 and (self.state is Share.SHARED or len(inst.held) < self._share(inst)):
+        self._observe(inst, holders)
+        if status == 1 and (self.state is Share.SHARED or len(inst.held) < self._allowance(inst)):
             inst.held.add(lease_id)
             self._show(inst)
             return True
@@ -211,11 +216,12 @@ class RedisSlotTable:
         if lease_id in inst.held:
             inst.held.discard(lease_id)
             inst.seen = max(0, inst.seen - 1)
+            inst.by_gateway[self.options.gateway_id] -= 1
             self._forget(inst, lease_id)
 
     def _take_locally(self, inst: _Instance, lease_id: str) -> bool:
         """Admit on the local share alone (registered in Redis on its return)."""
-        if len(inst.held) < self._share(inst):
+        if len(inst.held) < self._allowance(inst):
             inst.held.add(lease_id)
             self._unreleased.discard((inst.key, lease_id))
             return True
@@ -240,17 +246,32 @@ class RedisSlotTable:
 
     # -- views ------------------------------------------------------------------------------
 
-    def _share(self, inst: _Instance) -> int:
+    def _allowance(self, inst: _Instance) -> int:
+        """How many leases this gateway may hold on the instance while the table is not whole:
+        its local share, less what the other gateways held beyond theirs when it last looked
+        (they only drain those, and admit again only within their own shares; a gateway that
+        is not live has a share of 0)."""
         if self.state is Share.FENCED:
             return 0
-        return local_share(inst.capacity, self.gateways, self.options.gateway_id, inst.offset)
+        me, live = self.options.gateway_id, self.gateways
+        beyond = sum(
+            max(0, n - local_share(inst.capacity, live, gateway, inst.offset))
+            for gateway, n in (inst.by_gateway | inst.before).items()
+            if gateway != me
+        )
+        return max(0, local_share(inst.capacity, live, me, inst.offset) - beyond)
+
+    def _observe(self, inst: _Instance, holders: Sequence[bytes]) -> None:
+        """The instance's set holds these lease ids now."""
+        inst.seen = len(holders)
+        inst.by_gateway = Counter(lease.rsplit(b"|", 2)[0].decode() for lease in holders)
 
     def _others(self, inst: _Instance) -> int:
         """Slots of the instance this gateway may not take, beyond its own leases."""
         shared = max(0, inst.seen - len(inst.held))
         if self.state is Share.SHARED:
             return shared
-        withheld = inst.capacity - self._share(inst)
+        withheld = inst.capacity - self._allowance(inst)
         return withheld if self.state is not Share.RESYNC else max(shared, withheld)
 
     def _show(self, inst: _Instance) -> None:
@@ -266,6 +287,11 @@ class RedisSlotTable:
         log.warning("shared slot table: %s -> %s", self.state.value, state.value)
         if state is not Share.SHARED:
             self._synced = False
+        for inst in self._instances.values():  # what the others held when it was last whole
+            if self.state is Share.SHARED:
+                inst.before = inst.by_gateway.copy()
+            elif state is Share.SHARED:
+                inst.before = Counter()
         self.state = state
         self._show_all()
 
@@ -302,12 +328,16 @@ class RedisSlotTable:
         if self._loop is not None:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.drained()
         with contextlib.suppress(*_UNREACHABLE):  # else its heartbeat expires by the TTL
             await self._scripts["leave"](
                 [self._keys["live"], self._keys["synced"]], [self.options.gateway_id]
             )
         await self.client.aclose()
+
+    async def drained(self) -> None:
+        """Wait until the releases sent so far have reached Redis (or failed)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
@@ -369,14 +399,14 @@ class RedisSlotTable:
         for key, lease_id in unreleased:
             await self._scripts["release"]([key], [lease_id], client=pipe)
         results: list[Any] = await pipe.execute()
-        for inst, (status, _added, count) in zip(instances, results, strict=False):
+        for inst, (status, _added, *holders) in zip(instances, results, strict=False):
             if status == -3:
                 self._fence()
                 return
             if status == -2:  # a new incarnation began between the heartbeat and now
                 self._set_state(Share.RESYNC)
                 return
-            inst.seen = int(count)
+            self._observe(inst, holders)
         self._unreleased.difference_update(unreleased)
         if renew:
             self._synced = True
