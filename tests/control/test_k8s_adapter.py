@@ -6,11 +6,10 @@ when GPUPLANE_TEST_KUBECONFIG names its kubeconfig (GPUPLANE_TEST_KUBE_IMAGE: an
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,17 +21,15 @@ from gpuplane.control.adapters import (
     Workload,
     WorkloadState,
     WorkloadStatus,
-    create_adapter,
 )
 from gpuplane.control.adapters.kubernetes import KubernetesAdapter
 from gpuplane.control.scheduler import DeviceGrant
-from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 from tests.control.k8s_fake import FakeKubeApi, hami_card
+from tests.control.k8s_fake.clusters import KubeCluster as Cluster
+from tests.control.k8s_fake.clusters import kube_cluster
 
 T = TypeVar("T")
-REAL = os.environ.get("GPUPLANE_TEST_KUBECONFIG")
-INSTANCE = "test-host:8080"
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
@@ -45,74 +42,17 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@dataclass
-class Cluster:
-    """One cluster under test: a fake one (with its handle) or a real one."""
-
-    kubeconfig: str
-    fake: FakeKubeApi | None
-    tmp: Path
-    made: list[KubernetesAdapter]
-
-    def adapter(self, instance: str = INSTANCE, **settings: Any) -> KubernetesAdapter:
-        settings.setdefault("grace_period_s", 1)
-        settings.setdefault("sync_interval_s", 2.0)
-        if self.fake is None:
-            settings.setdefault("image", os.environ.get("GPUPLANE_TEST_KUBE_IMAGE", "busybox"))
-        cluster = ClusterConfig(
-            name="kube", adapter="kubernetes", kubeconfig=self.kubeconfig, **settings
-        )
-        control = ControlConfig(state_dir=str(self.tmp), instance=instance)
-        adapter = create_adapter(cluster, control)
-        assert isinstance(adapter, KubernetesAdapter)
-        self.made.append(adapter)
-        return adapter
-
-
-def fake_cluster(tmp: Path, minor: int = 29) -> FakeKubeApi:
-    fake = FakeKubeApi(minor=minor, run_commands=True, bookmark_interval_s=0.2).start()
-    fake.add_node(
-        "gpu-a",
-        labels={"topology.kubernetes.io/region": "eu-west-4"},
-        cards=[hami_card("GPU-a0", index=0), hami_card("GPU-a1", index=1)],
-    )
-    fake.add_node(
-        "gpu-b",
-        cards=[
-            hami_card("GPU-b0", index=0, model="NVIDIA-L4", mem_mib=23034, count=1),
-            hami_card("GPU-b1", index=1, model="NVIDIA-L4", mem_mib=23034, health=False),
-        ],
-        legacy_register=True,
-    )
-    return fake
-
-
 @pytest.fixture(params=["fake", "real"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    if request.param == "real":
-        if not REAL:
-            pytest.skip("GPUPLANE_TEST_KUBECONFIG is not set: no real cluster to run against")
-        made: list[KubernetesAdapter] = []
-        yield Cluster(REAL, None, tmp_path, made)
-    else:
-        fake = fake_cluster(tmp_path)
-        made = []
-        yield Cluster(fake.kubeconfig(tmp_path / "kubeconfig"), fake, tmp_path, made)
-    for adapter in made:
-        adapter.close()
-    if request.param == "fake":
-        fake.stop()
-        assert fake.kubelet.procs == {}, "a Pod's process outlived the test"
+    with kube_cluster(request.param, tmp_path) as kube:
+        yield kube
 
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[tuple[FakeKubeApi, Cluster]]:
-    api = fake_cluster(tmp_path)
-    made: list[KubernetesAdapter] = []
-    yield api, Cluster(api.kubeconfig(tmp_path / "kubeconfig"), api, tmp_path, made)
-    for adapter in made:
-        adapter.close()
-    api.stop()
+    with kube_cluster("fake", tmp_path) as kube:
+        assert kube.fake is not None
+        yield kube.fake, kube
 
 
 def gpu_node(adapter: KubernetesAdapter) -> tuple[str, int]:
@@ -313,7 +253,7 @@ def test_bookmarks_move_a_quiet_watch_on(fake: tuple[FakeKubeApi, Cluster]) -> N
 def test_an_unsupported_version_is_refused_with_the_supported_range(tmp_path: Path) -> None:
     for minor in (24, 36):
         with FakeKubeApi(minor=minor) as api:
-            cluster = Cluster(api.kubeconfig(tmp_path / "kc"), api, tmp_path, [])
+            cluster = Cluster(api.kubeconfig(tmp_path / "kc"), api, tmp_path)
             with pytest.raises(AdapterError) as err:
                 cluster.adapter().inventory()
             assert f"Kubernetes v1.{minor}.3" in str(err.value)
@@ -321,7 +261,7 @@ def test_an_unsupported_version_is_refused_with_the_supported_range(tmp_path: Pa
 
 
 def test_a_missing_kubeconfig_is_refused_saying_what_to_check(tmp_path: Path) -> None:
-    cluster = Cluster(str(tmp_path / "nowhere"), None, tmp_path, [])
+    cluster = Cluster(str(tmp_path / "nowhere"), None, tmp_path)
     with pytest.raises(AdapterError, match=r"cannot load the kubeconfig.*get-contexts"):
         cluster.adapter(image="x").inventory()
 
@@ -436,9 +376,9 @@ def test_oomkilled_evicted_and_deadline_are_named(fake: tuple[FakeKubeApi, Clust
 def test_a_job_survives_an_eviction_where_pod_failure_policy_is_served(
     tmp_path: Path, minor: int, survives: bool
 ) -> None:
-    api = fake_cluster(tmp_path, minor=minor)
-    cluster = Cluster(api.kubeconfig(tmp_path / "kc"), api, tmp_path, [])
-    try:
+    with kube_cluster("fake", tmp_path, minor) as cluster:
+        api = cluster.fake
+        assert api is not None
         adapter = cluster.adapter(bind_kind="job")
         adapter.bind(workload(adapter, "resilient", "sleep 30"))
         first = wait_for(lambda: pods_of(api, "resilient"), "the Job's Pod")[0]
@@ -456,10 +396,6 @@ def test_a_job_survives_an_eviction_where_pod_failure_policy_is_served(
             assert "evicted" in status.message
         adapter.release("resilient")
         wait_for(lambda: pods_of(api, "resilient") == [] or None, "the Job's Pods to go")
-    finally:
-        for adapter in cluster.made:
-            adapter.close()
-        api.stop()
 
 
 def test_release_never_raises_when_the_api_server_is_down(

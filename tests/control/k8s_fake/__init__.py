@@ -66,6 +66,25 @@ def encode_register(cards: list[dict[str, Any]], legacy: bool = False) -> str:
     )
 
 
+def write_kubeconfig(
+    url: str, path: str | os.PathLike[str] | None = None, context: str = "fake"
+) -> str:
+    """A kubeconfig whose one context points at the fake server at `url`; its path."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": context, "user": {}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    }
+    if path is None:
+        fd, path = tempfile.mkstemp(suffix=".kubeconfig")
+        os.close(fd)
+    Path(path).write_text(json.dumps(config))
+    return str(path)
+
+
 class FakeKubeApi:
     """One fake cluster at `url`; `start()` / `stop()` (idempotent), or use as a context."""
 
@@ -120,19 +139,7 @@ class FakeKubeApi:
 
     def kubeconfig(self, path: str | os.PathLike[str] | None = None, context: str = "fake") -> str:
         """Write a kubeconfig pointing at this server (no credentials: it has no auth)."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": context, "cluster": {"server": self.url}}],
-            "users": [{"name": context, "user": {}}],
-            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
-            "current-context": context,
-        }
-        if path is None:
-            fd, path = tempfile.mkstemp(suffix=".kubeconfig")
-            os.close(fd)
-        Path(path).write_text(json.dumps(config))
-        return str(path)
+        return write_kubeconfig(self.url, path, context)
 
     # -- what HAMi's device plugin and an admin do --------------------------------------------
 
@@ -248,4 +255,11 @@ class FakeKubeApi:
         }
 
 
-__all__ = ["HAMI_REGISTER", "ApiError", "FakeKubeApi", "encode_register", "hami_card"]
+__all__ = [
+    "HAMI_REGISTER",
+    "ApiError",
+    "FakeKubeApi",
+    "encode_register",
+    "hami_card",
+    "write_kubeconfig",
+]

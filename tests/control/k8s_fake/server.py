@@ -84,6 +84,7 @@ def _merge(target: Obj, patch: Obj) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as they are written, as Go's do
     server: FakeHttpServer
     _read_body: Obj | None = None  # this request's body, once read
 
