@@ -409,3 +409,24 @@ def test_release_never_raises_when_the_api_server_is_down(
     api.unreachable = False
     adapter.release("stranded")
     wait_for(lambda: pods_of(api, "stranded") == [] or None, "the Pod to go")
+
+
+def test_an_api_server_silent_for_a_sync_interval_is_unreachable_until_it_answers(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter(sync_interval_s=1.0)
+    assert adapter.reachable() == (False, "not connected yet")
+    adapter.inventory()
+    assert adapter.reachable() == (True, "")
+    api.unreachable = True
+    api.end_watches()
+
+    def why_down() -> str | None:
+        up, why = adapter.reachable()
+        return None if up else why
+
+    why = wait_for(why_down, "the adapter to call it unreachable")
+    assert "answered 503" in why
+    api.unreachable = False
+    wait_for(lambda: adapter.reachable()[0] or None, "the server to answer again")

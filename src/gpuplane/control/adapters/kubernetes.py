@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -183,11 +182,13 @@ class KubernetesAdapter(ClusterAdapter):
             raise AdapterError(f"{self.where}: could not {what}: {describe_error(exc)}") from exc
 
     def reachable(self) -> tuple[bool, str]:
-        """Whether the API server answered within the last sync interval, and if not, why."""
-        if self._nodes is None or self._nodes.last_contact is None:
+        """Whether the API server answered (a watch event or bookmark, a list) within the last
+        sync interval, and if not, why: what placement on this cluster waits on."""
+        quiet = None if self._nodes is None else self._nodes.quiet_for()
+        if quiet is None:
             return False, "not connected yet"
-        quiet = time.monotonic() - self._nodes.last_contact
         if quiet > self.cluster.sync_interval_s:
+            assert self._nodes is not None
             return False, self._nodes.error or f"no answer for {quiet:.0f}s"
         return True, ""
 

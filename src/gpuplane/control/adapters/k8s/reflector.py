@@ -80,6 +80,10 @@ class Reflector(Generic[T]):
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
+    def quiet_for(self) -> float | None:
+        """Seconds since the server last answered (None: it never has)."""
+        return None if self.last_contact is None else self._clock() - self.last_contact
+
     def snapshot(self) -> list[T]:
         with self._lock:
             return list(self.view.values())
