@@ -1,6 +1,6 @@
 """The audit's sample store at scale: bytes per sample, scan time for a day of 10,000 GPUs.
 
-Fleet: `--cards` cards (8 per node, 4 clusters, 20 teams, two workloads per card pair), one
+Fleet: `--cards` cards (8 per node, 4 clusters, 20 teams, one workload per two cards), one
 sample per card per minute for `--hours` hours (default 24: 14.4 M samples), usage as NVML
 reports it (whole MiB, whole percent of the card's SMs) drawn per card around a seeded level.
 The day is appended hourly, as a collector writes it, then compacted into one file.
