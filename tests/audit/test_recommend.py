@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from gpuplane.audit.pipeline import run_audit
 from gpuplane.audit.recommend import Recommendation, grid_mem_mib, replay
@@ -87,3 +88,16 @@ def test_replay_finds_no_sample_above_a_recommended_limit() -> None:
 
     tight = replace(recs["w0"], mem_mib=int(peak) - 1)
     assert replay(samples, [tight]).over_memory["w0"] >= 1
+
+
+def test_audit_settings_refuse_bad_values_saying_what_is_valid() -> None:
+    from gpuplane.config import parse_settings
+    from gpuplane.errors import ConfigError
+
+    assert parse_settings({"audit": {"headroom": 1.5}}).audit.headroom == 1.5
+    with pytest.raises(ConfigError, match=r"did you mean 'headroom'"):
+        parse_settings({"audit": {"headrom": 1.5}})
+    with pytest.raises(ConfigError, match=r"'1g10gb' is not '<g>g.<GiB>gb'"):
+        parse_settings({"audit": {"mig_profiles": ["1g10gb"]}})
+    with pytest.raises(ConfigError, match=r"unknown scheduling policy 'fragg'.*did you mean"):
+        parse_settings({"audit": {"policy": "fragg"}})
