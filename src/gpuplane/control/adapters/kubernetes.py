@@ -379,15 +379,16 @@ class KubernetesAdapter(ClusterAdapter):
         )
 
     def release(self, job_id: str) -> None:
-        try:
-            api = self._connect()
-            views, _ = self._views()
-        except AdapterError as exc:
-            log.warning("releasing job %s: %s", job_id, exc)
-            return
         with self._lock:
             binding = self._bound.pop(job_id, None)
-        view = views.get(job_id)
+        try:
+            api = self._connect()
+            view = self._views()[0].get(job_id)
+        except AdapterError as exc:
+            if binding is None:
+                log.warning("releasing job %s: %s", job_id, exc)
+                return
+            view = None
         if view is not None:
             binding = Binding(view.namespace, view.name, view.uuids)
         if binding is None:
