@@ -1,22 +1,19 @@
 """Helpers of the shared-mode tests: routers over one slot table in Redis, and a Redis server
 that a test may kill, pause and restart on the same port (`conftest.redis_server` is one per
-session and never dies)."""
+session and never dies; this one is the drill's, `shared_drill.py`)."""
 
 from __future__ import annotations
 
 import itertools
 import os
-import signal
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from gpuplane.config import parse_settings
 from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
 from gpuplane.serve.router import ModelRouter
-from tests.serve.ha.conftest import REDIS, free_port, require, wait_listening
+from tests.serve.ha.conftest import REDIS, require
+from tests.serve.ha.shared_drill import RedisProcess, redis_process
 
 _prefixes = itertools.count()
 
@@ -42,48 +39,9 @@ def shared_router(table: RedisSlotTable, capacities: list[int]) -> ModelRouter:
     return ModelRouter(settings.models[0], settings.gateway, capacities, shared=table)
 
 
-@dataclass
-class KillableRedis:
-    """A Redis server without persistence on a fixed loopback port: `kill` (SIGKILL: its data
-    is gone), `start` again, or `pause`/`resume` it (SIGSTOP/SIGCONT: calls time out, the data
-    stays)."""
-
-    port: int
-    tmp: str
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", self.tmp]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_listening(self.port, self.proc, "redis-server", 30.0)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-
 @contextmanager
-def killable_redis() -> Iterator[KillableRedis]:
+def killable_redis() -> Iterator[RedisProcess]:
+    """A Redis server the test may kill, pause and start again on the same port."""
     require(REDIS, "redis-server")
-    server = KillableRedis(free_port(), tempfile.mkdtemp(prefix="gpuplane-redis-"))
-    server.start()
-    try:
+    with redis_process() as server:
         yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.resume()
-            server.kill()
