@@ -103,8 +103,8 @@ REFUSED_BY_EVERY_COMMAND = [
         id="url-without-scheme",
     ),
     pytest.param(
-        "control: {clusters: [{name: k8s, adapter: kubernetes}]}\n",
-        r"clusters\.0\.adapter: unknown cluster adapter 'kubernetes'; valid: local",
+        "control: {clusters: [{name: n, adapter: nomad}]}\n",
+        r"clusters\.0\.adapter: unknown cluster adapter 'nomad'; valid: local, kubernetes",
         id="adapter-kind",
     ),
     pytest.param(
