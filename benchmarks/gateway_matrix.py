@@ -749,18 +749,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def merge(path: Path, fresh: dict[str, Any]) -> dict[str, Any]:
-    """Keep the parts and rows of an earlier results file that this run did not redo."""
+    """Keep the parts and rows of an earlier results file that this run did not redo; each
+    run's `config` is kept, in order, under `runs`."""
     if not path.exists():
-        return fresh
+        return {**fresh, "runs": [fresh.pop("config")]}
     import json
 
     earlier: dict[str, Any] = json.loads(path.read_text())
+    runs = earlier.pop("runs", [])
+    if "config" in earlier:  # a file written before runs were kept
+        runs.append(earlier.pop("config"))
+    runs.append(fresh.pop("config"))
     for part, value in fresh.items():
-        if isinstance(value, dict) and isinstance(earlier.get(part), dict) and part != "config":
+        if isinstance(value, dict) and isinstance(earlier.get(part), dict):
             earlier[part] |= value
         else:
             earlier[part] = value
-    return earlier
+    return {**earlier, "runs": runs}
 
 
 if __name__ == "__main__":
