@@ -39,6 +39,7 @@ from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
 
 if TYPE_CHECKING:
+    from gpuplane.serve.ha.forward import ForwardToLeader
     from gpuplane.serve.ha.leadership import Leadership
     from gpuplane.serve.ha.shared import RedisSlotTable
 
@@ -216,9 +217,12 @@ def leadership(
     """The lease loop when `gateway.ha.mode` is primary_standby (its store is imported then)."""
     if cfg.ha.mode != "primary_standby":
         return None
+    import httpx
+
     from gpuplane.serve.ha.leadership import Leadership
 
-    return Leadership(cfg.ha, routers, adapters)
+    timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
+    return Leadership(cfg.ha, routers, adapters, forward_timeout=timeout)
 
 
 def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
@@ -339,7 +343,7 @@ def _unauthorized(headers: Mapping[str, str]) -> Response:
 
 async def _completion(
     gw: Gateway, scope: Scope, receive: Receive, chat: bool
-) -> ProxyCall | Response:
+) -> ProxyCall | Response | ForwardToLeader:
     # decoded once: the lookups below would each scan and decode the raw list
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
     tenant = gw.resolve_tenant(headers)
@@ -352,6 +356,9 @@ async def _completion(
         return body_or_error
     raw = body_or_error
     if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
+        forward = gw.leadership.forward(scope["path"], raw, headers)
+        if forward is not None:
+            return forward
         gw.metrics.reject(UNKNOWN_MODEL, Rejection.NOT_LEADER.value)
         return error_response(503, why, Rejection.NOT_LEADER.value, headers={"retry-after": "1"})
     try:

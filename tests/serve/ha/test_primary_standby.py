@@ -20,6 +20,7 @@ import pytest
 from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 
 pytestmark = pytest.mark.anyio
@@ -158,3 +159,37 @@ async def test_a_leader_that_stops_leading_turns_its_waiters_away(
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "not_leader"
         assert [r.status_code for r in await asyncio.gather(*running)] == [200] * CAPACITY
+
+
+async def test_a_standby_that_proxies_forwards_to_the_leader_once(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    settings = _settings(fleet.urls, tmp_path / "lease", proxy_to_leader=True)
+    ha = settings.gateway.ha
+    gws = []
+    for gid in ("a", "b"):
+        cfg = settings.gateway.model_copy(update={"ha": ha.model_copy(update={"gateway_id": gid})})
+        gws.append(Gateway(settings.model_copy(update={"gateway": cfg})))
+    gw_a, gw_b = gws
+    async with AsyncExitStack() as stack:
+        url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
+        await _until(lambda: _ready_at(client, url_a))
+        url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
+        await _until(lambda: gw_b.state()["ha"]["leader_url"] == url_a)
+        via_b = await client.post(url_b + "/v1/chat/completions", json=_chat(stream=True))
+        assert via_b.status_code == 200
+        assert b"[DONE]" in via_b.content
+        assert via_b.headers["x-gpuplane-instance"]  # the leader placed it
+        # a request another gateway already forwarded is not forwarded again
+        bounced = await client.post(
+            url_b + "/v1/chat/completions",
+            json=_chat(),
+            headers={"x-gpuplane-forwarded": "c"},
+        )
+        assert bounced.status_code == 503
+        assert bounced.json()["error"]["code"] == "not_leader"
+
+
+async def _ready_at(client: httpx.AsyncClient, url: str) -> bool:
+    return (await client.get(url + "/readyz")).status_code == 200

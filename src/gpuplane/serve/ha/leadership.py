@@ -26,6 +26,7 @@ import httpx
 
 from gpuplane.serve.engines.base import EngineAdapter
 from gpuplane.serve.errors import Rejection
+from gpuplane.serve.ha.forward import FORWARDED, ForwardToLeader
 from gpuplane.serve.ha.lease import Change, Election, Fenced, NotAdmitting, StoreUnavailable
 from gpuplane.serve.ha.rebuild import (
     Counts,
@@ -67,6 +68,7 @@ class Leadership:
         store: LeaseStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics_timeout_s: float = 1.0,
+        forward_timeout: httpx.Timeout | None = None,
     ) -> None:
         self.cfg = cfg
         self.routers = routers
@@ -79,6 +81,12 @@ class Leadership:
         self.stats = HaStats()
         self.inherited: Counts = {}
         self._metrics = httpx.AsyncClient(timeout=metrics_timeout_s)
+        # a standby's client to the leader, when it forwards (gateway.ha.proxy_to_leader)
+        self.forwarder = (
+            httpx.AsyncClient(timeout=forward_timeout or httpx.Timeout(600.0, connect=5.0))
+            if cfg.proxy_to_leader
+            else None
+        )
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._stopped = False
@@ -98,6 +106,14 @@ class Leadership:
             return "no gateway leads right now (a takeover is under way); retry"
         at = f" at {leader.url}" if leader.url else ""
         return f"this gateway is a standby; the leader is {leader.holder}{at}: send it there"
+
+    def forward(self, path: str, body: bytes, headers: dict[str, str]) -> ForwardToLeader | None:
+        """The request sent on to the leader, when this standby forwards and knows where the
+        leader serves (never a request another gateway already forwarded)."""
+        url = self.leader_url()
+        if self.forwarder is None or url is None or FORWARDED in headers:
+            return None
+        return ForwardToLeader(self.forwarder, url.rstrip("/") + path, body, headers, self.holder)
 
     def leader_url(self) -> str | None:
         """Where the leader serves, when another gateway leads and said so."""
@@ -153,6 +169,8 @@ class Leadership:
             for inst in router.instances:
                 router.set_others(inst.id, 0)
         await self._metrics.aclose()
+        if self.forwarder is not None:
+            await self.forwarder.aclose()
         await self.store.aclose()
 
     # -- the loop -------------------------------------------------------------------------
