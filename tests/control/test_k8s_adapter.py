@@ -430,3 +430,16 @@ def test_an_api_server_silent_for_a_sync_interval_is_unreachable_until_it_answer
     assert "answered 503" in why
     api.unreachable = False
     wait_for(lambda: adapter.reachable()[0] or None, "the server to answer again")
+
+
+@pytest.mark.parametrize("kind", ["pod", "job"])
+def test_a_workload_past_its_time_limit_is_timed_out(
+    fake: tuple[FakeKubeApi, Cluster], kind: str
+) -> None:
+    """The limit is activeDeadlineSeconds (on the Pod, or on the Job); Kubernetes stops it."""
+    _, cluster = fake
+    adapter = cluster.adapter(bind_kind=kind)
+    adapter.bind(replace(workload(adapter, f"limited-{kind}", "sleep 30"), time_limit_s=0.5))
+    status = ended(adapter, f"limited-{kind}")
+    assert status.state == WorkloadState.TIMED_OUT
+    assert "activeDeadlineSeconds" in status.message

@@ -109,6 +109,8 @@ class Kubelet:
 
         state.update("pods", ns, name, running)
         self.started.append(f"{ns}/{name}")
+        if spec.get("activeDeadlineSeconds"):
+            self._after(spec["activeDeadlineSeconds"], self._pod_deadline, ns, name)
         if self.run_commands:
             self._run(ns, name, container)
 
@@ -207,6 +209,32 @@ class Kubelet:
         self._job_sync(pod)
         return pod
 
+    def _after(self, seconds: float, fn: Any, *args: Any) -> None:
+        timer = threading.Timer(seconds, fn, args)
+        timer.daemon = True
+        timer.start()
+
+    def _pod_deadline(self, ns: str, name: str) -> None:
+        with contextlib.suppress(ApiError):  # gone meanwhile
+            if self.fake.state.get("pods", ns, name)["status"].get("phase") == "Running":
+                self.stop_at_deadline(ns, name)
+
+    def _job_deadline(self, ns: str, name: str) -> None:
+        """The Job controller ends a Job past its activeDeadlineSeconds and deletes its Pods."""
+        try:
+            job = self.fake.state.get("jobs", ns, name)
+        except ApiError:
+            return
+        if job["status"].get("conditions"):
+            return  # it ended first
+        self._job_end(
+            ns, name, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline"
+        )
+        for pod in list(self.fake.state.iter_objects("pods")):
+            if pod["metadata"].get("labels", {}).get("job-name") == name:
+                with contextlib.suppress(ApiError):
+                    self.delete_pod(ns, pod["metadata"]["name"], 0)
+
     def stop_at_deadline(self, ns: str, name: str) -> Obj:
         self._kill(ns, name, signal.SIGKILL)
 
@@ -271,6 +299,9 @@ class Kubelet:
             }
         ]
         self.fake.state.create("pods", ns, {"metadata": meta, "spec": template["spec"]})
+
+        if job["spec"].get("activeDeadlineSeconds") and not job.get("status", {}).get("startTime"):
+            self._after(job["spec"]["activeDeadlineSeconds"], self._job_deadline, ns, job_name)
 
         def active(o: Obj) -> None:
             o.setdefault("status", {}).update(
