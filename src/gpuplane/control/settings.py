@@ -241,6 +241,17 @@ class ControlConfig(Section):
         "state, so turn it off where they are inflated to jump the queue)",
     )
     kill_grace_s: Annotated[float, bounded(0, 3600, "SIGTERM to SIGKILL on cancel")] = 5.0
+    job_user: str | None = Field(
+        default=None,
+        description="local: the unprivileged user a service running as root starts jobs as; "
+        "unset: gpuplane-job if that user exists, else nobody (a service that is not root runs "
+        "jobs as its own user and refuses this setting)",
+    )
+    allow_root_jobs: bool = Field(
+        default=False,
+        description="local: a service running as root may run jobs as root (when job_user is "
+        "unset); otherwise it refuses to start without an unprivileged user for them",
+    )
     instance: str | None = Field(
         default=None,
         description="name of this service process: it observes the jobs it started; "
