@@ -124,8 +124,12 @@ def test_a_job_that_succeeds_is_succeeded_and_release_forgets_it(cluster: Cluste
     assert ended(adapter, "ok-job") == WorkloadStatus(WorkloadState.SUCCEEDED, 0)
     adapter.release("ok-job")
     adapter.release("ok-job")  # idempotent
-    wait_for(lambda: "ok-job" not in adapter.workloads() or None, "the Pod to go")
-    assert adapter.status(["ok-job"])["ok-job"].state == WorkloadState.LOST
+    assert "ok-job" not in adapter.workloads()  # at once, whatever the watch shows yet
+    wait_for(
+        lambda: adapter.status(["ok-job"])["ok-job"].state == WorkloadState.LOST or None,
+        "the Pod to go",
+    )
+    assert b"".join(adapter.logs("ok-job")) == b""  # it printed nothing: nothing kept
 
 
 def test_a_second_bind_of_the_same_job_makes_no_second_pod(cluster: Cluster) -> None:
@@ -428,8 +432,15 @@ def test_an_api_server_silent_for_a_sync_interval_is_unreachable_until_it_answer
 
     why = wait_for(why_down, "the adapter to call it unreachable")
     assert "answered 503" in why
+    api.add_node("while-down", cards=[hami_card("GPU-d", index=0)])
     api.unreachable = False
     wait_for(lambda: adapter.reachable()[0] or None, "the server to answer again")
+    wait_for(
+        lambda: any(n.name == "while-down" for n in adapter.inventory().nodes) or None,
+        "the change made while it was down",
+    )
+    assert adapter._nodes is not None
+    assert adapter._nodes.relists == 0  # the watch resumed from its resourceVersion
 
 
 @pytest.mark.parametrize("kind", ["pod", "job"])
@@ -443,3 +454,17 @@ def test_a_workload_past_its_time_limit_is_timed_out(
     status = ended(adapter, f"limited-{kind}")
     assert status.state == WorkloadState.TIMED_OUT
     assert "activeDeadlineSeconds" in status.message
+
+
+def test_a_released_job_leaves_workloads_at_once_even_when_the_watch_lags(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.bind(workload(adapter, "lagging", "sleep 30"))
+    wait_for(lambda: "lagging" in adapter.workloads() or None, "the watch to show it")
+    api.watch_lag_s = 1.0
+    adapter.release("lagging")
+    assert "lagging" not in adapter.workloads()
+    api.watch_lag_s = 0.0
+    wait_for(lambda: pods_of(api, "lagging") == [] or None, "the Pod to go")

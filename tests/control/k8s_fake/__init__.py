@@ -104,6 +104,7 @@ class FakeKubeApi:
         self.bookmark_interval_s = bookmark_interval_s
         self.unreachable = False  # every request answered 503
         self.watch_generation = 0
+        self.watch_lag_s = 0.0  # each batch of watch events is sent this much later
         self.slow_creates = 0  # this many Pod or Job creates answer only after slow_create_s
         self.slow_create_s = 0.0
         self.kubelet = Kubelet(self, run_commands=run_commands, auto_start=auto_start)

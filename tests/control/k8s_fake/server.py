@@ -348,6 +348,8 @@ class Handler(BaseHTTPRequestHandler):
                     )
                     break
                 events, rv = got
+                if events and fake.watch_lag_s:
+                    time.sleep(fake.watch_lag_s)  # a slow or distant API server
                 for event in events:
                     if event.resource == resource:
                         self._send_event(send, event, matches)

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuplane.control.adapters._privilege import JobUser
 from gpuplane.control.adapters._wrap import write_atomic
 from gpuplane.control.adapters.base import AdapterError
+from gpuplane.control.statedir import private_dir
 
 WRAPPER = str(Path(__file__).with_name("_wrap.py"))
 FIX = "check the command (on PATH? executable?) and workdir in the job spec"
@@ -95,6 +97,7 @@ class JobRecord(BaseModel):
     started: float  # time.monotonic() at bind; that clock is the machine's, not the process's
     limit_s: float | None
     placement: dict[str, str]  # node and device env: bound again elsewhere, it starts afresh
+    home: str | None = None  # its own directory (HOME), removed when it is released
 
 
 class ExitRecord(BaseModel):
@@ -190,18 +193,22 @@ class RunDir:
         instance: str | None,
         limit_s: float | None,
         placement: dict[str, str],
+        user: JobUser | None,
+        home: str | None,
     ) -> JobProcess:
-        """Spawn the wrapper, record it, then let it start `command`; returns once the command
-        started. Raises AdapterError saying why it could not."""
+        """Spawn the wrapper, record it, then let it start `command` (as `user`, None: as this
+        process); returns once the command started. Raises AdapterError saying why it could
+        not."""
         record_path, exit_path = self.files(job_id)
-        self.path.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exit_path)  # an earlier run's end is not this one's
         go_r, go_w = os.pipe()
         report_r, report_w = os.pipe()
         with open(go_w, "wb", buffering=0) as go, open(report_r, "rb") as report:
             argv = [sys.executable, "-I", "-S", WRAPPER, str(go_r), str(report_w)]
-            argv += [record_path, exit_path, "--", *command]
+            argv += [record_path, exit_path, "-" if user is None else user.wrapper_arg()]
+            argv += ["--", *command]
             try:
                 popen = _spawn(job_id, argv, env, workdir, log_path, (go_r, report_w))
             finally:
@@ -215,6 +222,7 @@ class RunDir:
                 started=time.monotonic(),
                 limit_s=limit_s,
                 placement=placement,
+                home=home,
             )
             try:
                 write_atomic(record_path, record.model_dump_json())
@@ -246,8 +254,10 @@ def _spawn(
     fds: tuple[int, int],
 ) -> subprocess.Popen[bytes]:
     try:
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        out = open(log_path, "ab")  # noqa: SIM115 - closed below, once the wrapper holds it
+        private_dir(Path(log_path).parent)
+        # the service's only (0600): the job writes it through the descriptor it inherits
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        out = open(fd, "ab")  # noqa: SIM115 - closed below, once the wrapper holds it
     except OSError as exc:
         raise AdapterError(
             f"job {job_id}: cannot open its log {log_path}: {exc.strerror}; "

@@ -10,7 +10,8 @@ pinned to its node and cards (`k8s/manifests.py`); the name makes `bind` idempot
 (after a timeout, or by a restarted service) finds the object by its name (409) and takes it
 back when it is this job's on the same placement. What runs is watched too (the objects labelled
 with this service instance), so `status`, `workloads` and adoption after a restart need no
-records of their own: the cluster keeps the state. `release` deletes with the cluster's grace
+records of their own: the cluster keeps the state. `release` keeps a copy of the Pod's log in
+the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's grace
 period. Every client or transport error is mapped here into an AdapterError saying what to do.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gpuplane.control.adapters.base import (
@@ -41,6 +43,7 @@ from gpuplane.control.adapters.k8s.convert import (
 from gpuplane.control.adapters.k8s.manifests import Binding
 from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error, read_json
 from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
+from gpuplane.control.logtail import read_log
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiException
@@ -85,6 +88,7 @@ class KubernetesAdapter(ClusterAdapter):
         self._jobs: Reflector[ObjectView] | None = None
         self._listeners: list[Callable[[], None]] = []
         self._bound: dict[str, Binding] = {}  # bound here, perhaps not yet seen by the watch
+        self._released: set[str] = set()  # deleted here, perhaps still shown by the watch
         self._lock = threading.Lock()
         self.timeout_s = min(10.0, self.cluster.sync_interval_s)
 
@@ -304,6 +308,7 @@ class KubernetesAdapter(ClusterAdapter):
             )
         with self._lock:
             self._bound[workload.job_id] = binding
+            self._released.discard(workload.job_id)
 
     def _create(self, api: _Api, binding: Binding, body: dict[str, Any]) -> None:
         create = (
@@ -381,6 +386,7 @@ class KubernetesAdapter(ClusterAdapter):
     def release(self, job_id: str) -> None:
         with self._lock:
             binding = self._bound.pop(job_id, None)
+            self._released.add(job_id)
         try:
             api = self._connect()
             view = self._views()[0].get(job_id)
@@ -394,6 +400,7 @@ class KubernetesAdapter(ClusterAdapter):
         if binding is None:
             return
         kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
+        self._keep_log(api, job_id)
         try:
             self._delete(api, binding, kind, self.cluster.grace_period_s)
         except Exception as exc:  # never raises: the reconciler deletes it again
@@ -413,6 +420,8 @@ class KubernetesAdapter(ClusterAdapter):
         views, _ = self._views()
         held = {job_id for job_id, view in views.items() if not view.terminating}
         with self._lock:
+            self._released &= set(views)  # forgotten once the watch shows it gone
+            held -= self._released
             held.update(self._bound)
         return sorted(held)
 
@@ -420,9 +429,32 @@ class KubernetesAdapter(ClusterAdapter):
         api = self._connect()
         _, pods = self._views()
         latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
-        if latest is None:
-            return iter(())
+        if latest is None:  # released: what was kept when its Pod was deleted, if anything
+            return read_log(self.log_path(job_id), tail, since=since)
         return self._stream_log(api, latest, tail, since)
+
+    def log_path(self, job_id: str) -> Path:
+        return self.state_dir / "logs" / f"{job_id}.log"
+
+    def _keep_log(self, api: _Api, job_id: str) -> None:
+        """Copy the output of the job's latest Pod into the state dir before it is deleted, so
+        `job logs` still answers for an ended or cancelled job (as the Pod API no longer will).
+        A failure only loses the copy: it is logged, never raised."""
+        _, pods = self._views()
+        latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
+        if latest is None:
+            return
+        path = self.log_path(job_id)
+        tmp = path.with_suffix(".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as f:
+                for block in self._stream_log(api, latest, None, 0):
+                    f.write(block)
+            tmp.replace(path)
+        except Exception as exc:
+            log.warning("%s: could not keep the log of job %s: %s", self.where, job_id, exc)
+            tmp.unlink(missing_ok=True)
 
     def _stream_log(
         self, api: _Api, pod: ObjectView, tail: int | None, since: int

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
+from gpuplane.control.adapters._privilege import job_env, job_user, make_home, remove_home
 from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
     AdapterError,
@@ -90,6 +91,8 @@ class LocalAdapter(ClusterAdapter):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._dir = RunDir(self.state_dir / "run")
+        # refused here, at start, when jobs would run as root without allow_root_jobs
+        self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
 
@@ -200,6 +203,7 @@ class LocalAdapter(ClusterAdapter):
             return
         run.stop(self.control.kill_grace_s)
         self._dir.forget(job_id)
+        remove_home(run.record.home)
 
     def workloads(self) -> list[str]:
         with self._lock:
@@ -247,23 +251,28 @@ class LocalAdapter(ClusterAdapter):
     def _start(self, workload: Workload) -> JobProcess:
         if not workload.command:
             raise AdapterError(f"job {workload.job_id} has an empty command")
-        env = {
-            **os.environ,
-            **workload.env,
+        home = make_home(workload.job_id, self._user)
+        gpu_env = {
             **hami_env(workload),
             "GPUPLANE_JOB_ID": workload.job_id,
             "GPUPLANE_JOB_NAME": workload.name,
         }
-        return self._dir.start(
-            workload.job_id,
-            workload.command,
-            env,
-            workload.workdir,
-            self.log_path(workload.job_id),
-            instance=self.control.instance,
-            limit_s=workload.time_limit_s,
-            placement=_placement(workload),
-        )
+        try:
+            return self._dir.start(
+                workload.job_id,
+                workload.command,
+                job_env(workload.env, gpu_env, home, os.environ),
+                workload.workdir or home,
+                self.log_path(workload.job_id),
+                instance=self.control.instance,
+                limit_s=workload.time_limit_s,
+                placement=_placement(workload),
+                user=self._user,
+                home=home,
+            )
+        except AdapterError:
+            remove_home(home)
+            raise
 
     def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
         return read_log(self.log_path(job_id), tail, since=since)

@@ -3,7 +3,8 @@ resourceVersion, keeping a local copy of every object current, in one background
 
 The watch asks for bookmarks (`allowWatchBookmarks`), so a quiet resource still moves its
 resourceVersion on and a reconnect resumes where it left; it is reopened every sync interval
-(`timeoutSeconds`); a 410 Gone (the server compacted past our resourceVersion) lists afresh.
+(`timeoutSeconds`), and after an error (with a backoff that doubles up to the interval) from the
+same resourceVersion; only a 410 Gone (the server compacted past it) lists afresh.
 Objects are kept as the JSON the server sent (plain dicts, not the client's models: a
 1,000-node list parses in milliseconds) and handed to `convert` as they change, so readers
 get an already-converted view. `last_contact` is when the server last answered: a watch that
@@ -56,7 +57,7 @@ class Reflector(Generic[T]):
         self._on_change = on_change
         self.view: dict[tuple[str, str], T] = {}
         self.resource_version: str | None = None
-        self.relists = 0  # full lists after the first (a 410 Gone, or an error)
+        self.relists = 0  # full lists after the first (each after a 410 Gone)
         self.last_contact: float | None = None
         self.error: str | None = None
         self.synced = threading.Event()
@@ -109,17 +110,17 @@ class Reflector(Generic[T]):
                     return
                 gone = getattr(exc, "status", None) == 410
                 self.error = None if gone else describe_error(exc)
-                if gone:
+                if gone:  # only then list again: any other failure resumes where it was
                     log.info(
                         "%s: resourceVersion %s expired (410 Gone); listing again",
                         self.what,
                         self.resource_version,
                     )
+                    self.resource_version = None
                 else:
                     log.warning("%s: %s; retrying in %.1fs", self.what, self.error, backoff)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, self.interval_s)
-                self.resource_version = None
 
     def _list(self) -> None:
         items: dict[tuple[str, str], T] = {}
