@@ -41,7 +41,7 @@ async def run(args: argparse.Namespace, tmp: Path, ha: dict[str, Any] | None) ->
         total_s = args.settle_s + args.kills * args.every_s + args.settle_s
         load = asyncio.create_task(d.load(args.rate, total_s))
         await asyncio.sleep(args.settle_s)
-        failovers: list[float] = []
+        failovers: list[float | None] = []
         for _ in range(args.kills):
             old = await d.leader()
             new = next(g for g in d.gateways if g is not old)
@@ -57,22 +57,25 @@ async def run(args: argparse.Namespace, tmp: Path, ha: dict[str, Any] | None) ->
                 for o in d.outcomes
                 if o.served_by == new.name and o.first_byte_at and o.first_byte_at > killed_at
             ]
-            failovers.append(min(served) - killed_at if served else float("nan"))
+            failovers.append(min(served) - killed_at if served else None)
         outcomes = await load
         max_running = await d.max_running()
     # the rate the client kept up: arrivals over the time it took to send them all
     wall = max(o.sent_at for o in outcomes) - min(o.sent_at for o in outcomes)
     failed = [o.failed for o in outcomes if o.failed]
+    # a kill after which the new leader served nothing before the next one is not measured
+    measured = [f for f in failovers if f is not None]
     return {
         "lease": args.lease,
         "rate_offered": args.rate,
         "rate_achieved": round(len(outcomes) / wall, 1),
         "requests": len(outcomes),
         "kills": args.kills,
-        "failover_s": [round(f, 3) for f in failovers],
-        "failover_median_s": round(statistics.median(failovers), 3),
-        "failover_min_s": round(min(failovers), 3),
-        "failover_max_s": round(max(failovers), 3),
+        "failover_s": [None if f is None else round(f, 3) for f in failovers],
+        "failover_unmeasured": len(failovers) - len(measured),
+        "failover_median_s": round(statistics.median(measured), 3) if measured else None,
+        "failover_min_s": round(min(measured), 3) if measured else None,
+        "failover_max_s": round(max(measured), 3) if measured else None,
         "failed": len(failed),
         "failed_examples": failed[:5],
         "retried": sum(1 for o in outcomes if o.retries),
