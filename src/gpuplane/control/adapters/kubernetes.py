@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from gpuplane.control.adapters.base import (
     AdapterError,
@@ -33,6 +33,7 @@ from gpuplane.control.adapters.base import (
     register,
 )
 from gpuplane.control.adapters.k8s import manifests
+from gpuplane.control.adapters.k8s.api import KubeApi
 from gpuplane.control.adapters.k8s.convert import (
     NodeView,
     ObjectView,
@@ -41,32 +42,12 @@ from gpuplane.control.adapters.k8s.convert import (
     object_view,
 )
 from gpuplane.control.adapters.k8s.manifests import Binding
-from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error, read_json
+from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error
 from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
 from gpuplane.control.logtail import read_log
 
-if TYPE_CHECKING:
-    from kubernetes.client import ApiException
-
 log = logging.getLogger("gpuplane.control.kubernetes")
 T = TypeVar("T")
-LOG_BLOCK = 64 * 1024
-
-
-class _Api:
-    """The client's pieces one cluster uses, made from its kubeconfig."""
-
-    def __init__(self, client: Any, api_client: Any) -> None:
-        self.client = client
-        self.core = client.CoreV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.version = client.VersionApi(api_client)
-        self.core_group = client.CoreApi(api_client)
-        self.apis = client.ApisApi(api_client)
-        self.exception: type[ApiException] = client.ApiException
-        from urllib3.exceptions import HTTPError
-
-        self.transport_errors: tuple[type[Exception], ...] = (OSError, HTTPError)
 
 
 @register
@@ -81,7 +62,7 @@ class KubernetesAdapter(ClusterAdapter):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.instance = self.control.instance or ""
-        self._api: _Api | None = None
+        self._api: KubeApi | None = None
         self.profile: ApiProfile | None = None
         self._nodes: Reflector[NodeView] | None = None
         self._pods: Reflector[ObjectView] | None = None
@@ -100,7 +81,7 @@ class KubernetesAdapter(ClusterAdapter):
 
     # -- connection --------------------------------------------------------------------------
 
-    def _connect(self) -> _Api:
+    def _connect(self) -> KubeApi:
         """Load the kubeconfig, check the server's version and groups, start the watches.
         Once; raises AdapterError saying what is wrong."""
         with self._lock:
@@ -124,20 +105,9 @@ class KubernetesAdapter(ClusterAdapter):
                     f"{self.where}: cannot load the kubeconfig: {exc}; check the path and the "
                     "context (`kubectl config get-contexts`)"
                 ) from None
-            api = _Api(client, api_client)
-            timeout = _raw(self.timeout_s)
-            version = self._call(
-                "read /version", lambda: read_json(api.version.get_code(**timeout))
-            )
-            core = self._call(
-                "read /api", lambda: read_json(api.core_group.get_api_versions(**timeout))
-            )
-            groups = self._call(
-                "read /apis", lambda: read_json(api.apis.get_api_versions(**timeout))
-            )
-            self.profile = api_profile(
-                version, core, groups, manifests.needs(self.cluster), self.where
-            )
+            api = KubeApi(client, api_client, self.timeout_s)
+            documents = self._call("read its version and discovery documents", api.documents)
+            self.profile = api_profile(*documents, manifests.needs(self.cluster), self.where)
             interval = self.cluster.sync_interval_s
             self._nodes = Reflector(
                 api.core.list_node,
@@ -276,7 +246,7 @@ class KubernetesAdapter(ClusterAdapter):
         kind = body["kind"]
         for attempt in range(3):
             try:
-                self._create(api, binding, body)
+                api.create(binding, body)
                 break
             except api.exception as exc:
                 if exc.status != 409:
@@ -294,7 +264,7 @@ class KubernetesAdapter(ClusterAdapter):
                 same = (existing.node, existing.uuids) == (workload.node, binding.uuids)
                 if same and not existing.terminating:
                     break  # ours, as asked: taken back
-                self._delete(api, binding, kind, grace=0)
+                api.delete(binding, kind, grace=0)
             except api.transport_errors as exc:  # a timeout: the next try finds it by name
                 if attempt == 2:
                     raise AdapterError(
@@ -310,44 +280,10 @@ class KubernetesAdapter(ClusterAdapter):
             self._bound[workload.job_id] = binding
             self._released.discard(workload.job_id)
 
-    def _create(self, api: _Api, binding: Binding, body: dict[str, Any]) -> None:
-        create = (
-            api.batch.create_namespaced_job
-            if body["kind"] == "Job"
-            else api.core.create_namespaced_pod
-        )
-        try:
-            read_json(create(binding.namespace, body, **_raw(self.timeout_s)))
-        except api.exception as exc:
-            if exc.status != 404:
-                raise
-            # the team's namespace does not exist yet: create it (409: someone just did)
-            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": binding.namespace}}
-            try:
-                read_json(api.core.create_namespace(ns, **_raw(self.timeout_s)))
-            except api.exception as again:
-                if again.status != 409:
-                    raise
-            read_json(create(binding.namespace, body, **_raw(self.timeout_s)))
-
-    def _read(self, api: _Api, binding: Binding, kind: str) -> dict[str, Any]:
-        read = api.batch.read_namespaced_job if kind == "Job" else api.core.read_namespaced_pod
+    def _read(self, api: KubeApi, binding: Binding, kind: str) -> dict[str, Any]:
         return self._call(
-            f"read {kind} {binding.namespace}/{binding.name}",
-            lambda: read_json(read(binding.name, binding.namespace, **_raw(self.timeout_s))),
+            f"read {kind} {binding.namespace}/{binding.name}", lambda: api.read(binding, kind)
         )
-
-    def _delete(self, api: _Api, binding: Binding, kind: str, grace: int) -> None:
-        """Delete, its Pods with it (a Job's, in the background); gone already is fine."""
-        delete = (
-            api.batch.delete_namespaced_job if kind == "Job" else api.core.delete_namespaced_pod
-        )
-        body = {"gracePeriodSeconds": grace, "propagationPolicy": "Background"}
-        try:
-            read_json(delete(binding.name, binding.namespace, body=body, **_raw(self.timeout_s)))
-        except api.exception as exc:
-            if exc.status != 404:
-                raise
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
         api = self._connect()
@@ -363,7 +299,7 @@ class KubernetesAdapter(ClusterAdapter):
                 out[job_id] = view.status
         return out
 
-    def _unseen(self, api: _Api, job_id: str) -> WorkloadStatus:
+    def _unseen(self, api: KubeApi, job_id: str) -> WorkloadStatus:
         """A job the watch has not shown: just bound (the watch lags), or gone."""
         with self._lock:
             binding = self._bound.get(job_id)
@@ -402,7 +338,7 @@ class KubernetesAdapter(ClusterAdapter):
         kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
         self._keep_log(api, job_id)
         try:
-            self._delete(api, binding, kind, self.cluster.grace_period_s)
+            api.delete(binding, kind, self.cluster.grace_period_s)
         except Exception as exc:  # never raises: the reconciler deletes it again
             log.warning(
                 "%s: could not delete %s %s/%s of job %s: %s",
@@ -436,7 +372,7 @@ class KubernetesAdapter(ClusterAdapter):
     def log_path(self, job_id: str) -> Path:
         return self.state_dir / "logs" / f"{job_id}.log"
 
-    def _keep_log(self, api: _Api, job_id: str) -> None:
+    def _keep_log(self, api: KubeApi, job_id: str) -> None:
         """Copy the output of the job's latest Pod into the state dir before it is deleted, so
         `job logs` still answers for an ended or cancelled job (as the Pod API no longer will).
         A failure only loses the copy: it is logged, never raised."""
@@ -457,30 +393,15 @@ class KubernetesAdapter(ClusterAdapter):
             tmp.unlink(missing_ok=True)
 
     def _stream_log(
-        self, api: _Api, pod: ObjectView, tail: int | None, since: int
+        self, api: KubeApi, pod: ObjectView, tail: int | None, since: int
     ) -> Iterator[bytes]:
-        kw: dict[str, Any] = {"container": manifests.CONTAINER, **_raw(self.timeout_s)}
-        if tail is not None:
-            kw["tail_lines"] = tail
         try:
-            resp = api.core.read_namespaced_pod_log(pod.name, pod.namespace, **kw)
+            yield from api.pod_log(pod.namespace, pod.name, tail, since)
         except api.exception as exc:
-            if exc.status in (400, 404):  # not started yet, or gone: no output to show
-                return
             raise AdapterError(
                 f"{self.where}: could not read the log of Pod {pod.namespace}/{pod.name}: "
                 f"{describe_error(exc)}"
             ) from exc
-        skip = since
-        try:
-            for block in resp.stream(LOG_BLOCK):
-                if skip >= len(block):
-                    skip -= len(block)
-                    continue
-                yield block[skip:]
-                skip = 0
-        finally:
-            resp.release_conn()
 
     def close(self) -> None:
         if self._api is not None:
@@ -489,11 +410,3 @@ class KubernetesAdapter(ClusterAdapter):
         for reflector in (self._nodes, self._pods, self._jobs):
             if reflector is not None:
                 reflector.stop()
-
-
-def _raw(timeout_s: float | None = None) -> dict[str, Any]:
-    """Keyword arguments for a call whose JSON the adapter reads itself."""
-    kw: dict[str, Any] = {"_preload_content": False}
-    if timeout_s is not None:
-        kw["_request_timeout"] = timeout_s
-    return kw
