@@ -158,7 +158,9 @@ class GatewayProcess:
 
     async def start(self) -> None:
         argv = [str(GPUPLANE), "gateway", "serve", "--config", self.config]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
+        log = Path(self.config).with_suffix(".log").open("ab")  # next to its config
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+        log.close()
         async with httpx.AsyncClient(timeout=2.0) as client:
             for _ in range(600):
                 if self.proc.poll() is not None:
@@ -232,6 +234,7 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         done = asyncio.Event()
         progressed = asyncio.Event()  # a request was sent
         down: list[GatewayProcess] = []  # what the load balancer has taken out
+        over: list[tuple[float, int]] = []  # (s, the most in flight on an engine) as it grew
 
         async def client(k: int, http: httpx.AsyncClient) -> None:
             nonlocal sent
@@ -252,6 +255,16 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         plan = [(int(rng.uniform(0.05, 0.9) * d.requests), "gateway") for _ in range(d.kills)]
         plan += [(d.requests // 3, "redis")] if d.kill_redis else []
         plan.sort()
+
+        async def watch() -> None:
+            """Note when an engine first held more than its capacity (to place it among the
+            events)."""
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), 0.25)
+                most = max(s["max_in_flight_seen"] for s in await sim.stats())
+                if most > d.capacity and (not over or over[-1][1] < most):
+                    over.append((round(time.perf_counter() - started, 2), most))
 
         async def killer() -> None:
             for at, what in plan:
@@ -278,10 +291,12 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         limits = httpx.Limits(max_connections=d.clients * 2)
         async with httpx.AsyncClient(timeout=60.0, limits=limits) as http:
             kill_task = asyncio.create_task(killer())
+            watch_task = asyncio.create_task(watch())
             await asyncio.gather(*(client(k, http) for k in range(d.clients)))
             done.set()
             progressed.set()
             await kill_task
+            await watch_task
         wall = time.perf_counter() - started
         right_after = await leases_in_redis(redis.url)
         await asyncio.sleep(ttl_s + 0.5)  # one TTL (plus a sync) after the last request
@@ -297,6 +312,7 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         "gateway_kills": kills,
         "redis_killed": any("redis killed" in e for e in events),
         "events": events,
+        "over_capacity_at": over,
         "max_running_seen": [s["max_running_seen"] for s in stats],
         "max_in_flight_seen": [s["max_in_flight_seen"] for s in stats],
         "over_admitted_instances": sum(s["max_in_flight_seen"] > d.capacity for s in stats),

@@ -273,6 +273,23 @@ async def test_redis_down_counts_what_a_gateway_held_beyond_its_share() -> None:
         await stop([a, b], held)
 
 
+async def test_resync_holds_room_for_a_gateway_that_has_not_registered_again() -> None:
+    with killable_redis() as server:
+        a, b = await gateways(server.url, 2, [4])
+        server.kill()
+        await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
+        held = [(r, await r.acquire({}, timeout_s=0.1)) for r in (a, a, b, b)]  # 2 shares of 2
+        loop = table(b)._loop
+        assert loop is not None
+        loop.cancel()  # b does not see Redis return: its two leases stay unregistered
+        server.start()
+        await until(lambda: table(a).state is Share.RESYNC and table(a)._synced, 3.0)
+        assert table(a).gateways == ("gw0",)  # Redis lost who was live: a alone so far
+        with pytest.raises(Rejected):  # b's share stays held for it
+            await a.acquire({}, timeout_s=0.2)
+        await stop([a, b], held)
+
+
 async def test_resync_after_redis_lost_its_data_counts_every_lease_once() -> None:
     with killable_redis() as server:
         a, b = await gateways(server.url, 2, [4])

@@ -28,20 +28,21 @@ import contextlib
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
 from gpuplane.serve.slots import Lease, SlotTable
 
 log = logging.getLogger("gpuplane.gateway")
+T = TypeVar("T")
 
 # What a Redis call may raise when the server is down, slow or restarting.
 _UNREACHABLE = (RedisError, OSError)
@@ -147,7 +148,11 @@ class RedisSlotTable:
         self._scripts = {n: self.client.register_script(s) for n, s in load_scripts().items()}
         self.state = Share.LOCAL  # until the first heartbeat: no membership, a share of 0
         self.epoch = 0
-        self.gateways: tuple[str, ...] = ()
+        self.gateways: tuple[str, ...] = ()  # live now, as the last heartbeat answered
+        # the live gateways while the table was last whole: the shares are cut among these, the
+        # same cut every gateway makes after an outage
+        self.members: tuple[str, ...] = ()
+        self._synced_with: frozenset[str] = frozenset()  # live ones registered anew
         self.incarnation = ""  # the one this gateway's leases are registered under
         self._synced = False
         self._instances: dict[tuple[str, str], _Instance] = {}
@@ -178,14 +183,12 @@ class RedisSlotTable:
         lease_id = self._lease_id(lease)
         if self.state is Share.LOCAL or self.state is Share.FENCED:
             return self._take_locally(inst, lease_id)
-        if self.state is Share.RESYNC and len(inst.held) >= self._allowance(inst):
-            self._show(inst)
-            return False
+        capacity = inst.capacity - self._unregistered(inst)
         keys = [self._keys["incarnation"], self._keys["epochs"], inst.key]
         args: list[str | int] = [self.incarnation, self.options.gateway_id, self.epoch]
         try:
-            status, _, *holders = await self._scripts["acquire"](
-                keys, [*args, lease_id, inst.capacity, self._ttl_ms]
+            status, _, *holders = await self._once_more(
+                lambda: self._scripts["acquire"](keys, [*args, lease_id, capacity, self._ttl_ms])
             )
         except _UNREACHABLE as exc:
             self._unreachable(exc)
@@ -200,7 +203,7 @@ class RedisSlotTable:
             self._set_state(Share.RESYNC)
             return self._take_locally(inst, lease_id)
         self._observe(inst, holders)
-        if status == 1 and (self.state is Share.SHARED or len(inst.held) < self._allowance(inst)):
+        if status == 1 and (self.state is Share.SHARED or self.state is Share.RESYNC):
             inst.held.add(lease_id)
             self._show(inst)
             return True
@@ -253,13 +256,30 @@ class RedisSlotTable:
         is not live has a share of 0)."""
         if self.state is Share.FENCED:
             return 0
-        me, live = self.options.gateway_id, self.gateways
+        me, live = self.options.gateway_id, self.members
         beyond = sum(
             max(0, n - local_share(inst.capacity, live, gateway, inst.offset))
             for gateway, n in (inst.by_gateway | inst.before).items()
             if gateway != me
         )
         return max(0, local_share(inst.capacity, live, me, inst.offset) - beyond)
+
+    def _unregistered(self, inst: _Instance) -> int:
+        """While re-syncing: the most leases on the instance that gateways which have not yet
+        registered theirs anew may hold beyond what Redis shows of them (what they held when
+        the table was last whole, or their local share if more: they may have admitted on it)."""
+        if self.state is not Share.RESYNC:
+            return 0
+        me, members = self.options.gateway_id, self.members
+        suspects = set(members) | set(inst.before) | set(self.gateways)
+        return sum(
+            max(
+                0,
+                max(inst.before[g], local_share(inst.capacity, members, g, inst.offset))
+                - inst.by_gateway[g],
+            )
+            for g in suspects - self._synced_with - {me}
+        )
 
     def _observe(self, inst: _Instance, holders: Sequence[bytes]) -> None:
         """The instance's set holds these lease ids now."""
@@ -271,8 +291,9 @@ class RedisSlotTable:
         shared = max(0, inst.seen - len(inst.held))
         if self.state is Share.SHARED:
             return shared
-        withheld = inst.capacity - self._allowance(inst)
-        return withheld if self.state is not Share.RESYNC else max(shared, withheld)
+        if self.state is Share.RESYNC:
+            return shared + self._unregistered(inst)
+        return inst.capacity - self._allowance(inst)
 
     def _show(self, inst: _Instance) -> None:
         inst.router.set_others(inst.id, self._others(inst))
@@ -348,9 +369,19 @@ class RedisSlotTable:
         """One round: heartbeat, renew (or register again) this gateway's leases, read every
         instance's count, then update the routers' views and the state."""
         try:
-            await self._sync()
+            await self._once_more(self._sync)
         except _UNREACHABLE as exc:
             self._unreachable(exc)
+
+    async def _once_more(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call`, and once more on fresh connections if the connection broke: pooled ones to
+        a server that restarted fail on first use, and that is not an outage. (Both calls are
+        idempotent: an acquire of a lease that landed answers it held.)"""
+        try:
+            return await call()
+        except ConnectionError:
+            await self.client.connection_pool.disconnect()
+            return await call()
 
     async def _sync(self) -> None:
         if self.state is Share.FENCED:
@@ -365,8 +396,12 @@ class RedisSlotTable:
             [k["incarnation"], k["born"], k["live"], k["synced"]],
             [gateway, self._ttl_ms, synced, secrets.token_hex(8), "1" if was_local else "0"],
         )
-        incarnation, age_ms, all_synced = answer[0].decode(), int(answer[1]), int(answer[2])
-        self.gateways = tuple(g.decode() for g in answer[3:])
+        incarnation, age_ms, n = answer[0].decode(), int(answer[1]), int(answer[2])
+        self.gateways = tuple(g.decode() for g in answer[3 : 3 + n])
+        self._synced_with = frozenset(g.decode() for g in answer[3 + n :])
+        all_synced = len(self._synced_with) == n
+        if self.state is Share.SHARED:
+            self.members = self.gateways
         if incarnation != self.incarnation or was_local:
             self.incarnation, self._synced = incarnation, False
             self._set_state(Share.RESYNC)
@@ -376,6 +411,7 @@ class RedisSlotTable:
         if renew:
             self._renewed_at = now
         if self.state is Share.RESYNC and self._synced and all_synced and age_ms >= self._ttl_ms:
+            self.members = self.gateways
             self._set_state(Share.SHARED)
         self._show_all()
 
