@@ -114,6 +114,9 @@ def config(
         clusters=list(clusters),
         teams=list(teams),
         kill_grace_s=2.0,
+        # as root here, jobs would run as nobody, who cannot reach the test interpreter (under
+        # /root); tests/control/test_job_privilege.py covers the switch
+        allow_root_jobs=True,
     )
 
 

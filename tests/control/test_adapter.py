@@ -32,7 +32,9 @@ KINDS = ["local"]
 
 @pytest.fixture(params=KINDS)
 def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterAdapter]:
-    control = ControlConfig(state_dir=str(tmp_path), kill_grace_s=2.0)
+    # jobs run the test interpreter, which nobody (a root service's default job user) may not
+    # reach; tests/control/test_job_privilege.py covers the switch
+    control = ControlConfig(state_dir=str(tmp_path), kill_grace_s=2.0, allow_root_jobs=True)
     a = create_adapter(
         ClusterConfig(name="test", adapter=request.param, discover_gpus=False), control
     )

@@ -276,6 +276,7 @@ class Serve:
             "instance": "sig",
             "state_dir": str(workdir / "state"),
             "kill_grace_s": 2.0,
+            "allow_root_jobs": True,  # as root: jobs reach the test interpreter (not nobody)
             "clusters": [{"name": "local", "discover_gpus": False}],
             "teams": [{"name": "research"}],
         }

@@ -132,6 +132,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Fleet, ControlConfig]]:
         "state_dir": str(tmp_path / "state"),
         "schedule_interval_s": 0.05,
         "kill_grace_s": 1.0,
+        "allow_root_jobs": True,  # as root: jobs reach the test interpreter (not nobody)
         "clusters": [
             {
                 "name": "local",

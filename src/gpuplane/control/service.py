@@ -37,6 +37,7 @@ from gpuplane.control.records import Records, job_row, quota_row
 from gpuplane.control.runtime import Binder, Observed
 from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ControlConfig, TeamConfig
+from gpuplane.control.statedir import secure_state_dir
 from gpuplane.control.store import Store
 
 log = logging.getLogger("gpuplane.control")
@@ -58,6 +59,8 @@ class ControlService:
         """`bind_on_submit` False: admitted jobs wait for `tick()` to bind them."""
         self.config = config
         self.instance = config.instance or f"{socket.gethostname()}:{config.port}"
+        if store is None:
+            secure_state_dir(config.state_dir, config.resolved_database_url())
         self.store = store or Store.open(config.resolved_database_url())
         self.clock = clock
         self.rng = rng or np.random.default_rng(0)

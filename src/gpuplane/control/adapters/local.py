@@ -8,6 +8,13 @@ compute share in percent). Output goes to a log file per job; the exit code is t
 with a time limit that is still running once it has run that long (from its start here) is
 reported TIMED_OUT by `status`; the service then records why and `release` stops it.
 
+Least privilege (`_privilege.py`): a job's environment is its spec's `env`, the GPU variables,
+a minimal PATH, HOME and LANG/TZ, never the service's; it runs in a directory of its own (its
+HOME, mode 0700, owned by its user, removed at release) unless its spec names a `workdir`; and a
+service running as root starts it as `control.job_user` (refusing root jobs unless
+`control.allow_root_jobs`), while its wrapper stays root to write the exit file into the state
+dir, which the job cannot enter.
+
 Jobs outlive the service (`_procs.py`): each runs in a session of its own under a wrapper that
 records its exit code, and its pid and start time are recorded before it starts, in
 `<state_dir>/clusters/<cluster>/run/`. A restarted service of the same `control.instance` loads
@@ -92,7 +99,10 @@ class LocalAdapter(ClusterAdapter):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._dir = RunDir(self.state_dir / "run")
         # refused here, at start, when jobs would run as root without allow_root_jobs
-        self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
+        try:
+            self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
+        except AdapterError as exc:
+            raise AdapterError(f"cluster {self.cluster.name}: {exc}") from None
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
 

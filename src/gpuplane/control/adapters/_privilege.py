@@ -1,0 +1,119 @@
+"""Least privilege for the local adapter's jobs: which user they run as, and what they see.
+
+A service running as root starts each job's command as `control.job_user` (default: the
+dedicated user `gpuplane-job` when it exists, else `nobody`); its wrapper stays root, so it can
+still write the job's exit file into the state dir, which the job cannot read (mode 0700). Jobs
+run as root only with `control.allow_root_jobs: true` and no `job_user`. A service that is not
+root cannot switch users: its jobs run as its own user, and naming a `job_user` is refused.
+
+A job's environment is built from nothing (`job_env`), never from the service's: its spec's
+`env`, the adapter's GPU variables, a minimal PATH, HOME (its own directory, mode 0700, owned by
+its user) and LANG/TZ when the service has them. The minimal PATH is the directory of the
+service's Python, then /usr/local/bin:/usr/bin:/bin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuplane.control.adapters.base import AdapterError
+
+DEDICATED_USER = "gpuplane-job"
+FALLBACK_USER = "nobody"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+# the service's own Python first, so `python` in a spec (the minimal job) is the interpreter the
+# service runs; then the system's directories, nothing from the service's PATH
+MINIMAL_PATH = f"{Path(sys.executable).parent}:{SYSTEM_PATH}"
+PASSED_THROUGH = ("LANG", "TZ")  # locale and time zone: harmless, and output depends on them
+
+
+@dataclass(frozen=True, slots=True)
+class JobUser:
+    """The unprivileged user a root service runs jobs as (uid, primary gid, its groups)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    def wrapper_arg(self) -> str:
+        """`uid:gid:g1,g2`: how the wrapper (`_wrap.py`) is told whom to run the command as."""
+        return f"{self.uid}:{self.gid}:{','.join(map(str, self.groups))}"
+
+
+def job_user(
+    configured: str | None, allow_root_jobs: bool, euid: int | None = None
+) -> JobUser | None:
+    """The user jobs run as; None: the service's own. Raises AdapterError saying what to set
+    when a root service would run jobs as root without `allow_root_jobs`, or when the user
+    cannot be used."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        if configured is not None:
+            raise AdapterError(
+                f"control.job_user is {configured!r} but the service does not run as root, so "
+                "it cannot start jobs as another user; unset control.job_user (jobs then run "
+                "as the service's user) or run the service as root"
+            )
+        return None
+    if configured is None and allow_root_jobs:
+        return None
+    names = [configured] if configured is not None else [DEDICATED_USER, FALLBACK_USER]
+    for name in names:
+        with contextlib.suppress(KeyError):
+            entry = pwd.getpwnam(name)
+            break
+    else:
+        raise AdapterError(
+            f"the service runs as root and refuses to run jobs as root, but user "
+            f"{' or '.join(map(repr, names))} does not exist on this machine; create it "
+            "(useradd --system --no-create-home gpuplane-job), set control.job_user to an "
+            "existing unprivileged user, or set control.allow_root_jobs: true to run jobs as root"
+        )
+    if entry.pw_uid == 0 and not allow_root_jobs:
+        raise AdapterError(
+            f"control.job_user {entry.pw_name!r} is root (uid 0); name an unprivileged user, "
+            "or set control.allow_root_jobs: true to run jobs as root"
+        )
+    groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid)
+    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+
+def job_env(
+    spec_env: Mapping[str, str],
+    gpu_env: Mapping[str, str],
+    home: str,
+    service_env: Mapping[str, str],
+) -> dict[str, str]:
+    """A job's whole environment; nothing else of the service's (`service_env`) reaches it."""
+    passed = {k: service_env[k] for k in PASSED_THROUGH if k in service_env}
+    return {"PATH": MINIMAL_PATH, **passed, "HOME": home, **spec_env, **gpu_env}
+
+
+def make_home(job_id: str, user: JobUser | None) -> str:
+    """A fresh directory of the job's own (mode 0700, owned by its user), outside the state dir
+    (which its user cannot enter). Removed by `remove_home` when the job is released."""
+    try:
+        home = tempfile.mkdtemp(prefix=f"gpuplane-job-{job_id}-")  # 0700, unguessable name
+        if user is not None:
+            os.chown(home, user.uid, user.gid)
+    except OSError as exc:
+        raise AdapterError(
+            f"job {job_id}: cannot create its home directory under {tempfile.gettempdir()}: "
+            f"{exc.strerror}; make it writable (or set TMPDIR for the service)"
+        ) from None
+    return home
+
+
+def remove_home(home: str | None) -> None:
+    """Idempotent; never raises."""
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""The control plane's state dir (SQLite file, run records, job logs) is its owner's only.
+
+Directories are mode 0700 and files 0600: a job, which runs as another user (`job_user`), can
+neither read the store nor raise its team's quota through it, nor touch another job's records.
+`secure_state_dir` runs at service start: it creates the dir so, tightens whatever it finds
+looser (with a warning naming each path: something widened it) and creates an absent SQLite
+file 0600 before SQLite opens it (its -wal and -shm files take the database file's mode).
+`private_dir` creates the dirs the service adds later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+log = logging.getLogger("gpuplane.control")
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` and each missing parent with mode 0700 (`mkdir -p` leaves parents 0755)."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        p.mkdir(mode=DIR_MODE, exist_ok=True)
+
+
+def secure_state_dir(state_dir: str, database_url: str) -> None:
+    """Make the state dir (and the SQLite file, when the store is one) the owner's only."""
+    root = Path(state_dir)
+    private_dir(root)
+    for base, dirs, files in os.walk(root):
+        _tighten(Path(base), DIR_MODE)
+        for name in files:
+            _tighten(Path(base, name), FILE_MODE)
+        dirs[:] = [d for d in dirs if not Path(base, d).is_symlink()]
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        db = Path(str(url.database))
+        private_dir(db.parent)
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT, FILE_MODE))  # an empty file is a database
+        _tighten(db, FILE_MODE)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode) or stat.S_IMODE(st.st_mode) & ~mode == 0:
+        return
+    log.warning(
+        "%s was mode %o, open to users other than its owner (jobs among them): set to %o",
+        path,
+        stat.S_IMODE(st.st_mode),
+        mode,
+    )
+    os.chmod(path, stat.S_IMODE(st.st_mode) & mode)

@@ -1,0 +1,155 @@
+"""Jobs run with least privilege (issue 23): a job sees none of the service's environment, runs
+as an unprivileged user when the service is root, and cannot read or write the state dir.
+
+The commands are `/bin/sh` and `/usr/bin/env`, which any user can run: the test interpreter may
+live where `nobody` cannot reach it (here, under /root).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuplane.control import queries
+from gpuplane.control.adapters import AdapterError
+from gpuplane.control.adapters._privilege import MINIMAL_PATH, job_user
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import ControlConfig
+from tests.control.svc_helpers import config, job, make_service, wait_state
+
+SECRET = "s3cr3t-from-the-service-env"
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the service as root")
+
+
+def least_privilege(tmp_path: Path, **update: object) -> ControlConfig:
+    """The shared test config with this feature's defaults (no root jobs)."""
+    return config(str(tmp_path / "state")).model_copy(
+        update={"allow_root_jobs": False, "job_user": None, **update}
+    )
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[ControlService]:
+    service = make_service(least_privilege(tmp_path))
+    yield service
+    service.close()
+
+
+def job_uid() -> int:
+    """The uid the default config runs jobs as here."""
+    user = job_user(None, allow_root_jobs=False)
+    return os.getuid() if user is None else user.uid
+
+
+def run(service: ControlService, command: list[str], **spec: object) -> tuple[str, str]:
+    """Run `command` as a job to its end; its state and its log."""
+    out = service.submit({**job("probe", command=command, gpus=1), **spec})
+    row = wait_state(service, out["id"], "succeeded", "failed")
+    return row.state, b"".join(queries.job_logs(service, out["id"])).decode()
+
+
+def test_a_job_sees_its_spec_env_and_gpu_variables_but_not_the_services_environment(
+    svc: ControlService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUPLANE_DB_PASSWORD", SECRET)
+    monkeypatch.setenv("TZ", "UTC")
+    state, log = run(svc, ["/usr/bin/env"], env={"MODEL": "llama"})
+    assert state == "succeeded", log
+    env = dict(line.split("=", 1) for line in log.splitlines())
+    assert SECRET not in log
+    assert env["MODEL"] == "llama"
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    assert env["PATH"] == MINIMAL_PATH
+    assert env["TZ"] == "UTC"
+    assert env["HOME"] != os.environ.get("HOME")
+    allowed = {"MODEL", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "TZ", "LANG", "PWD"}
+    assert set(env) - allowed <= {"GPUPLANE_JOB_ID", "GPUPLANE_JOB_NAME"}
+
+
+def test_a_jobs_working_dir_is_its_own_and_removed_when_it_ends(svc: ControlService) -> None:
+    script = 'cd "$HOME" && pwd && stat -c "%a %u" . && touch scratch && echo wrote'
+    state, log = run(svc, ["/bin/sh", "-c", script])
+    assert state == "succeeded", log
+    home, mode_owner, wrote = log.split("\n")[:3]
+    assert mode_owner == f"700 {job_uid()}"
+    assert wrote == "wrote"
+    assert not Path(home).exists()  # released with the job
+
+
+@AS_ROOT
+def test_a_job_runs_as_nobody_and_cannot_read_or_change_the_state_dir(
+    svc: ControlService, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    db = state_dir / "control.db"
+    script = (
+        f"id -u; cat {db} >/dev/null || echo read-refused; "
+        f"echo 'UPDATE quotas SET gpus=100;' >> {db} || echo write-refused; "
+        f"ls {state_dir}/clusters || echo list-refused"
+    )
+    state, log = run(svc, ["/bin/sh", "-c", script])
+    assert state == "succeeded", log
+    lines = log.splitlines()
+    assert lines[0] == str(job_uid()) != "0"
+    assert "read-refused" in lines
+    assert "write-refused" in lines
+    assert "list-refused" in lines
+    assert log.count("Permission denied") == 3, log
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    logs = list(state_dir.rglob("*.log"))
+    assert logs
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs)
+
+
+def test_a_state_dir_found_looser_is_tightened_with_a_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state_dir = tmp_path / "state"
+    (state_dir / "clusters").mkdir(parents=True)
+    state_dir.chmod(0o755)
+    db = state_dir / "control.db"
+    db.touch(mode=0o644)
+    db.chmod(0o644)
+    with caplog.at_level(logging.WARNING, "gpuplane.control"):
+        service = make_service(least_privilege(tmp_path, allow_root_jobs=True))
+    service.close()
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((state_dir / "clusters").stat().st_mode) == 0o700
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert str(db) in warned
+    assert f"{state_dir} was mode 755" in warned
+
+
+@AS_ROOT
+def test_a_root_service_refuses_to_run_jobs_as_root_saying_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match="allow_root_jobs: true") as refused:
+        make_service(least_privilege(tmp_path, job_user="root"))
+    assert "cluster local" in str(refused.value)
+    assert "is root (uid 0)" in str(refused.value)
+
+
+def test_a_missing_job_user_is_refused_with_what_to_do() -> None:
+    with pytest.raises(AdapterError) as refused:
+        job_user("gpuplane-no-such-user", allow_root_jobs=False, euid=0)
+    message = str(refused.value)
+    assert "'gpuplane-no-such-user' does not exist" in message
+    assert "control.job_user" in message
+    assert "allow_root_jobs: true" in message
+
+
+def test_job_user_needs_a_root_service_and_root_jobs_need_the_switch() -> None:
+    with pytest.raises(AdapterError, match="does not run as root"):
+        job_user("nobody", allow_root_jobs=False, euid=1000)
+    assert job_user(None, allow_root_jobs=False, euid=1000) is None  # the service's own user
+    assert job_user(None, allow_root_jobs=True, euid=0) is None  # root, as asked
+    nobody = job_user(None, allow_root_jobs=False, euid=0)
+    assert nobody is not None
+    assert nobody.uid == pwd.getpwnam(nobody.name).pw_uid != 0
