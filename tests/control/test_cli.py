@@ -40,8 +40,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("serve")
     port = free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "gpuplane.cli.main", "control", "serve", "--port", str(port)]
+    if os.geteuid() == 0:  # the one setting changed: jobs as nobody cannot reach this interpreter
+        (workdir / "root.yaml").write_text("control: {allow_root_jobs: true}\n")
+        cmd += ["--config", str(workdir / "root.yaml")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuplane.cli.main", "control", "serve", "--port", str(port)],
+        cmd,
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,
