@@ -34,6 +34,7 @@ from gpuplane.audit.recommend import Recommendation
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.audit.stats import FleetStats
 from gpuplane.control.scheduler import (
+    DEFAULT_POLICY,
     MILLI_PER_GPU,
     DeviceGrant,
     Placement,
@@ -152,9 +153,8 @@ def make_plan(
         kept.append(new)
     snap = estate.snapshot(kept)
     mem = {(h.node, h.card): estate.card_mem[(h.node, h.card)] for h in kept}
-    policy = policy_class(settings.policy).for_mix(
-        [request(h, mem[(h.node, h.card)]) for h in kept]
-    )
+    policy_name = settings.policy or DEFAULT_POLICY
+    policy = policy_class(policy_name).for_mix([request(h, mem[(h.node, h.card)]) for h in kept])
     rng = np.random.default_rng(seed)
     for node in snap.nodes:  # block the cards nobody holds: nothing is moved onto them
         for d in node.devices:
@@ -190,7 +190,7 @@ def make_plan(
     ordered += [m for m in moves if m.action == "resize"]
     return RepackPlan(
         id=inputs_digest(stats, recs, settings),
-        policy=settings.policy,
+        policy=policy_name,
         cards=sum(len(n.devices) for n in estate.nodes),
         held_before=len({(h.node, h.card) for h in held}),
         held_after=len({(h.node, h.card) for h in after}),
