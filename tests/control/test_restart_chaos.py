@@ -57,7 +57,8 @@ def plan(rng: random.Random, k: int, out: Path) -> Planned:
     else:
         resources = {"gpu_mem_mib": 20480, "gpu_cores_pct": 30}
     spec = {"name": name, "team": "research", "command": ["sh", "-c", script]}
-    return Planned(name, seconds, code, {**spec, "resources": resources})
+    env = {"GPUPLANE_CHAOS": TOKEN}  # a job gets none of the service's environment
+    return Planned(name, seconds, code, {**spec, "env": env, "resources": resources})
 
 
 def live_jobs() -> dict[str, list[int]]:
