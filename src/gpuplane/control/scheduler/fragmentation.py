@@ -26,7 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuplane.control.scheduler.base import Candidates
-from gpuplane.control.scheduler.decision import MILLI_PER_GPU, FloatArray, IntArray, Request
+from gpuplane.control.scheduler.decision import (
+    MILLI_PER_GPU,
+    BoolArray,
+    FloatArray,
+    IntArray,
+    Request,
+)
 from gpuplane.control.scheduler.snapshot import Snapshot
 from gpuplane.resources import Selector
 
@@ -52,6 +58,41 @@ class TaskClass:
         milli = MILLI_PER_GPU if r.gpus else r.gpu_milli
         mem = r.memory_mib if with_memory else 0
         return (r.gpus or (1 if r.is_fractional else 0), milli, r.cpu_millis, mem, sel)
+
+
+@dataclass(slots=True)
+class NodeTerms:
+    """A node's terms under a mix before a placement, per row: effective free milli per card
+    (n, D), whether each card reaches each threshold (n, D, M), the count and free milli of
+    those cards (n, M), and V (n,)."""
+
+    free: IntArray
+    ge: BoolArray
+    cnt: IntArray
+    usable: IntArray
+    value: FloatArray
+
+    @classmethod
+    def empty(cls, nodes: int, devices: int, thresholds: int) -> NodeTerms:
+        return cls(
+            np.zeros((nodes, devices), dtype=np.int64),
+            np.zeros((nodes, devices, thresholds), dtype=bool),
+            np.zeros((nodes, thresholds), dtype=np.int64),
+            np.zeros((nodes, thresholds), dtype=np.int64),
+            np.zeros(nodes),
+        )
+
+    def take(self, rows: IntArray) -> NodeTerms:
+        return NodeTerms(
+            self.free[rows], self.ge[rows], self.cnt[rows], self.usable[rows], self.value[rows]
+        )
+
+    def put(self, rows: IntArray, terms: NodeTerms) -> None:
+        self.free[rows] = terms.free
+        self.ge[rows] = terms.ge
+        self.cnt[rows] = terms.cnt
+        self.usable[rows] = terms.usable
+        self.value[rows] = terms.value
 
 
 class WorkloadMix:
@@ -142,40 +183,36 @@ class WorkloadMix:
     def fragmentation(self, snap: Snapshot) -> FloatArray:
         """F = P * S - V of every node: the free milli the mix's arrivals are expected not to be
         able to use there (0 on a node whose free GPU every class can use)."""
-        rows = np.arange(len(snap), dtype=np.int64)
-        free = effective_free(snap, rows)
         if len(self.thresholds) == 0:
             out: FloatArray = np.zeros(len(snap))
             return out
-        w = self.group_weights(snap, rows, snap.cpu_free, snap.mem_free)
-        ge = free[..., None] >= self.thresholds
-        v = self.value(w, ge.sum(axis=-2), (free[..., None] * ge).sum(axis=-2))
-        out = self.total_weight * free.sum(axis=-1) - v
+        b = self.before(snap, np.arange(len(snap), dtype=np.int64))
+        out = self.total_weight * b.free.sum(axis=-1) - b.value
         return out
 
-    def delta(self, cands: Candidates) -> FloatArray:
+    def before(self, snap: Snapshot, rows: IntArray) -> NodeTerms:
+        """The terms of `rows` before any placement; they depend on the node, not on the
+        request, so every request class shares them (see `DeltaCache`)."""
+        free = effective_free(snap, rows)
+        ge = free[..., None] >= self.thresholds  # (n, D, M)
+        cnt: IntArray = ge.sum(axis=-2)
+        usable: IntArray = (free[..., None] * ge).sum(axis=-2)
+        w = self.group_weights(snap, rows, snap.cpu_free[rows], snap.mem_free[rows])
+        return NodeTerms(free, ge, cnt, usable, self.value(w, cnt, usable))
+
+    def delta(self, cands: Candidates, before: NodeTerms | None = None) -> FloatArray:
         """dV for every candidate: shape (n, D) for a fractional request (-inf where the card
-        does not fit), (n,) otherwise."""
+        does not fit), (n,) otherwise. `before`: the candidates' `before` terms, if known."""
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
         n = len(rows)
         if len(self.thresholds) == 0:  # no GPU tasks known: nothing can become a fragment
             if cands.card_fit is None:
                 return np.zeros(n)
             return np.where(cands.card_fit, 0.0, -np.inf)
+        b = self.before(snap, rows) if before is None else before
+        free, ge0, cnt, usable, v0 = b.free, b.ge, b.cnt, b.usable, b.value
         cpu, mem = snap.cpu_free[rows], snap.mem_free[rows]
-        # before and after in one pass: rows [0, n) now, [n, 2n) once the request is placed
-        w = self.group_weights(
-            snap,
-            np.concatenate([rows, rows]),
-            np.concatenate([cpu, cpu - r.cpu_millis]),
-            np.concatenate([mem, mem - r.memory_mib]),
-        )
-        w0, w1 = w[:n], w[n:]
-        free = effective_free(snap, rows)
-        ge0 = free[..., None] >= self.thresholds  # (n, D, M)
-        cnt: IntArray = ge0.sum(axis=-2)
-        usable: IntArray = (free[..., None] * ge0).sum(axis=-2)
-        v0 = self.value(w0, cnt, usable)
+        w1 = self.group_weights(snap, rows, cpu - r.cpu_millis, mem - r.memory_mib)
         if not r.is_fractional:
             if r.gpus:
                 # whole cards: k wholly free cards go to 0 (they count at every threshold)
@@ -287,13 +324,24 @@ class OnlineWorkloadMix:
         return self._current
 
 
+@dataclass(slots=True)
+class _SnapshotCache:
+    """What `DeltaCache` keeps for one snapshot: the request-independent `NodeTerms` of every
+    row (valid where `versions` matches the snapshot's `node_version`), and dV per class."""
+
+    versions: IntArray
+    before: NodeTerms
+    classes: dict[tuple[object, ...], tuple[IntArray, FloatArray]]
+
+
 class DeltaCache:
     """dV per node (and card) for each request class, recomputed only for nodes that changed.
 
     A node's dV depends only on its own row and the request's class, so across decisions most of
-    it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The cache resets
-    when the mix changes, and keeps `max_classes` classes for each of the `max_snapshots`
-    snapshots (by `token`) used last.
+    it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The terms before
+    a placement (`WorkloadMix.before`) depend on the row alone, so they are kept once per node
+    and shared by every class. The cache resets when the mix changes, and keeps `max_classes`
+    classes for each of the `max_snapshots` snapshots (by `token`) used last.
     """
 
     def __init__(self, max_classes: int = 512, max_snapshots: int = 4) -> None:
@@ -301,18 +349,20 @@ class DeltaCache:
         self.max_snapshots = max_snapshots
         self._mix: WorkloadMix | None = None
         # per snapshot token (the live one, plus the copies a caller tries things on)
-        self._by_token: dict[object, dict[tuple[object, ...], tuple[IntArray, FloatArray]]] = {}
+        self._by_token: dict[object, _SnapshotCache] = {}
 
     def delta(self, mix: WorkloadMix, cands: Candidates) -> FloatArray:
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
         if mix is not self._mix:
             self._mix, self._by_token = mix, {}
-        entries = self._by_token.pop(snap.token, None)
-        if entries is None:
-            entries = {}
+        cache = self._by_token.pop(snap.token, None)
+        if cache is None:
+            empty = NodeTerms.empty(len(snap), snap.max_devices, len(mix.thresholds))
+            cache = _SnapshotCache(np.full(len(snap), -1, dtype=np.int64), empty, {})
             if len(self._by_token) >= self.max_snapshots:
                 del self._by_token[next(iter(self._by_token))]
-        self._by_token[snap.token] = entries
+        self._by_token[snap.token] = cache
+        entries = cache.classes
         key = (r.gpus, r.gpu_milli, r.gpu_mem_mib, r.cpu_millis, r.memory_mib)
         entry = entries.pop(key, None)  # re-inserted below: dicts keep LRU order
         if entry is None:
@@ -331,7 +381,19 @@ class DeltaCache:
                 None if cands.card_fit is None else cands.card_fit[stale],
                 None if cands.card_mem is None else cands.card_mem[stale],
             )
-            values[sub.nodes] = mix.delta(sub)
+            known = self._before(mix, cache, snap, sub.nodes) if len(mix.thresholds) else None
+            values[sub.nodes] = mix.delta(sub, known)
             versions[sub.nodes] = snap.node_version[sub.nodes]
         out: FloatArray = values[rows]
         return out
+
+    @staticmethod
+    def _before(
+        mix: WorkloadMix, cache: _SnapshotCache, snap: Snapshot, rows: IntArray
+    ) -> NodeTerms:
+        """`mix.before` of `rows`, recomputed only for rows changed since it was kept."""
+        changed = rows[cache.versions[rows] != snap.node_version[rows]]
+        if len(changed):
+            cache.before.put(changed, mix.before(snap, changed))
+            cache.versions[changed] = snap.node_version[changed]
+        return cache.before.take(rows)
