@@ -19,6 +19,8 @@ LABEL_GPU_MODEL = "gpuplane.io/gpu-model"
 LABEL_VGPU = "gpuplane.io/vgpu-splittable"
 # relative throughput of the node's GPU model (e.g. "1.0" for an A100, "0.5" for an A10)
 LABEL_GPU_SPEED = "gpuplane.io/gpu-speed"
+# the node's name within its cluster, set on every node of the estate (pins a job to a node)
+LABEL_NODE = "gpuplane.io/node"
 
 Labels = Mapping[str, str]
 

@@ -26,6 +26,7 @@ from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
     DryRunView,
+    JobMove,
     JobView,
     NodeView,
     QuotaSet,
@@ -154,6 +155,12 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     @app.post("/jobs/{ref}/cancel", response_model=JobView)
     def cancel(ref: str) -> JobView:
         return queries.get_job(service, service.cancel(ref))
+
+    @app.post("/jobs/{ref}/move", response_model=JobView)
+    def move(ref: str, body: JobMove) -> JobView:
+        slice_ = body.model_dump(include={"gpu_mem_mib", "gpu_cores_pct"}, exclude_none=True)
+        service.move(ref, body.cluster, body.node, slice_, body.reason)
+        return queries.get_job(service, ref)
 
     @app.get("/jobs/{ref}/logs", response_class=PlainTextResponse)
     def logs(

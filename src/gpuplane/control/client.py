@@ -100,6 +100,11 @@ class ControlClient:
         out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/cancel")
         return out
 
+    def move(self, ref: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Re-place a job on another node, keeping its id (`POST /jobs/{ref}/move`)."""
+        out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/move", **_body(body))
+        return out
+
     def logs(self, ref: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
         """The job's output as it streams in: from byte `since`, or its last `tail` lines."""
         params = {"tail": tail} if tail is not None else {"since": since} if since else {}

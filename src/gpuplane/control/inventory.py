@@ -27,7 +27,7 @@ from gpuplane.control.scheduler import (
     Snapshot,
 )
 from gpuplane.errors import ConfigError
-from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION
+from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_NODE, LABEL_REGION
 
 _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -147,7 +147,7 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
     for node in nodes:
         name = qualified(node.cluster_name, node.name)
         node_names[node.id] = name
-        labels = dict(node.labels)
+        labels = {**node.labels, LABEL_NODE: node.name}
         if node.devices:
             labels.setdefault(LABEL_GPU_MODEL, node.devices[0].model)
         infos.append(

@@ -32,6 +32,7 @@ from gpuplane.control.inventory import RowIds, remove_clusters_except, sync_clus
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job, Quota, Team
+from gpuplane.control.moves import move_job
 from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records, job_row, quota_row
 from gpuplane.control.runtime import Binder, Observed
@@ -241,6 +242,37 @@ class ControlService:
         if cluster in self.adapters:
             self.adapters[str(cluster)].release(job_id)
         return job_id
+
+    def move(
+        self, ref: str, cluster: str, node: str, resources: dict[str, Any], reason: str
+    ) -> bool:
+        """Re-place a pending or placed job on `node` of `cluster`, keeping its id (`moves.py`):
+        its process stopped, requeued pinned there, then an admission pass. False: it already
+        runs or waits there; nothing changed."""
+        with self.locked() as (session, estate):
+            done = move_job(
+                session,
+                estate,
+                self.records,
+                ref,
+                cluster,
+                node,
+                resources,
+                reason,
+                self.mirror.ids,
+            )
+            if done.stop is not None:
+                self.binder.stop_later([done.stop])
+        if not done.moved:
+            return False
+        self.writer.forget(done.job_id)  # its parsed spec is the old, unpinned one
+        job_event(
+            "moved", done.job_id, team=done.team, cluster=cluster, reason=reason, state="pending"
+        )
+        self.schedule_pass()
+        if self.intake.bind_on_submit:
+            self.bind_admitted()
+        return True
 
 
 def _apply_team_config(session: Session, team: TeamConfig) -> None:

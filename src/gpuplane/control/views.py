@@ -137,3 +137,16 @@ class TeamSet(BaseModel):
 
     cohort: str | None = None
     weight: Annotated[float, TEAM_WEIGHT] = 1.0
+
+
+class JobMove(BaseModel):
+    """Body of `POST /jobs/{ref}/move`: the node to re-place the job on and, optionally, its new
+    slice (the audit plan's); the job keeps its id and goes back to the queue pinned there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str
+    node: str
+    gpu_mem_mib: Annotated[int, Field(ge=1)] | None = None
+    gpu_cores_pct: Annotated[int, Field(ge=1, le=100)] | None = None
+    reason: str = "moved by a user"
