@@ -1,0 +1,388 @@
+"""The `ray` adapter: a Ray cluster's nodes as inventory, each workload one Ray job.
+
+It speaks the Ray dashboard's HTTP APIs at the cluster's `address`: the state API's node list
+(`/api/v0/nodes`) for inventory and the Job Submission REST API (`/api/jobs/`, what
+`ray.job_submission.JobSubmissionClient` calls) for everything else. Over httpx rather than
+through that client: the client sets no timeout, so a dashboard that accepts a connection and
+never answers would hang the control loop (seen on this machine: a submit stuck for minutes);
+here every call times out after `sync_interval_s` and its failure becomes an `AdapterError`
+once, in `_call`. The control plane needs no `ray` install at all.
+
+Inventory: every ALIVE node; its `GPU` resource is its card count, its `gpu_mem_mib` custom
+resource the memory of all its cards (split evenly; unset: `default_gpu_mem_mib` each), the model
+from the node's `gpuplane.io/gpu-model` label, else Ray's `accelerator_type:<model>` resource,
+else `default_gpu_model`. A node is named by its `gpuplane.io/node` label (`ray start --labels`),
+else by its Ray node id. Every node is vGPU-splittable: fractional `num_gpus` shares a card.
+
+Bind submits a Ray job whose submission id is the gpuplane job id, pinned to its node by a label
+selector, with `entrypoint_num_gpus` (whole cards, or the slice's share of one) and
+`entrypoint_resources={"gpu_mem_mib": ...}` where the node declares that resource. Ray picks
+the card within the node and sets `CUDA_VISIBLE_DEVICES` itself: gpuplane's card index is its
+own accounting. Submission ids are unique in a Ray cluster, which makes bind idempotent: a job
+already submitted on the same placement is taken back (a retry after a lost answer, or a
+restarted service), on another placement it is stopped and submitted afresh. `release` stops the
+Ray job and deletes it, so a requeued job can be submitted again under its id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import re
+import shlex
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import httpx
+
+from gpuplane.control.adapters.base import (
+    AdapterError,
+    ClusterAdapter,
+    DiscoveredDevice,
+    DiscoveredNode,
+    Inventory,
+    Workload,
+    WorkloadState,
+    WorkloadStatus,
+    register,
+)
+from gpuplane.control.adapters.local import hami_env
+from gpuplane.control.logtail import BLOCK, tail_start
+from gpuplane.control.spec import format_duration
+from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
+
+log = logging.getLogger("gpuplane.control.ray")
+
+LABEL_NODE = "gpuplane.io/node"  # a Ray node label that names the node in gpuplane
+RAY_NODE_ID = "ray.io/node-id"  # the label Ray gives every node
+GPU_MEM = "gpu_mem_mib"  # the custom resource: MiB of GPU memory on the node
+ACCELERATOR = "accelerator_type:"
+MIB = 1024 * 1024
+META_INSTANCE = "gpuplane.io/instance"
+META_CLUSTER = "gpuplane.io/cluster"
+META_PLACEMENT = "gpuplane.io/placement"
+META_LIMIT = "gpuplane.io/time-limit-s"
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+MONITOR_PERIOD_S = 1.0  # Ray's JobManager.JOB_MONITOR_LOOP_PERIOD_S
+
+
+class _NotFound(AdapterError):
+    """Ray answered 404: no such job."""
+
+
+def placement_of(workload: Workload) -> str:
+    """What makes two binds of one job the same: its node and its devices (as metadata)."""
+    grants = [[d.index, d.mem_mib, d.gpu_milli] for d in workload.devices]
+    return json.dumps({"node": workload.node, "devices": grants}, sort_keys=True)
+
+
+def ray_request(workload: Workload, selector: dict[str, str], has_gpu_mem: bool) -> dict[str, Any]:
+    """The job-submission body (Ray's REST `POST /api/jobs/`) for `workload` on its node."""
+    devices = workload.devices
+    if workload.fractional and devices:
+        num_gpus = devices[0].gpu_milli / 1000
+    else:
+        num_gpus = float(len(devices))
+    env = {k: v for k, v in hami_env(workload).items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = {**workload.env, **env, "GPUPLANE_JOB_ID": workload.job_id}
+    env["GPUPLANE_JOB_NAME"] = workload.name
+    entrypoint = shlex.join(workload.command)
+    if workload.workdir:
+        entrypoint = f"cd {shlex.quote(workload.workdir)} && {entrypoint}"
+    body: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "submission_id": workload.job_id,
+        "entrypoint_num_cpus": workload.cpu_millis / 1000,
+        "entrypoint_num_gpus": num_gpus,
+        "entrypoint_label_selector": selector,
+        "runtime_env": {"env_vars": env},
+        "metadata": {META_PLACEMENT: placement_of(workload)},
+    }
+    if workload.memory_mib:
+        body["entrypoint_memory"] = workload.memory_mib * MIB
+    mem = sum(d.mem_mib for d in devices)
+    if has_gpu_mem and mem:
+        body["entrypoint_resources"] = {GPU_MEM: float(mem)}
+    if workload.time_limit_s is not None:
+        body["metadata"][META_LIMIT] = repr(workload.time_limit_s)
+    return body
+
+
+def job_status(info: dict[str, Any], now: float) -> WorkloadStatus:
+    """A Ray job's details (`GET /api/jobs/{id}`) as the workload's state, at wall time `now`."""
+    state = info.get("status")
+    if state in ("PENDING", "RUNNING"):
+        limit = (info.get("metadata") or {}).get(META_LIMIT)
+        start = info.get("start_time")
+        if limit is not None and start and now - start / 1000 >= float(limit):
+            return WorkloadStatus(
+                WorkloadState.TIMED_OUT,
+                None,
+                f"exceeded its time limit: still running after "
+                f"{format_duration(float(limit))} on this node; stopped",
+            )
+        return WorkloadStatus(WorkloadState.RUNNING)
+    code = info.get("driver_exit_code")
+    if state == "SUCCEEDED":
+        return WorkloadStatus(WorkloadState.SUCCEEDED, 0)
+    if state == "STOPPED":
+        return WorkloadStatus(
+            WorkloadState.FAILED, code, "stopped in Ray outside gpuplane (`ray job stop`?)"
+        )
+    first = str(info.get("message") or "").split("\n", 1)[0][:300]
+    if code is not None and info.get("error_type") == "JOB_ENTRYPOINT_COMMAND_ERROR":
+        why = f"exited with code {code}"
+        if code == 127:
+            why += f" (a command not found on the node: {first})"
+        return WorkloadStatus(WorkloadState.FAILED, code, why)
+    return WorkloadStatus(
+        WorkloadState.FAILED, code, f"Ray failed it ({info.get('error_type')}): {first}"
+    )
+
+
+def own_output(job_id: str, logs: str) -> bytes:
+    """The job's output without the lines Ray's job manager writes into it (`... INFO
+    job_manager.py:... -- Runtime env is setting up.`, `Running entrypoint for job <id>: ...`;
+    not always first: they are written by another process than the command's)."""
+    ours = re.compile(
+        rf"^(\d{{4}}-\d\d-\d\d [\d:,]+\tINFO job_manager\.py:\d+ -- |"
+        rf"Running entrypoint for job {re.escape(job_id)}: )"
+    )
+    kept = [line for line in logs.splitlines(keepends=True) if not ours.match(line)]
+    return "".join(kept).encode(errors="replace")
+
+
+@register
+class RayAdapter(ClusterAdapter):
+    """Ray jobs on a Ray cluster, through its dashboard's job API at `cluster.address`."""
+
+    kind: ClassVar[str] = "ray"
+    unsupported: ClassVar[dict[str, str]] = {
+        "card pinning": "Ray assigns the card within the node; gpuplane pins the node only",
+        "gpu isolation": "fractional num_gpus is Ray's accounting; HAMi's limits go in env",
+    }
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.address = str(self.cluster.address).rstrip("/")
+        self.where = f"ray cluster {self.cluster.name} at {self.address}"
+        self._http = httpx.Client(base_url=self.address, timeout=self.cluster.sync_interval_s)
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[dict[str, str], bool]] = {}  # name -> selector, gpu mem?
+        self._released: set[str] = set()  # stopped, not yet deleted (Ray was slow to stop)
+
+    # -- the edge: every call to Ray, its errors mapped once -----------------------------------
+
+    def _call(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise AdapterError(
+                f"{self.where}: could not {what}: unreachable ({type(exc).__name__}: {exc}); "
+                "check that its dashboard runs and that `address` is its URL"
+            ) from exc
+        if response.status_code == 404:
+            raise _NotFound(f"{self.where}: could not {what}: not found")
+        if response.status_code >= 400:
+            raise AdapterError(
+                f"{self.where}: could not {what}: Ray answered {response.status_code}: "
+                f"{response.text.strip()[:500]}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise AdapterError(
+                f"{self.where}: could not {what}: its answer is not JSON "
+                f"({response.text[:200]!r}); is `address` the dashboard's URL?"
+            ) from exc
+
+    def _job(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = self._call(f"read job {job_id}", "GET", f"/api/jobs/{job_id}")
+        except _NotFound:
+            return None
+        return info
+
+    # -- inventory ---------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        answer = self._call(
+            "list its nodes", "GET", "/api/v0/nodes", params={"detail": "1", "limit": "10000"}
+        )
+        rows = [n for n in answer["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+        nodes, seen = [], {}
+        for row in sorted(rows, key=lambda n: (n.get("labels") or {}).get(LABEL_NODE, "")):
+            node, selector, has_mem = self._node(row)
+            nodes.append(node)
+            seen[node.name] = (selector, has_mem)
+        with self._lock:
+            self._nodes = seen
+        gpus = sum(len(n.devices) for n in nodes)
+        return Inventory(
+            tuple(nodes), f"Ray at {self.address}: {len(nodes)} node(s), {gpus} GPU(s)"
+        )
+
+    def _node(self, row: dict[str, Any]) -> tuple[DiscoveredNode, dict[str, str], bool]:
+        resources: dict[str, float] = row.get("resources_total") or {}
+        ray_labels: dict[str, str] = row.get("labels") or {}
+        node_id = str(row["node_id"])
+        name = ray_labels.get(LABEL_NODE) or node_id
+        selector = {LABEL_NODE: name} if LABEL_NODE in ray_labels else {RAY_NODE_ID: node_id}
+        count = int(resources.get("GPU", 0))
+        total_mem = resources.get(GPU_MEM)
+        per_card = (
+            int(total_mem) // count if total_mem and count else self.control.default_gpu_mem_mib
+        )
+        accel = [k.removeprefix(ACCELERATOR) for k in resources if k.startswith(ACCELERATOR)]
+        model = ray_labels.get(LABEL_GPU_MODEL) or (accel[0] if accel else "")
+        model = model or self.control.default_gpu_model
+        labels = {k: v for k, v in ray_labels.items() if not k.startswith("ray.io/")}
+        labels = {LABEL_REGION: self.cluster.region, LABEL_VGPU: "true", **labels}
+        if count:
+            labels[LABEL_GPU_MODEL] = model
+        node = DiscoveredNode(
+            name=name,
+            cpu_millis=int(resources.get("CPU", 0) * 1000),
+            memory_mib=int(resources.get("memory", 0)) // MIB,
+            labels=labels,
+            devices=tuple(DiscoveredDevice(i, model, per_card) for i in range(count)),
+        )
+        return node, selector, total_mem is not None
+
+    def _placed_on(self, node: str) -> tuple[dict[str, str], bool]:
+        """The label selector that pins a job to `node`, and whether it declares GPU memory."""
+        with self._lock:
+            known = self._nodes.get(node)
+        if known is None:
+            self.inventory()  # a node that joined since the last sync
+            with self._lock:
+                known = self._nodes.get(node)
+        if known is None:
+            raise AdapterError(
+                f"{self.where} has no alive node {node!r}; it left the cluster since it was "
+                "placed there: submit the job again"
+            )
+        return known
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def bind(self, workload: Workload) -> None:
+        if not workload.command:
+            raise AdapterError(f"job {workload.job_id} has an empty command")
+        selector, has_mem = self._placed_on(workload.node)
+        body = ray_request(workload, selector, has_mem)
+        body["metadata"] |= {
+            META_INSTANCE: str(self.control.instance),
+            META_CLUSTER: self.cluster.name,
+        }
+        if self._take_back(workload):
+            return
+        try:
+            self._call(f"submit job {workload.job_id}", "POST", "/api/jobs/", json=body)
+        except AdapterError as exc:
+            if "already exists" in str(exc) and self._take_back(workload):
+                return  # a concurrent bind of the same job won the submit
+            raise
+
+    def _take_back(self, workload: Workload) -> bool:
+        """True if Ray already runs this job on this placement; a submission of it on another
+        placement (or one released but not yet deleted) is removed first."""
+        with self._lock:
+            released = workload.job_id in self._released
+        info = self._job(workload.job_id)
+        if info is None:
+            return False
+        meta = info.get("metadata") or {}
+        if not released and meta.get(META_PLACEMENT) == placement_of(workload):
+            return True
+        self.release(workload.job_id)
+        if self._job(workload.job_id) is not None:
+            raise AdapterError(
+                f"{self.where}: an earlier submission of job {workload.job_id} is still being "
+                "stopped; it is bound again on a later round"
+            )
+        return False
+
+    def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
+        out = {}
+        for job_id in job_ids:
+            info = self._job(job_id)
+            with self._lock:
+                released = job_id in self._released
+            if info is None or released:
+                out[job_id] = WorkloadStatus(
+                    WorkloadState.LOST,
+                    None,
+                    f"{self.where} has no job {job_id} (deleted outside gpuplane, or the Ray "
+                    "cluster was restarted)",
+                )
+            else:
+                out[job_id] = job_status(info, time.time())
+        return out
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._released.add(job_id)  # reported lost, and removed first by a later bind
+        try:
+            self._stop_and_delete(job_id)
+        except AdapterError as exc:  # never raises: the reconciler releases it again
+            log.warning("%s; retried on the next release", exc)
+
+    def _stop_and_delete(self, job_id: str) -> None:
+        info = self._job(job_id)
+        if info is not None and info.get("status") not in TERMINAL:
+            with contextlib.suppress(_NotFound):
+                self._call(f"stop job {job_id}", "POST", f"/api/jobs/{job_id}/stop")
+            # Ray sends SIGTERM, then SIGKILL after its own wait; only an ended job is deleted
+            deadline = time.monotonic() + self.control.kill_grace_s + 10
+            while info is not None and info.get("status") not in TERMINAL:
+                if time.monotonic() > deadline:
+                    raise AdapterError(f"{self.where}: job {job_id} did not stop in time")
+                time.sleep(0.1)
+                info = self._job(job_id)
+        if info is not None:
+            # Ray's job monitor looks once a second and stops when it sees the end; deleted
+            # before that, it takes the next submission under this id for the old one and fails
+            # it ("supervisor actor died"; Ray 2.60's JobManager._monitor_job)
+            ended = (info.get("end_time") or 0) / 1000
+            time.sleep(
+                max(0.0, min(ended + 2 * MONITOR_PERIOD_S - time.time(), 2 * MONITOR_PERIOD_S))
+            )
+            with contextlib.suppress(_NotFound):
+                self._call(f"delete job {job_id}", "DELETE", f"/api/jobs/{job_id}")
+        with self._lock:
+            self._released.discard(job_id)
+
+    def workloads(self) -> list[str]:
+        jobs = self._call("list its jobs", "GET", "/api/jobs/")
+        return sorted(
+            str(j["submission_id"])
+            for j in jobs
+            if (j.get("metadata") or {}).get(META_INSTANCE) == self.control.instance
+            and (j.get("metadata") or {}).get(META_CLUSTER) == self.cluster.name
+        )
+
+    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        try:
+            answer = self._call(f"read the logs of job {job_id}", "GET", f"/api/jobs/{job_id}/logs")
+        except _NotFound:
+            return iter(())
+        data = own_output(job_id, str(answer.get("logs", "")))
+        start = (
+            min(since, len(data)) if tail is None else tail_start(io.BytesIO(data), tail, len(data))
+        )
+        return (data[i : i + BLOCK] for i in range(start, len(data), BLOCK))
+
+    def close(self) -> None:
+        try:
+            held = self.workloads()
+        except AdapterError as exc:
+            log.warning("%s; its jobs are left running", exc)
+            held = []
+        for job_id in held:
+            self.release(job_id)
+        self._http.close()
