@@ -64,6 +64,7 @@ class Move:
     mem_mib: int
     gpu_milli: int
     saving: float  # cards freed per move by the step it belongs to
+    to_cluster: str  # the target node's cluster (`apply` names the node in it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +276,7 @@ def _gpu_model(h: Held, old: Held) -> Held:
 
 def _move(action: str, old: Held, new: Held, team: str, kind: str, saving: float) -> Move:
     return Move(action, old.workload, team, kind, old.node, old.card, new.node, new.card,
-                new.mem_mib, new.gpu_milli, saving)  # fmt: skip
+                new.mem_mib, new.gpu_milli, saving, new.cluster)  # fmt: skip
 
 
 def _card_map(held: Sequence[Held]) -> dict[str, tuple[str, ...]]:

@@ -1,5 +1,6 @@
-"""`gpuplane audit findings|recommend|plan|usage|report|fleet`: read a sample store (or the
-seed-like fleet), print what the audit finds. Thin: parse, call `gpuplane.audit`, print.
+"""`gpuplane audit findings|recommend|plan|apply|usage|report|fleet`: read a sample store (or the
+seed-like fleet), print what the audit finds; `apply` carries a saved plan's job moves out on a
+live control plane. Thin: parse, call `gpuplane.audit` (or the control API), print.
 
 Every command reads the same inputs: `--store DIR` (the sample store `audit collect` writes) and
 `--traffic DIR` (the gateway's traffic store), or `--fleet SEED` (the generated seed-like fleet,
@@ -8,15 +9,25 @@ no store needed); thresholds from the `audit:` section of `--config`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from gpuplane.audit.apply import LiveJob, PlanError, job_moves, load_plan, plan_state, save_plan
 from gpuplane.audit.pipeline import Audit, run_audit
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, fail, mib, print_table
+from gpuplane.cli._control_common import (
+    OUTPUT_OPTION,
+    SERVER_OPTION,
+    Output,
+    client,
+    emit,
+    fail,
+    mib,
+    print_table,
+)
+from gpuplane.control.client import ClientError
 from gpuplane.errors import GpuplaneError
 
 STORE = typer.Option(None, "--store", help="the sample store (a directory `audit collect` wrote)")
@@ -63,6 +74,7 @@ def register(app: typer.Typer) -> None:
     app.command()(findings)
     app.command()(recommend)
     app.command()(plan)
+    app.command()(apply)
     app.command()(usage)
     app.command()(report)
     app.command()(fleet)
@@ -147,8 +159,7 @@ def plan(
     plan is kept under --plans by its id."""
     a = _audit(*_inputs(store, traffic, fleet), _settings(config))
     data = a.plan.to_json()
-    plans.mkdir(parents=True, exist_ok=True)
-    (plans / f"{a.plan.id}.json").write_text(json.dumps(data, indent=1))
+    save_plan(plans, data)
 
     def table(d: dict[str, Any]) -> None:
         print_table(
@@ -167,6 +178,86 @@ def plan(
         )
 
     emit(data, output, table)
+
+
+def apply(
+    plan_id: str = typer.Argument(..., help="the id `gpuplane audit plan` printed"),
+    plans: Path = PLANS,
+    server: str | None = SERVER_OPTION,
+    yes: bool = typer.Option(False, "--yes", help="do not ask before moving"),
+    jobs_only: bool = typer.Option(
+        False, "--jobs-only", help="apply the job moves even though deployments' are skipped"
+    ),
+) -> None:
+    """Carry out a saved plan's job moves on the control plane, in the plan's order: each job is
+    re-placed on its target node keeping its id (its process stopped, requeued there). Refused
+    when the plan was changed or the placements moved since; a re-run skips moves done."""
+    try:
+        data = load_plan(plans, plan_id)
+    except PlanError as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+    moves = job_moves(data)
+    with client(server) as c:
+        live: dict[str, LiveJob | None] = {}
+        for w in sorted({*data["placements"], *moves}):
+            try:
+                live[w] = LiveJob.of(c.job(w))
+            except ClientError as exc:
+                if exc.status != 404:
+                    raise
+                live[w] = None  # not a control-plane job: a deployment
+        held = {j["id"] for s in ("admitted", "running") for j in c.jobs(state=s)}
+        state = plan_state(data, live, sorted(held - set(data["placements"])))
+        if state.changed:
+            fail(
+                f"plan {plan_id} is stale: the placements changed since it was made: "
+                + "; ".join(state.changed)
+                + "; make a new plan with `gpuplane audit plan`"
+            )
+        if state.deployments:
+            message = (
+                f"deployments are not implemented yet; {len(state.deployments)} inference moves "
+                "skipped"
+            )
+            if not jobs_only:
+                fail(message + "; pass --jobs-only to apply the job moves alone")
+            typer.echo(message, err=True)
+        if state.left:
+            typer.echo(
+                f"{len(state.left)} job resize, retire or same-node steps left as they are",
+                err=True,
+            )
+        print_table(
+            ["#", "JOB", "FROM", "TO", "SLICE", ""],
+            [[i + 1, m["workload"], m["from_card"], f"{m['to_cluster']}/{m['to_card']}",
+              f"{mib(m['mem_mib'])} {m['gpu_milli'] / 10:g}%",
+              "done" if m in state.done else ""]
+             for i, m in enumerate([*state.done, *state.todo])],
+        )  # fmt: skip
+        if not state.todo:
+            typer.echo(f"plan {plan_id}: nothing to do ({len(state.done)} job moves done)")
+            return
+        if not yes and not typer.confirm(f"move {len(state.todo)} jobs?"):
+            fail("nothing moved")
+        for k, m in enumerate(state.todo):
+            body = {
+                "cluster": m["to_cluster"],
+                "node": m["to_node"],
+                "gpu_mem_mib": m["mem_mib"],
+                "gpu_cores_pct": max(1, -(-m["gpu_milli"] // 10)),
+                "reason": f"moved by audit plan {plan_id}",
+            }
+            try:
+                c.move(m["workload"], body)
+            except ClientError as exc:
+                fail(
+                    f"moving job {m['workload']} failed: {exc}; moved {k} of {len(state.todo)} "
+                    f"(not moved: {', '.join(x['workload'] for x in state.todo[k:])}); "
+                    "re-run `gpuplane audit apply` to go on from there"
+                )
+            typer.echo(f"moved {m['workload']} to {m['to_cluster']}/{m['to_node']}")
+        typer.echo(f"plan {plan_id}: {len(state.todo)} jobs moved, {len(state.done)} already done")
 
 
 def usage(
