@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpuplane.audit.apply import LiveJob, plan_state
+from gpuplane.audit.apply import LiveJob, plan_state, save_plan
 from gpuplane.audit.collect.store import collect
 from gpuplane.audit.samples import SampleStore
 from gpuplane.cli import audit_review
@@ -30,8 +30,8 @@ _app = typer.Typer()
 audit_review.register(_app)
 
 
-def audit(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(_app, list(args))
+def audit(*args: str, answer: str | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(_app, list(args), input=answer)
     return result.exit_code, result.output
 
 
@@ -75,8 +75,9 @@ def planned(tmp_path: Path) -> Iterator[Planned]:
         svc.close()
 
 
-def apply(p: Planned, *extra: str) -> tuple[int, str]:
-    return audit("apply", p.plan_id, "--plans", str(p.plans), "--server", p.url, *extra)
+def apply(p: Planned, *extra: str, answer: str | None = None) -> tuple[int, str]:
+    args = ("apply", p.plan_id, "--plans", str(p.plans), "--server", p.url, *extra)
+    return audit(*args, answer=answer)
 
 
 def _node(svc: ControlService, job_id: str) -> str | None:
@@ -148,6 +149,32 @@ def test_a_plan_changed_after_it_was_saved_is_refused(planned: Planned) -> None:
     assert code == 1
     assert "does not match its content" in out
     assert state(planned.svc, planned.move["workload"]).attempts == 0
+
+
+@pytest.mark.slow
+def test_apply_asks_first_and_stops_at_the_first_failure_saying_what_was_not_done(
+    planned: Planned,
+) -> None:
+    path = planned.plans / f"{planned.plan_id}.json"
+    data = json.loads(path.read_text())
+    # a second move, to a node that is not there: the control plane refuses it
+    bad = {**planned.move, "workload": planned.stays, "to_node": "n9", "to_card": "n9/0"}
+    bad["from_node"] = data["placements"][planned.stays][1]
+    data["moves"].append(bad)
+    save_plan(planned.plans, {k: v for k, v in data.items() if k != "checksum"})
+    code, out = apply(planned, answer="n\n")
+    assert code == 1
+    assert "move 2 jobs?" in out
+    assert state(planned.svc, planned.move["workload"]).attempts == 0  # answered no
+    code, out = apply(planned, "--yes")
+    assert code == 1
+    assert f"moved {planned.move['workload']} to" in out
+    assert f"moving job {planned.stays} failed" in out
+    assert f"moved 1 of 2 (not moved: {planned.stays})" in out
+    assert state(planned.svc, planned.move["workload"]).attempts == 1
+    assert state(planned.svc, planned.stays).attempts == 0
+    code, out = apply(planned, "--yes")  # the re-run goes on from the failed move
+    assert "moved 0 of 1" in out
 
 
 def test_deployment_moves_are_counted_and_left_out() -> None:
