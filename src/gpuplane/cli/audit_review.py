@@ -202,11 +202,13 @@ def apply(
         live: dict[str, LiveJob | None] = {}
         for w in sorted({*data["placements"], *moves}):
             try:
-                live[w] = LiveJob.of(c.job(w))
+                view = c.job(w)
             except ClientError as exc:
                 if exc.status != 404:
                     raise
-                live[w] = None  # not a control-plane job: a deployment
+                view = None
+            # not a control-plane job (the API also finds a job by name): a deployment
+            live[w] = LiveJob.of(view) if view is not None and view["id"] == w else None
         held = {j["id"] for s in ("admitted", "running") for j in c.jobs(state=s)}
         state = plan_state(data, live, sorted(held - set(data["placements"])))
         if state.changed:
