@@ -9,6 +9,7 @@ what-if copy is scored both ways and every dV must be bit-identical.
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from gpuplane.control.scheduler import Request, Snapshot, make_policy, schedule
 from gpuplane.control.scheduler.base import Candidates
 from gpuplane.control.scheduler.decision import FloatArray
+from gpuplane.control.scheduler.fragmentation import WorkloadMix
 from gpuplane.control.scheduler.policies.fgd import FragmentationPolicy
 from gpuplane.resources import Selector
 
@@ -53,6 +55,7 @@ def _stream(n: int, rng: np.random.Generator) -> list[Request]:
 @pytest.mark.parametrize("policy", ["frag", "fgd"])
 def test_cached_dv_is_bit_identical_to_the_straightforward_path(policy: str) -> None:
     checked = 0
+    mixes: list[tuple[object, tuple[object, ...]]] = []  # each mix scored with, and its layout
 
     class Checked:
         """Wraps the policy's cache: each dV it returns is compared to `WorkloadMix.delta`."""
@@ -63,6 +66,9 @@ def test_cached_dv_is_bit_identical_to_the_straightforward_path(policy: str) -> 
         def __call__(self, cands: Candidates) -> FloatArray:
             nonlocal checked
             got = self.cached(cands)
+            mix = self.pol.mix
+            if not mixes or mixes[-1][0] is not mix:
+                mixes.append((mix, mix.layout))
             np.testing.assert_array_equal(got, self.pol.mix.delta(cands))
             checked += 1
             return got
@@ -87,4 +93,26 @@ def test_cached_dv_is_bit_identical_to_the_straightforward_path(policy: str) -> 
             placed += 1
             heapq.heappush(ends, (i + rng.exponential(150), job.job_id))
     assert checked > 300
+    # the online mix was rebuilt with new weights only (the kept terms weighed again) and with
+    # new classes (the cache emptied)
+    same_layout = [a[1] == b[1] for a, b in itertools.pairwise(mixes)]
+    assert True in same_layout
+    assert False in same_layout
     assert 100 < placed < 400  # the estate fills: full nodes and refusals are exercised
+
+
+def test_a_mix_keeps_its_layout_when_only_the_popularity_order_changes() -> None:
+    """The online mix is rebuilt as counts grow; when the same classes swap places in the
+    popularity order, only the weights change, so the cache may weigh its terms again."""
+    a100 = Selector(gpu_models=frozenset({"A100"}))
+    l40s = Selector(gpu_models=frozenset({"L40S"}))
+
+    def reqs(first: Selector, second: Selector) -> list[Request]:
+        out = [Request(f"a{i}", gpu_milli=500, selector=first) for i in range(6)]
+        return out + [Request(f"b{i}", gpus=1, cpu_millis=4000, selector=second) for i in range(3)]
+
+    one = WorkloadMix.from_requests(reqs(a100, l40s))
+    other = WorkloadMix.from_requests(reqs(l40s, a100))
+    assert one.layout == other.layout
+    assert one.selectors == other.selectors
+    assert WorkloadMix.from_requests(reqs(a100, a100)).layout != one.layout

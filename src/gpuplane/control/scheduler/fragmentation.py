@@ -61,30 +61,59 @@ class TaskClass:
 
 
 @dataclass(slots=True)
+class Levels:
+    """Where each row stands in a mix's tables: its CPU and memory levels (`WorkloadMix.levels`)
+    and its groups' terms [cnt_g >= k_g] U_g (`WorkloadMix.terms`). They do not depend on the
+    classes' weights, so V = `WorkloadMix.weigh` of them can be recomputed for new weights."""
+
+    lc: IntArray  # (n,)
+    lm: IntArray  # (n,)
+    terms: IntArray  # (n, G), or (n, D, G) after a fractional placement on each card
+
+    @classmethod
+    def empty(cls, nodes: int, *groups: int) -> Levels:
+        lc, lm = np.zeros(nodes, dtype=np.int64), np.zeros(nodes, dtype=np.int64)
+        return cls(lc, lm, np.zeros((nodes, *groups), dtype=_TERMS))
+
+    def take(self, rows: IntArray) -> Levels:
+        return Levels(self.lc[rows], self.lm[rows], self.terms[rows])
+
+    def put(self, rows: IntArray, other: Levels) -> None:
+        self.lc[rows], self.lm[rows], self.terms[rows] = other.lc, other.lm, other.terms
+
+
+@dataclass(slots=True)
 class NodeTerms:
     """A node's terms under a mix before a placement, per row: effective free milli per card
     (n, D), whether each card reaches each threshold (n, D, M), the count and free milli of
-    those cards (n, M), and V (n,)."""
+    those cards (n, M), its `Levels`, and V (n,)."""
 
     free: IntArray
     ge: BoolArray
     cnt: IntArray
     usable: IntArray
+    levels: Levels
     value: FloatArray
 
     @classmethod
-    def empty(cls, nodes: int, devices: int, thresholds: int) -> NodeTerms:
+    def empty(cls, nodes: int, devices: int, thresholds: int, groups: int) -> NodeTerms:
         return cls(
             np.zeros((nodes, devices), dtype=np.int64),
             np.zeros((nodes, devices, thresholds), dtype=bool),
             np.zeros((nodes, thresholds), dtype=np.int64),
             np.zeros((nodes, thresholds), dtype=np.int64),
+            Levels.empty(nodes, groups),
             np.zeros(nodes),
         )
 
     def take(self, rows: IntArray) -> NodeTerms:
         return NodeTerms(
-            self.free[rows], self.ge[rows], self.cnt[rows], self.usable[rows], self.value[rows]
+            self.free[rows],
+            self.ge[rows],
+            self.cnt[rows],
+            self.usable[rows],
+            self.levels.take(rows),
+            self.value[rows],
         )
 
     def put(self, rows: IntArray, terms: NodeTerms) -> None:
@@ -92,7 +121,11 @@ class NodeTerms:
         self.ge[rows] = terms.ge
         self.cnt[rows] = terms.cnt
         self.usable[rows] = terms.usable
+        self.levels.put(rows, terms.levels)
         self.value[rows] = terms.value
+
+
+_TERMS = np.int32  # a group's free milli on one node: at most 1000 per card
 
 
 class WorkloadMix:
@@ -112,7 +145,10 @@ class WorkloadMix:
         groups = sorted({(c.milli, max(c.gpus, 1)) for c in gpu})
         self.group_thr: IntArray = np.searchsorted(self.thresholds, [m for m, _ in groups])
         self.group_k: IntArray = np.array([k for _, k in groups], dtype=np.int64)
-        selectors = {_sel_key(c.selector): c.selector for c in gpu}
+        # selectors in a canonical order, so that the online mix keeps its layout while the
+        # classes' popularity order shifts
+        by_key = {_sel_key(c.selector): c.selector for c in gpu}
+        selectors = {k: by_key[k] for k in sorted(by_key, key=_sel_order)}
         self.selectors = tuple(selectors.values())
         self.cpu_levels: IntArray = np.array(sorted({c.cpu_millis for c in gpu}), np.int64)
         mems = sorted({c.memory_mib for c in gpu}) if use_memory else [0]
@@ -129,8 +165,17 @@ class WorkloadMix:
             lm = int(np.searchsorted(self.mem_levels, c.memory_mib if use_memory else 0)) + 1
             table[selector_of[_sel_key(c.selector)], lc:, lm:, g] += c.weight
         self.table = table
-        self.any_selector = any(s.match_labels or s.gpu_models for s in self.selectors)
-        self._access: tuple[object, npt.NDArray[np.float64]] | None = None
+        # what the tables' shape and meaning depend on: two mixes with one layout differ only in
+        # the classes' weights, so `Levels` computed under one hold under the other
+        self.layout = (
+            use_memory,
+            tuple(self.thresholds.tolist()),
+            tuple(groups),
+            tuple(selectors),
+            tuple(self.cpu_levels.tolist()),
+            tuple(self.mem_levels.tolist()),
+        )
+        self._access: tuple[object, IntArray, FloatArray] | None = None
 
     @classmethod
     def from_requests(
@@ -149,36 +194,52 @@ class WorkloadMix:
 
     # -- evaluation ------------------------------------------------------------------------
 
+    def levels(self, cpu: IntArray, mem: IntArray) -> tuple[IntArray, IntArray]:
+        """The CPU and memory level of free `cpu` and `mem` (the classes' requests at or below;
+        memory level 1 everywhere when memory does not count)."""
+        lc: IntArray = np.searchsorted(self.cpu_levels, cpu, side="right")
+        lm: IntArray = (
+            np.searchsorted(self.mem_levels, mem, side="right")
+            if self.use_memory
+            else np.ones(len(lc), dtype=np.int64)
+        )
+        return lc, lm
+
     def group_weights(
-        self, snap: Snapshot, rows: IntArray, cpu: IntArray, mem: IntArray
+        self, snap: Snapshot, rows: IntArray, lc: IntArray, lm: IntArray
     ) -> FloatArray:
-        """(len(rows), G): weight of each group's classes the nodes have CPU/memory/model for."""
-        lc = np.searchsorted(self.cpu_levels, cpu, side="right")
-        lm = np.searchsorted(self.mem_levels, mem, side="right") if self.use_memory else 1
-        if not self.any_selector:
-            w: FloatArray = (
-                self.table[0, lc, lm]
-                if len(self.selectors) == 1
-                else (self.table[:, lc, lm].sum(axis=0))
-            )
-            return w
-        access = self.access(snap)[rows]  # (n, S)
-        out: FloatArray = np.einsum("ns,sng->ng", access, self.table[:, lc, lm])
+        """(len(rows), G): weight of each group's classes the nodes have CPU/memory/model for,
+        at CPU and memory levels `lc`, `lm`."""
+        pattern, table = self.access(snap)
+        out: FloatArray = table[pattern[rows], lc, lm]
         return out
 
-    def access(self, snap: Snapshot) -> npt.NDArray[np.float64]:
-        """(nodes, S): 1 where selector s admits the node; cached per snapshot inventory."""
+    def access(self, snap: Snapshot) -> tuple[IntArray, FloatArray]:
+        """Each node's access pattern (which selectors admit it) and the table per pattern:
+        table[p, lc, lm, g] = sum of the selectors' tables over pattern p, summed once here
+        so that a node's weights are a lookup, the same bits however many rows are asked for.
+        Cached per snapshot inventory."""
         if self._access is None or self._access[0] is not snap.inventory_token:
-            masks = [snap.selector_mask(s) for s in self.selectors]
-            self._access = (snap.inventory_token, np.stack(masks, axis=1).astype(np.float64))
-        return self._access[1]
+            masks = np.stack([snap.selector_mask(s) for s in self.selectors], axis=1)
+            patterns, pattern = np.unique(masks, axis=0, return_inverse=True)
+            table = np.stack([self.table[p].sum(axis=0) for p in patterns])
+            self._access = (snap.inventory_token, pattern.reshape(-1).astype(np.int64), table)
+        return self._access[1], self._access[2]
 
-    def value(self, w: FloatArray, cnt: IntArray, usable: IntArray) -> FloatArray:
-        """V = sum_g w_g [cnt_g >= k_g] U_g over the last axis (groups)."""
+    def terms(self, cnt: IntArray, usable: IntArray) -> IntArray:
+        """[cnt_g >= k_g] U_g for each group (last axis), from counts and free milli per
+        threshold."""
         c = cnt[..., self.group_thr]
         u = usable[..., self.group_thr]
-        out: FloatArray = np.einsum("...g,...g->...", w, np.where(c >= self.group_k, u, 0))
+        out: IntArray = np.where(c >= self.group_k, u, 0).astype(_TERMS)
         return out
+
+    def weigh(self, snap: Snapshot, rows: IntArray, lv: Levels) -> FloatArray:
+        """V = sum_g w_g [cnt_g >= k_g] U_g of `rows` (and cards) at levels `lv`."""
+        w = self.group_weights(snap, rows, lv.lc, lv.lm)
+        if lv.terms.ndim == 3:
+            w = w[:, None, :]
+        return _dot_last(w, lv.terms)
 
     def fragmentation(self, snap: Snapshot) -> FloatArray:
         """F = P * S - V of every node: the free milli the mix's arrivals are expected not to be
@@ -197,43 +258,51 @@ class WorkloadMix:
         ge = free[..., None] >= self.thresholds  # (n, D, M)
         cnt: IntArray = ge.sum(axis=-2)
         usable: IntArray = (free[..., None] * ge).sum(axis=-2)
-        w = self.group_weights(snap, rows, snap.cpu_free[rows], snap.mem_free[rows])
-        return NodeTerms(free, ge, cnt, usable, self.value(w, cnt, usable))
+        lv = Levels(*self.levels(snap.cpu_free[rows], snap.mem_free[rows]), self.terms(cnt, usable))
+        return NodeTerms(free, ge, cnt, usable, lv, self.weigh(snap, rows, lv))
 
     def delta(self, cands: Candidates, before: NodeTerms | None = None) -> FloatArray:
         """dV for every candidate: shape (n, D) for a fractional request (-inf where the card
         does not fit), (n,) otherwise. `before`: the candidates' `before` terms, if known."""
-        snap, r, rows = cands.snapshot, cands.request, cands.nodes
-        n = len(rows)
         if len(self.thresholds) == 0:  # no GPU tasks known: nothing can become a fragment
             if cands.card_fit is None:
-                return np.zeros(n)
+                return np.zeros(len(cands))
             return np.where(cands.card_fit, 0.0, -np.inf)
-        b = self.before(snap, rows) if before is None else before
-        free, ge0, cnt, usable, v0 = b.free, b.ge, b.cnt, b.usable, b.value
-        cpu, mem = snap.cpu_free[rows], snap.mem_free[rows]
-        w1 = self.group_weights(snap, rows, cpu - r.cpu_millis, mem - r.memory_mib)
+        b = self.before(cands.snapshot, cands.nodes) if before is None else before
+        return self.gain(cands, self.after(cands, b), b.value)
+
+    def gain(self, cands: Candidates, after: Levels, v0: FloatArray) -> FloatArray:
+        """dV = V after (its `Levels` from `after`) - V before (`v0`), -inf on cards that do not
+        fit a fractional request."""
+        v1 = self.weigh(cands.snapshot, cands.nodes, after)
+        if cands.card_fit is None:
+            out: FloatArray = v1 - v0
+            return out
+        out = np.where(cands.card_fit, v1 - v0[:, None], -np.inf)
+        return out
+
+    def after(self, cands: Candidates, before: NodeTerms) -> Levels:
+        """The candidates' `Levels` once the request is placed (on each card, if fractional)."""
+        snap, r, rows = cands.snapshot, cands.request, cands.nodes
+        free, ge0, cnt, usable = before.free, before.ge, before.cnt, before.usable
+        lc, lm = self.levels(snap.cpu_free[rows] - r.cpu_millis, snap.mem_free[rows] - r.memory_mib)
         if not r.is_fractional:
             if r.gpus:
                 # whole cards: k wholly free cards go to 0 (they count at every threshold)
                 cnt = cnt - r.gpus
                 usable = usable - r.gpus * MILLI_PER_GPU
-            out: FloatArray = self.value(w1, cnt, usable) - v0
-            return out
-        assert cands.card_fit is not None
+            return Levels(lc, lm, self.terms(cnt, usable))
         assert cands.card_mem is not None
         # the share this request takes from each card, in effective milli (a proportional
         # request's memory never takes a larger share than its compute)
         take: IntArray | int = r.gpu_milli
         if r.gpu_mem_mib is not None:
             take = np.maximum(r.gpu_milli, _mem_share(snap, rows, cands.card_mem))
-        after = np.maximum(free - take, 0)
-        ge1 = after[..., None] >= self.thresholds
+        left = np.maximum(free - take, 0)
+        ge1 = left[..., None] >= self.thresholds
         cnt1 = cnt[:, None, :] - ge0 + ge1
-        use1 = usable[:, None, :] - free[..., None] * ge0 + after[..., None] * ge1
-        v1 = self.value(w1[:, None, :], cnt1, use1)
-        out = np.where(cands.card_fit, v1 - v0[:, None], -np.inf)
-        return out
+        use1 = usable[:, None, :] - free[..., None] * ge0 + left[..., None] * ge1
+        return Levels(lc, lm, self.terms(cnt1, use1))
 
 
 def _from_counts(
@@ -269,8 +338,24 @@ def _mem_share(snap: Snapshot, rows: IntArray, mem: IntArray) -> IntArray:
     return share
 
 
+def _dot_last(a: FloatArray, b: IntArray | npt.NDArray[np.int32]) -> FloatArray:
+    """Sum of the products over the last axis, term by term in order, so that every element's
+    bits are the same whatever rows it is computed with (einsum chooses its kernel, and so the
+    order of the sum, by shape; the caches recompute subsets of rows)."""
+    out: FloatArray = a[..., 0] * b[..., 0]
+    for i in range(1, a.shape[-1]):
+        out = out + a[..., i] * b[..., i]
+    return out
+
+
 def _sel_key(s: Selector) -> tuple[object, ...]:
     return (tuple(sorted(s.match_labels.items())), s.gpu_models)
+
+
+def _sel_order(key: tuple[object, ...]) -> tuple[object, ...]:
+    labels, models = key
+    assert isinstance(models, frozenset)
+    return (labels, tuple(sorted(models)))
 
 
 class OnlineWorkloadMix:
@@ -325,13 +410,28 @@ class OnlineWorkloadMix:
 
 
 @dataclass(slots=True)
+class _ClassCache:
+    """dV of one request class per row (valid where `versions` matches the snapshot's
+    `node_version`), with the `Levels` after the placement and the cards that fit, so that new
+    weights of the same layout need only `WorkloadMix.gain` again; `mix`: the weights used."""
+
+    versions: IntArray
+    values: FloatArray
+    after: Levels
+    fit: BoolArray | None
+    mix: WorkloadMix
+
+
+@dataclass(slots=True)
 class _SnapshotCache:
     """What `DeltaCache` keeps for one snapshot: the request-independent `NodeTerms` of every
-    row (valid where `versions` matches the snapshot's `node_version`), and dV per class."""
+    row (valid where `versions` matches the snapshot's `node_version`; V under `mix`), and
+    each class's `_ClassCache`."""
 
     versions: IntArray
     before: NodeTerms
-    classes: dict[tuple[object, ...], tuple[IntArray, FloatArray]]
+    mix: WorkloadMix
+    classes: dict[tuple[object, ...], _ClassCache]
 
 
 class DeltaCache:
@@ -340,8 +440,10 @@ class DeltaCache:
     A node's dV depends only on its own row and the request's class, so across decisions most of
     it stays valid: the snapshot bumps `node_version[i]` whenever row i changes. The terms before
     a placement (`WorkloadMix.before`) depend on the row alone, so they are kept once per node
-    and shared by every class. The cache resets when the mix changes, and keeps `max_classes`
-    classes for each of the `max_snapshots` snapshots (by `token`) used last.
+    and shared by every class. When the mix changes only its weights (same `layout`, as the
+    online mix does once its classes are known), the kept `Levels` are weighed again instead of
+    recomputed; any other change of mix empties the cache. It keeps `max_classes` classes for
+    each of the `max_snapshots` snapshots (by `token`) used last.
     """
 
     def __init__(self, max_classes: int = 512, max_snapshots: int = 4) -> None:
@@ -354,25 +456,33 @@ class DeltaCache:
     def delta(self, mix: WorkloadMix, cands: Candidates) -> FloatArray:
         snap, r, rows = cands.snapshot, cands.request, cands.nodes
         if mix is not self._mix:
-            self._mix, self._by_token = mix, {}
-        cache = self._by_token.pop(snap.token, None)
-        if cache is None:
-            empty = NodeTerms.empty(len(snap), snap.max_devices, len(mix.thresholds))
-            cache = _SnapshotCache(np.full(len(snap), -1, dtype=np.int64), empty, {})
-            if len(self._by_token) >= self.max_snapshots:
-                del self._by_token[next(iter(self._by_token))]
-        self._by_token[snap.token] = cache
-        entries = cache.classes
+            if self._mix is None or mix.layout != self._mix.layout:
+                self._by_token = {}
+            self._mix = mix
+        if len(mix.thresholds) == 0:  # nothing to keep: dV is 0 wherever the request fits
+            return mix.delta(cands)
+        cache = self._snapshot_cache(mix, snap)
         key = (r.gpus, r.gpu_milli, r.gpu_mem_mib, r.cpu_millis, r.memory_mib)
-        entry = entries.pop(key, None)  # re-inserted below: dicts keep LRU order
+        entry = cache.classes.pop(key, None)  # re-inserted below: dicts keep LRU order
         if entry is None:
-            shape = (len(snap), snap.max_devices) if r.is_fractional else (len(snap),)
-            entry = (np.full(len(snap), -1, dtype=np.int64), np.zeros(shape))
-            if len(entries) >= self.max_classes:
-                del entries[next(iter(entries))]
-        entries[key] = entry
-        versions, values = entry
-        stale = versions[rows] != snap.node_version[rows]
+            cards = (snap.max_devices,) if r.is_fractional else ()
+            entry = _ClassCache(
+                np.full(len(snap), -1, dtype=np.int64),
+                np.zeros((len(snap), *cards)),
+                Levels.empty(len(snap), *cards, len(mix.group_k)),
+                np.zeros((len(snap), snap.max_devices), dtype=bool) if r.is_fractional else None,
+                mix,
+            )
+            if len(cache.classes) >= self.max_classes:
+                del cache.classes[next(iter(cache.classes))]
+        cache.classes[key] = entry
+        if entry.mix is not mix:  # new weights: weigh the kept rows again
+            kept = np.flatnonzero(entry.versions == snap.node_version)
+            fit = None if entry.fit is None else entry.fit[kept]
+            again = Candidates(snap, r, kept, fit)
+            entry.values[kept] = mix.gain(again, entry.after.take(kept), cache.before.value[kept])
+            entry.mix = mix
+        stale = entry.versions[rows] != snap.node_version[rows]
         if stale.any():
             sub = Candidates(
                 snap,
@@ -381,11 +491,32 @@ class DeltaCache:
                 None if cands.card_fit is None else cands.card_fit[stale],
                 None if cands.card_mem is None else cands.card_mem[stale],
             )
-            known = self._before(mix, cache, snap, sub.nodes) if len(mix.thresholds) else None
-            values[sub.nodes] = mix.delta(sub, known)
-            versions[sub.nodes] = snap.node_version[sub.nodes]
-        out: FloatArray = values[rows]
+            before = self._before(mix, cache, snap, sub.nodes)
+            after = mix.after(sub, before)
+            entry.values[sub.nodes] = mix.gain(sub, after, before.value)
+            entry.after.put(sub.nodes, after)
+            if entry.fit is not None:
+                entry.fit[sub.nodes] = sub.card_fit
+            entry.versions[sub.nodes] = snap.node_version[sub.nodes]
+        out: FloatArray = entry.values[rows]
         return out
+
+    def _snapshot_cache(self, mix: WorkloadMix, snap: Snapshot) -> _SnapshotCache:
+        """The snapshot's cache (most recently used last), V before weighed under `mix`."""
+        cache = self._by_token.pop(snap.token, None)
+        if cache is None:
+            terms = NodeTerms.empty(
+                len(snap), snap.max_devices, len(mix.thresholds), len(mix.group_k)
+            )
+            cache = _SnapshotCache(np.full(len(snap), -1, dtype=np.int64), terms, mix, {})
+            if len(self._by_token) >= self.max_snapshots:
+                del self._by_token[next(iter(self._by_token))]
+        self._by_token[snap.token] = cache
+        if cache.mix is not mix:
+            kept = np.flatnonzero(cache.versions == snap.node_version)
+            cache.before.value[kept] = mix.weigh(snap, kept, cache.before.levels.take(kept))
+            cache.mix = mix
+        return cache
 
     @staticmethod
     def _before(
