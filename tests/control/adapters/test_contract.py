@@ -30,20 +30,7 @@ from gpuplane.control.adapters import (
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.resources import LABEL_GPU_MODEL
-from tests.control.adapters.ray_cluster import RayNode, ray_cluster
 from tests.control.k8s_fake import FakeKubeApi, hami_card
-
-RAY_NODES = [
-    RayNode("head", 2, 2 * 81920, {"gpuplane.io/gpu-model": "A100-80GB"}),
-    RayNode("w1", 2, 2 * 24576, {"gpuplane.io/gpu-model": "L4"}),
-]
-
-
-@pytest.fixture(scope="session")
-def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One real local Ray cluster for the session (head + one worker on 127.0.0.1)."""
-    with ray_cluster(RAY_NODES, tmp_path_factory.mktemp("ray")) as url:
-        yield url
 
 
 @dataclass
@@ -193,6 +180,19 @@ def test_a_workload_that_exits_0_succeeded(target: Target) -> None:
     assert "ok" not in adapter.workloads()
 
 
+def test_the_output_outlives_the_workload(target: Target, request: pytest.FixtureRequest) -> None:
+    """The service releases a workload once its end is recorded; `job logs` still answers."""
+    if target.kind == "kubernetes":  # not strict: it passes only at times (a race)
+        reason = "the kubernetes adapter sometimes keeps no log of an ended Pod it deletes"
+        request.applymarker(pytest.mark.xfail(reason=reason))
+    adapter = target.make()
+    adapter.bind(slice_of(target, "kept", ("sh", "-c", "echo done")))
+    assert wait_done(adapter, "kept") == WorkloadState.SUCCEEDED
+    adapter.release("kept")
+    assert b"".join(adapter.logs("kept")) == b"done\n"
+    assert b"".join(adapter.logs("kept", tail=1)) == b"done\n"
+
+
 def test_a_second_bind_of_the_same_job_starts_it_once(target: Target, tmp_path: Path) -> None:
     adapter = target.make()
     starts = tmp_path / "starts"
@@ -262,9 +262,6 @@ def test_a_bind_that_fails_half_way_leaves_nothing_that_blocks_a_retry(target: T
 def test_a_workload_past_its_time_limit_is_timed_out_until_released(
     target: Target, tmp_path: Path
 ) -> None:
-    if target.kind == "kubernetes":
-        # strict: this fails the day the fake enforces the deadline, to be turned back on
-        pytest.xfail("the fake kubelet does not enforce activeDeadlineSeconds (a real one does)")
     adapter = target.make()
     starts = tmp_path / "starts"
     adapter.bind(slice_of(target, "slow", sleeper(starts), time_limit_s=1.0))

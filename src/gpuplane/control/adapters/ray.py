@@ -35,6 +35,7 @@ import shlex
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -51,7 +52,7 @@ from gpuplane.control.adapters.base import (
     register,
 )
 from gpuplane.control.adapters.local import hami_env
-from gpuplane.control.logtail import BLOCK, tail_start
+from gpuplane.control.logtail import BLOCK, read_log, tail_start
 from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 
@@ -345,6 +346,7 @@ class RayAdapter(ClusterAdapter):
                 time.sleep(0.1)
                 info = self._job(job_id)
         if info is not None:
+            self._keep_log(job_id)
             # Ray's job monitor looks once a second and stops when it sees the end; deleted
             # before that, it takes the next submission under this id for the old one and fails
             # it ("supervisor actor died"; Ray 2.60's JobManager._monitor_job)
@@ -366,12 +368,32 @@ class RayAdapter(ClusterAdapter):
             and (j.get("metadata") or {}).get(META_CLUSTER) == self.cluster.name
         )
 
-    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+    def _log_path(self, job_id: str) -> Path:
+        return self.state_dir / "logs" / f"{job_id}.log"
+
+    def _keep_log(self, job_id: str) -> None:
+        """Copy an ended job's output here before Ray's copy goes with the job (`logs` reads it)."""
+        data = self._output(job_id)
+        if data is None:
+            return
+        path = self._log_path(job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+
+    def _output(self, job_id: str) -> bytes | None:
         try:
             answer = self._call(f"read the logs of job {job_id}", "GET", f"/api/jobs/{job_id}/logs")
         except _NotFound:
-            return iter(())
-        data = own_output(job_id, str(answer.get("logs", "")))
+            return None
+        return own_output(job_id, str(answer.get("logs", "")))
+
+    def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
+        """From Ray while it holds the job; once released, the copy kept in the state dir."""
+        data = self._output(job_id)
+        if data is None:
+            return read_log(self._log_path(job_id), tail, since=since)
         start = (
             min(since, len(data)) if tail is None else tail_start(io.BytesIO(data), tail, len(data))
         )
