@@ -215,7 +215,6 @@ def test_release_stops_a_running_workload_and_is_idempotent(target: Target, tmp_
     adapter.release("stopme")
     assert gone(int(pid)), "the workload's process still runs after release"
     assert adapter.workloads() == []
-    assert adapter.status(["stopme"])["stopme"].state == WorkloadState.LOST
     adapter.release("stopme")
     adapter.release("never-bound")
 
