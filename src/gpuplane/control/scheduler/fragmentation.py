@@ -342,9 +342,7 @@ def _dot_last(a: FloatArray, b: IntArray | npt.NDArray[np.int32]) -> FloatArray:
     """Sum of the products over the last axis, term by term in order, so that every element's
     bits are the same whatever rows it is computed with (einsum chooses its kernel, and so the
     order of the sum, by shape; the caches recompute subsets of rows)."""
-    out: FloatArray = a[..., 0] * b[..., 0]
-    for i in range(1, a.shape[-1]):
-        out = out + a[..., i] * b[..., i]
+    out: FloatArray = np.cumsum(a * b, axis=-1)[..., -1]  # accumulate: strictly in order
     return out
 
 
