@@ -18,7 +18,7 @@ import pytest
 
 from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError
-from gpuplane.control.adapters._privilege import MINIMAL_PATH, job_user
+from gpuplane.control.adapters._privilege import MINIMAL_PATH, can_run, job_user
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig
 from tests.control.svc_helpers import config, job, make_service, wait_state
@@ -153,3 +153,34 @@ def test_job_user_needs_a_root_service_and_root_jobs_need_the_switch() -> None:
     nobody = job_user(None, allow_root_jobs=False, euid=0)
     assert nobody is not None
     assert nobody.uid == pwd.getpwnam(nobody.name).pw_uid != 0
+
+
+@AS_ROOT
+def test_a_python_the_job_user_cannot_run_is_named_at_start_and_in_the_jobs_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    hidden = tmp_path / "root-only"
+    hidden.mkdir(mode=0o700)
+    (hidden / "python").symlink_to("/bin/true")  # a Python under a root-only dir, like /root
+    tmp_path.chmod(0o755)
+    user = job_user(None, allow_root_jobs=False)
+    assert user is not None
+    assert not can_run(user, str(hidden / "python"))
+    assert can_run(user, "/bin/sh")
+    monkeypatch.setattr("sys.executable", str(hidden / "python"))
+    with caplog.at_level(logging.WARNING, logger="gpuplane.control"):
+        service = make_service(least_privilege(tmp_path))
+    monkeypatch.undo()  # the wrappers the service starts run the real interpreter
+    try:
+        warned = [
+            r.getMessage() for r in caplog.records if "cannot run this service's" in r.message
+        ]
+        assert warned, caplog.text
+        assert user.name in warned[0]
+        assert "control.allow_root_jobs" in warned[0]
+        out = service.submit(job("probe", command=[str(hidden / "python")], gpus=1))
+        row = wait_state(service, out["id"], "succeeded", "failed")
+        assert row.state == "failed"
+        assert f"as user {user.name}: Permission denied" in (row.message or "")
+    finally:
+        service.close()

@@ -18,6 +18,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -85,6 +86,32 @@ def job_user(
         )
     groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid)
     return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+
+def can_run(user: JobUser, program: str) -> bool:
+    """Whether `user` may execute `program`: search permission on every directory on the way
+    to it and, symlinks resolved, to the file it names, and execute permission on that file, by
+    the owner/group/other bits that apply to that user. A job as `nobody` cannot run a Python
+    installed under /root, say (a venv's `python` is a symlink to it)."""
+    given = Path(os.path.abspath(program))
+    target = Path(os.path.realpath(program))
+    dirs = {*given.parents, *target.parents}
+    try:
+        return all(_allows(user, d, stat.S_IXUSR) for d in dirs) and _allows(
+            user, target, stat.S_IXUSR
+        )
+    except OSError:
+        return False
+
+
+def _allows(user: JobUser, path: Path, owner_bit: int) -> bool:
+    """The permission bit (given as the owner's) that applies to `user` on `path`."""
+    st = path.stat()
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & owner_bit)
+    if st.st_gid == user.gid or st.st_gid in user.groups:
+        return bool(st.st_mode & (owner_bit >> 3))
+    return bool(st.st_mode & (owner_bit >> 6))
 
 
 def job_env(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -55,6 +56,13 @@ def _as_user(arg: str) -> tuple[int | None, int | None, list[int] | None]:
     return int(uid), int(gid), [int(g) for g in groups.split(",") if g]  # []: root's dropped
 
 
+def _name_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 def main(argv: list[str]) -> int:
     go_fd, report_fd = int(argv[1]), int(argv[2])
     record, exit_path, user = argv[3], argv[4], argv[5]
@@ -73,7 +81,8 @@ def main(argv: list[str]) -> int:
             command, stdin=subprocess.DEVNULL, user=uid, group=gid, extra_groups=groups
         )
     except OSError as exc:
-        why = f"cannot start {command[0]!r}: {exc.strerror or exc}"
+        who = "" if uid is None else f" as user {_name_of(uid)}"
+        why = f"cannot start {command[0]!r}{who}: {exc.strerror or exc}"
         write_atomic(exit_path, json.dumps({"code": 127, "error": why}))
         print(f"gpuplane: {why}", file=sys.stderr, flush=True)
         _report(report_fd, f"error: {why}")

@@ -27,17 +27,25 @@ task).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-from gpuplane.control.adapters._privilege import job_env, job_user, make_home, remove_home
+from gpuplane.control.adapters._privilege import (
+    can_run,
+    job_env,
+    job_user,
+    make_home,
+    remove_home,
+)
 from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
     AdapterError,
@@ -53,6 +61,8 @@ from gpuplane.control.adapters.base import (
 from gpuplane.control.logtail import read_log
 from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
+
+log = logging.getLogger("gpuplane.control")
 
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,memory.total,uuid"
 
@@ -103,6 +113,17 @@ class LocalAdapter(ClusterAdapter):
             self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
         except AdapterError as exc:
             raise AdapterError(f"cluster {self.cluster.name}: {exc}") from None
+        if self._user is not None and not can_run(self._user, sys.executable):
+            log.warning(
+                "cluster %s: jobs run as user %s, who cannot run this service's Python (%s), "
+                "the first on a job's PATH: `python` in a job's command fails with Permission "
+                "denied (`python3` finds the system's); install gpuplane where that user can "
+                "read it, set control.job_user to a user who can, or set "
+                "control.allow_root_jobs: true to run jobs as root",
+                self.cluster.name,
+                self._user.name,
+                os.path.realpath(sys.executable),
+            )
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
 
