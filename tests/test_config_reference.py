@@ -40,3 +40,10 @@ def test_the_readme_holds_the_current_table() -> None:
     start = readme.index("| key | type | default | meaning |")
     end = readme.index("", start)
     assert readme[start:end] == _reference()
+
+
+def test_a_type_reads_without_its_constraints() -> None:
+    rows = {line.split(" | ")[0]: line for line in _reference()}
+    prices = rows["| `audit.prices`"]
+    assert "| dict[str, float] |" in prices, prices
+    assert "FieldInfo" not in "\n".join(rows.values())

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import typer
 import yaml
@@ -67,11 +68,19 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def _type_name(annotation: Any) -> str:
-    """`int | None` reads "int or None": a bare `|` would end the table cell."""
+    """`int | None` reads "int or None": a bare `|` would end the table cell; the constraints
+    of an `Annotated` type are the field's range, said in its meaning, not in its type."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin in (dict, list, tuple, set) and args:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
     text = str(annotation).replace("<class '", "").replace("'>", "")
     for module in ("typing.", "pydantic.types."):
         text = text.replace(module, "")
-    return text.replace(" | ", " or ")
+    return "None" if text == "NoneType" else text
 
 
 def _row(*cells: str | None) -> str:
