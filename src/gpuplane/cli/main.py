@@ -6,12 +6,11 @@ import typer
 
 from gpuplane import __version__
 from gpuplane.cli import audit as audit_cli
-from gpuplane.cli import audit_review
+from gpuplane.cli import audit_review, engine, serve
 from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
 from gpuplane.cli import control as control_cli
-from gpuplane.cli import engine, serve
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import simulate as simulate_cli
