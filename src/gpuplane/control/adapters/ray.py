@@ -54,11 +54,10 @@ from gpuplane.control.adapters.base import (
 from gpuplane.control.adapters.local import hami_env
 from gpuplane.control.logtail import BLOCK, read_log, tail_start
 from gpuplane.control.spec import format_duration
-from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
+from gpuplane.resources import LABEL_GPU_MODEL, LABEL_NODE, LABEL_REGION, LABEL_VGPU
 
 log = logging.getLogger("gpuplane.control.ray")
 
-LABEL_NODE = "gpuplane.io/node"  # a Ray node label that names the node in gpuplane
 RAY_NODE_ID = "ray.io/node-id"  # the label Ray gives every node
 GPU_MEM = "gpu_mem_mib"  # the custom resource: MiB of GPU memory on the node
 ACCELERATOR = "accelerator_type:"
