@@ -45,6 +45,7 @@ from gpuplane.control.adapters.k8s.manifests import Binding
 from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error
 from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
 from gpuplane.control.logtail import read_log
+from gpuplane.control.statedir import private_dir
 
 log = logging.getLogger("gpuplane.control.kubernetes")
 T = TypeVar("T")
@@ -383,7 +384,7 @@ class KubernetesAdapter(ClusterAdapter):
         path = self.log_path(job_id)
         tmp = path.with_suffix(".tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)  # 0700: jobs cannot read the state dir
             with tmp.open("wb") as f:
                 for block in self._stream_log(api, latest, None, 0):
                     f.write(block)

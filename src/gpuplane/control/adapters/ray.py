@@ -54,6 +54,7 @@ from gpuplane.control.adapters.base import (
 from gpuplane.control.adapters.local import hami_env
 from gpuplane.control.logtail import BLOCK, read_log, tail_start
 from gpuplane.control.spec import format_duration
+from gpuplane.control.statedir import private_dir
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_NODE, LABEL_REGION, LABEL_VGPU
 
 log = logging.getLogger("gpuplane.control.ray")
@@ -376,7 +377,7 @@ class RayAdapter(ClusterAdapter):
         if data is None:
             return
         path = self._log_path(job_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)  # 0700: jobs cannot read the state dir
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
         tmp.replace(path)
