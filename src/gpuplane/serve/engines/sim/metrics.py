@@ -29,13 +29,25 @@ def render_metrics(core: InstanceCore, model: str) -> bytes:
     return generate_latest(registry)
 
 
+Rows = tuple[tuple[str, str, float], ...]  # name, help text, value
+
+
+def _per_model(model: str, gauges: Rows, counters: Rows) -> Iterator[Metric]:
+    """One family per row, with the instance's model as its only label (`model_name`)."""
+    for kind, rows in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+        for name, doc, value in rows:
+            family = kind(name, doc, labels=["model_name"])
+            family.add_metric([model], float(value))
+            yield family
+
+
 class _VllmCollector(Collector):
     def __init__(self, core: InstanceCore, model: str) -> None:
         self.core = core
         self.model = model
 
     def collect(self) -> Iterator[Metric]:
-        core, st, labels = self.core, self.core.stats, ["model_name"]
+        core, st = self.core, self.core.stats
         gauges = (
             (
                 "vllm:num_requests_running",
@@ -58,10 +70,6 @@ class _VllmCollector(Collector):
                 core.kv_usage(),
             ),
         )
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([self.model], float(value))
-            yield g
         counters = (
             ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", st.prefix_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", st.prefix_hit_tokens),
@@ -82,10 +90,7 @@ class _VllmCollector(Collector):
                 st.generation_tokens,
             ),
         )
-        for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric([self.model], float(value))
-            yield c
+        yield from _per_model(self.model, gauges, counters)
         done = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -101,7 +106,7 @@ class _SglangCollector(Collector):
         self.model = model
 
     def collect(self) -> Iterator[Metric]:
-        core, st, labels = self.core, self.core.stats, ["model_name"]
+        core, st = self.core, self.core.stats
         hit_rate = st.prefix_hit_tokens / st.prefix_queries if st.prefix_queries else 0.0
         gauges = (
             ("sglang:num_running_reqs", "The number of running requests.", len(core.running)),
@@ -113,10 +118,6 @@ class _SglangCollector(Collector):
             ("sglang:token_usage", "The token usage.", core.kv_usage()),
             ("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate),
         )
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([self.model], float(value))
-            yield g
         counters = (
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),
             (
@@ -125,7 +126,4 @@ class _SglangCollector(Collector):
                 st.generation_tokens,
             ),
         )
-        for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric([self.model], float(value))
-            yield c
+        yield from _per_model(self.model, gauges, counters)
