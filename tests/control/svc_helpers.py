@@ -10,6 +10,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, func, select, text
 
+from gpuplane.control.adapters import ClusterAdapter, WorkloadState
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
@@ -157,6 +158,16 @@ def wait_state(service: ControlService, job_id: str, *states: str, timeout_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"{job_id} is {row.state}, expected {states}")
         time.sleep(0.05)
+
+
+def wait_done(adapter: ClusterAdapter, job_id: str) -> WorkloadState:
+    """The state an adapter reports once the workload is no longer running (2 min at most)."""
+    for _ in range(2400):  # up to 2 min on a loaded machine
+        state = adapter.status([job_id])[job_id].state
+        if state != WorkloadState.RUNNING:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"{job_id} still running")
 
 
 def assert_no_device_over_allocated(service: ControlService) -> None:

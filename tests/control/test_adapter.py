@@ -25,6 +25,7 @@ from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
 from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION
+from tests.control.svc_helpers import wait_done
 
 # Kubernetes and Ray adapters join this list when they land (each with its own test backend).
 KINDS = ["local"]
@@ -40,15 +41,6 @@ def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterA
     )
     yield a
     a.close()  # stops every workload (`no_job_outlives_the_test` checks)
-
-
-def wait_done(adapter: ClusterAdapter, job_id: str) -> WorkloadState:
-    for _ in range(2400):  # up to 2 min on a loaded machine
-        state = adapter.status([job_id])[job_id].state
-        if state != WorkloadState.RUNNING:
-            return state
-        time.sleep(0.05)
-    raise AssertionError(f"{job_id} still running")
 
 
 def test_without_a_gpu_the_default_inventory_is_two_declared_80gib_cards(tmp_path: Path) -> None:

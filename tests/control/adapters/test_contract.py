@@ -31,6 +31,7 @@ from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.resources import LABEL_GPU_MODEL
 from tests.control.k8s_fake import FakeKubeApi, hami_card
+from tests.control.svc_helpers import wait_done
 
 
 @dataclass
@@ -114,15 +115,6 @@ def slice_of(target: Target, job_id: str, command: tuple[str, ...], **kw: object
         fractional=True,
         **kw,  # type: ignore[arg-type]
     )
-
-
-def wait_done(adapter: ClusterAdapter, job_id: str) -> WorkloadState:
-    for _ in range(2400):  # up to 2 min on a loaded machine
-        state = adapter.status([job_id])[job_id].state
-        if state != WorkloadState.RUNNING:
-            return state
-        time.sleep(0.05)
-    raise AssertionError(f"{job_id} still running")
 
 
 def wait_lines(path: Path, n: int) -> list[str]:
