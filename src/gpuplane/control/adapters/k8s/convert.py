@@ -188,7 +188,11 @@ def job_status(job: Obj, pods: Sequence[ObjectView]) -> WorkloadStatus:
             f"exceeded its time limit: Kubernetes stopped Job {job['metadata']['name']} at "
             "activeDeadlineSeconds",
         )
-    if latest is not None and latest.status.state != WorkloadState.RUNNING:
+    if latest is not None:
+        if latest.status.state == WorkloadState.RUNNING:
+            # the Job's watch is ahead of its Pods' watch: the Pod's own end (evicted,
+            # OOMKilled, its exit code) says why, and its event is on the way
+            return WorkloadStatus(WorkloadState.RUNNING)
         return latest.status
     return WorkloadStatus(
         WorkloadState.FAILED,
