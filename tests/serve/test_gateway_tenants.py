@@ -223,7 +223,7 @@ async def test_usage_counts_tokens_from_the_engine_else_estimated_and_slot_secon
     a, b = usage["team-a"], usage["team-b"]
     assert a["requests"] == 1
     assert a["prompt_tokens"] == a["estimated_prompt_tokens"] == 2  # "user\x1fhi\x1e"
-    assert a["completion_tokens"] == a["estimated_completion_tokens"] >= 6
+    assert a["completion_tokens"] == a["estimated_completion_tokens"] > 0  # ~1 a chunk
     assert b["requests"] == 2
     assert b["completion_tokens"] == 6 + 4
     assert b["estimated_prompt_tokens"] == b["estimated_completion_tokens"] == 0

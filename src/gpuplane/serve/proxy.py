@@ -10,7 +10,7 @@ If the client leaves (while queued, before the first byte or mid-stream) the wor
 the engine request is aborted, and the router's `finish` frees the slot exactly once. Then the
 tenant's charge is settled with the tokens the request used: the engine's `usage` where its
 answer has one, else an estimate (the prompt at 4 characters a token; a streamed answer at one
-token per event), and the seconds it held slots.
+token per chunk the engine sent), and the seconds it held slots.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class ProxyCall:
         "stream",
         "tenant",
         "upstream",
+        "usage_asked",
         "wall",
     )
 
@@ -135,7 +136,10 @@ class ProxyCall:
         self.charge = charge
         self.wall = wall
         self.reported: tuple[int, int] | None = None  # the engine's (prompt, completion) tokens
-        self.events = 0  # streamed SSE events, or a whole answer's estimated tokens
+        self.events = 0  # chunks streamed, or a whole answer's estimated tokens
+        # engines put `usage` in a stream only when the client asks
+        options = parsed.get("stream_options") if stream else None
+        self.usage_asked = isinstance(options, dict) and options.get("include_usage") is True
         self.slot_s = 0.0
         self.deadline_s = deadline_s
         self.idle_s = idle_s
@@ -375,7 +379,7 @@ class ProxyCall:
         headers: list[tuple[bytes, bytes]],
         send: Send,
     ) -> None:
-        tail = b""
+        tail = previous = latest = b""
         async for chunk in self.upstream.chunks(response):
             self.silent_since = None  # a slow client is not a silent engine
             if not self.status:
@@ -384,12 +388,13 @@ class ProxyCall:
                 self.router.observe_first_byte(admission, now - sent_at)
                 await self._start(send, 200, headers)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self.events += chunk.count(b"data:")
-            if b'"usage"' in chunk:
-                self.reported = streamed_usage(chunk) or self.reported
+            self.events += 1
+            previous, latest = latest, chunk
             tail = (tail + chunk)[-64:]
             self._wait_on_engine()
         self.silent_since = None
+        if self.usage_asked:  # the usage event comes last before [DONE]
+            self.reported = streamed_usage(previous + latest)
         if _DONE not in tail:
             raise UpstreamFailure(
                 FailureKind.PROTOCOL, "the engine ended the stream without [DONE]"
