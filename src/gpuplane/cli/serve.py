@@ -147,6 +147,8 @@ def _print_usage(settings: ServeSettings) -> None:
         "  # add -H 'Authorization: Bearer KEY' if tenants have keys" if settings.tenants else ""
     )
     status_flag = "" if base == DEFAULT_GATEWAY else f" --gateway {base}"
+    if any(t.digests for t in settings.tenants) or settings.gateway.admin.key_sha256:
+        status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' at {base}/v1[/bold green]
