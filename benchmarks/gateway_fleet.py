@@ -6,6 +6,8 @@ in a child process, one per fleet variant):
   sglang_cache_aware, sglang_power_of_two       sglang-router from PyPI
   vllm_router                                   vllm-router from PyPI (its default, cache_aware)
   gpuplane                                      the gateway with slots + prefix affinity
+  gpuplane_baseline                             the same, from the source tree --baseline-src
+                                                (e.g. the main checkout's src: before vs after)
 
 Fleet: 16 instances, capacities alternating 4 and 5 (the simulator's max_num_seqs, and the
 gateway's max_concurrency); variant `slow`: instances 0 and 1 are 3x slower. Workload: 16 groups
@@ -20,6 +22,8 @@ request at a time; sustained rate: closed loop, 32 clients, zero-delay instances
 processes (simulator, routers, this load generator) share the machine's cores.
 
     python benchmarks/gateway_fleet.py [--quick] [--json]
+    python benchmarks/gateway_fleet.py --only overhead --contenders gpuplane gpuplane_baseline \
+        --baseline-src ../main/src --out benchmarks/results/gateway_overhead_vs_baseline.json
 """
 
 from __future__ import annotations
@@ -68,7 +72,9 @@ CONTENDERS = {
     "sglang_power_of_two": ("sglang", "power_of_two"),
     "vllm_router": ("vllm", "cache_aware"),
     "gpuplane": ("gateway", "slots_prefix"),
+    "gpuplane_baseline": ("baseline", "slots_prefix"),
 }
+BASELINE_SRC: list[Path] = []  # --baseline-src, where gpuplane_baseline's code comes from
 
 
 def words(seed: str, tokens: int) -> str:
@@ -169,6 +175,8 @@ def contender_argv(
             "--prometheus-port",
             str(free_port()),
         ]
+    if kind == "baseline" and not BASELINE_SRC:
+        raise SystemExit("the contender gpuplane_baseline needs --baseline-src PATH (a src dir)")
     config = gateway_config(policy, urls, caps)
     config["gateway"] |= {"host": "127.0.0.1", "port": port}
     path = Path(tempfile.mkdtemp(prefix="gpuplane-bench-")) / "gateway.yaml"
@@ -188,7 +196,8 @@ async def running(
     kind, policy = spec or CONTENDERS[name]
     port = free_port()
     argv = contender_argv(kind, policy, urls, caps, port)
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
+    env = {**os.environ, "PYTHONPATH": str(BASELINE_SRC[0])} if kind == "baseline" else None
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # noqa: ASYNC220
     base = f"http://127.0.0.1:{port}"
     PIDS[base] = proc.pid
     try:
@@ -353,7 +362,14 @@ async def overhead_runs(args: argparse.Namespace) -> dict[str, Any]:
         out.setdefault(name, {}).update(
             sustained_rps=round(statistics.median(rates), 1),
             sustained_rps_rounds=rates,
-            **({"cpu_ms_per_request": round(statistics.median(cpus), 3)} if cpus else {}),
+            **(
+                {
+                    "cpu_ms_per_request": round(statistics.median(cpus), 3),
+                    "cpu_ms_per_request_rounds": [round(c, 3) for c in cpus],
+                }
+                if cpus
+                else {}
+            ),
         )
     out["sustained_vs_rust"] = sustained_vs_rust(out)
     return out
@@ -610,7 +626,15 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="one rate, fewer requests (~1 min)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument(
-        "--contenders", nargs="*", default=list(CONTENDERS), choices=list(CONTENDERS)
+        "--contenders",
+        nargs="*",
+        default=[c for c in CONTENDERS if c != "gpuplane_baseline"],
+        choices=list(CONTENDERS),
+    )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="the src dir gpuplane_baseline runs from (side by side with this tree's gateway)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gateway_fleet.json")
     parser.add_argument(
@@ -619,6 +643,8 @@ if __name__ == "__main__":
         help="run one part and replace just that part of the results file",
     )
     ns = parser.parse_args()
+    if ns.baseline_src is not None:
+        BASELINE_SRC.append(ns.baseline_src.resolve())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         res = runner.run(main(ns))
     if ns.only and ns.out.exists():  # keep the other part of an earlier full run

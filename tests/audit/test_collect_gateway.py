@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.gateway import Counts, GatewayReader, traffic
 from gpuplane.cli.main import app
+from gpuplane.serve.settings import key_digest
 from tests.conftest import free_port
 from tests.serve.conftest import asgi_gateway
+from tests.serve.test_gateway import gateway
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 A, B = ("chat", "http://i0"), ("chat", "http://i1")
@@ -63,6 +67,22 @@ async def test_a_live_gateway_reports_requests_tokens_and_slot_seconds_per_insta
     busy = sum(r["slot_seconds"] for r in rows)
     # two slots held for about the whole time the answers took (sampled every ~50 ms)
     assert 0.5 * held_s < busy <= 2 * held_s
+
+
+@pytest.mark.anyio
+async def test_a_gateway_with_keys_is_read_with_its_admin_key() -> None:
+    keys: dict[str, Any] = {"admin": {"key_sha256": [key_digest("ops-key")]}}
+    tenants = [{"name": "a", "key_sha256": [key_digest("a-key")]}]
+    async with gateway(instances=1, tenants=tenants, **keys) as (base, _, _):
+        keyless = GatewayReader(base)
+        with pytest.raises(CollectError, match="needs the gateway's admin key: pass --admin-key"):
+            await keyless.sample(0.0)
+        await keyless.aclose()
+        reader = GatewayReader(base, admin_key="ops-key")
+        await reader.sample(0.0)
+        counts = await reader.read()
+        await reader.aclose()
+    assert [model for model, _ in counts] == ["m"]
 
 
 def test_cli_names_an_unreachable_gateway() -> None:

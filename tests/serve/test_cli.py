@@ -1,4 +1,5 @@
-"""`gpuplane gateway status` (a table or /admin/state's JSON) and `gpuplane gateway [serve]`."""
+"""`gpuplane gateway status` (a table or /admin/state's JSON), `gpuplane gateway [serve]` and
+`gpuplane gateway key create`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.server import serving
+from gpuplane.serve.settings import key_digest
 from tests.conftest import gateway_settings
 from tests.serve.conftest import SEGV, one_of_each_state
 
@@ -83,3 +85,16 @@ def test_the_old_gateway_invocation_still_serves_and_options_go_after_a_command(
     misplaced = runner.invoke(app, ["gateway", "--config", "x.yaml", "status"])
     assert misplaced.exit_code == 1
     assert "go after the command" in misplaced.output
+
+
+def test_key_create_prints_a_new_key_once_and_the_digest_to_paste() -> None:
+    result = CliRunner().invoke(app, ["gateway", "key", "create", "team-a"])
+    assert result.exit_code == 0, result.output
+    key = result.stdout.splitlines()[0]
+    assert key.startswith("gpk-")
+    assert len(key) > 40
+    assert f"key_sha256: [{key_digest(key)}]" in result.stderr
+    assert "name: team-a" in result.stderr
+    admin = CliRunner().invoke(app, ["gateway", "key", "create", "ops", "--admin"])
+    assert "admin:\n    key_sha256: [" in admin.stderr
+    assert admin.stdout.splitlines()[0] != key

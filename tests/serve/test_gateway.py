@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,6 +31,7 @@ async def gateway(
     capacity: int = 1,
     tenants: list[dict[str, Any]] | None = None,
     sim: dict[str, Any] | None = None,
+    wall: Callable[[], float] = time.time,
     **config: Any,
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient, Any]]:
     async with start_sim(instances, capacity, seed=1, **(sim or {})) as fleet:
@@ -43,7 +45,7 @@ async def gateway(
         data = gateway_settings(models, **config)
         data["tenants"] = tenants or []
         settings = parse_settings(data)
-        gw = Gateway(settings)
+        gw = Gateway(settings, wall=wall)
         async with serving(settings, gw) as base, httpx.AsyncClient(timeout=30) as client:
             yield base, client, fleet
             # while it still serves: a shutdown would free what a request still holds

@@ -96,6 +96,12 @@ def collect(
     record: Path | None = typer.Option(
         None, "--record", help="--source nvml: also write NVML's answer of each pass here (JSON)"
     ),
+    admin_key: str | None = typer.Option(
+        None,
+        "--admin-key",
+        envvar="GPUPLANE_ADMIN_KEY",
+        help="--source gateway: its admin key, once it has keys ($GPUPLANE_ADMIN_KEY)",
+    ),
 ) -> None:
     """Collect usage samples into the store at --out; each pass is written as it completes, so
     an interrupted collector loses at most the pass in flight."""
@@ -131,7 +137,8 @@ def collect(
             _fail("--source gateway needs --url, the gateway (http://host:8000)")
         window_s = interval if interval is not None else _duration(step, "--step")
         try:
-            run_loop(_gateway(url, SampleStore(out, TRAFFIC_SCHEMA), window_s, interval is None))
+            store = SampleStore(out, TRAFFIC_SCHEMA)
+            run_loop(_gateway(url, store, window_s, interval is None, admin_key))
         except GpuplaneError as exc:
             _fail(str(exc))
         except KeyboardInterrupt:
@@ -182,12 +189,14 @@ def _nvml(
         reader.close()
 
 
-async def _gateway(url: str, store: SampleStore, window_s: float, once: bool) -> None:
+async def _gateway(
+    url: str, store: SampleStore, window_s: float, once: bool, admin_key: str | None
+) -> None:
     """Sample the gateway's slots every second; every `window_s`, store one traffic row per
     instance for the window."""
     from gpuplane.audit.collect.gateway import GatewayReader, traffic
 
-    reader = GatewayReader(url)
+    reader = GatewayReader(url, admin_key=admin_key)
     try:
         await reader.sample(time.monotonic())
         before = await reader.read()

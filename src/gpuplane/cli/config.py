@@ -78,7 +78,7 @@ def _type_name(annotation: Any) -> str:
     if origin in (dict, list, tuple, set) and args:
         return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
     text = str(annotation).replace("<class '", "").replace("'>", "")
-    for module in ("typing.", "pydantic.types."):
+    for module in ("typing.", "pydantic.types.", "pydantic.networks."):
         text = text.replace(module, "")
     return "None" if text == "NoneType" else text
 

@@ -1,5 +1,5 @@
-"""`gpuplane gateway serve|status`, `gpuplane up` and `gpuplane chat`: the online inference
-commands."""
+"""`gpuplane gateway serve|status|usage|key create`, `gpuplane up` and `gpuplane chat`: the
+online inference commands."""
 
 from __future__ import annotations
 
@@ -23,10 +23,20 @@ from gpuplane.serve.settings import ServeSettings
 err = Console(stderr=True, soft_wrap=True)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 GATEWAY_ENV = "GPUPLANE_GATEWAY"
+ADMIN_KEY_ENV = "GPUPLANE_ADMIN_KEY"
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="gateway YAML (models, tenants)")
 HOST_OPTION = typer.Option(None, help="listen address (overrides gateway.host)")
 PORT_OPTION = typer.Option(None, help="listen port (overrides gateway.port)")
+SERVER_OPTION = typer.Option(
+    DEFAULT_GATEWAY, "--gateway", envvar=GATEWAY_ENV, help=f"gateway URL (${GATEWAY_ENV})"
+)
+ADMIN_KEY_OPTION = typer.Option(
+    None,
+    "--admin-key",
+    envvar=ADMIN_KEY_ENV,
+    help=f"admin key, needed once the gateway has keys (${ADMIN_KEY_ENV})",
+)
 
 
 def _settings(config: Path | None, host: str | None, port: int | None) -> Settings:
@@ -53,7 +63,8 @@ def _gateway_group(
     host: str | None = HOST_OPTION,
     port: int | None = PORT_OPTION,
 ) -> None:
-    """The OpenAI-compatible gateway: `serve` it, or read its `status`.
+    """The OpenAI-compatible gateway: `serve` it, read its `status` and its tenants' `usage`,
+    or create API keys (`key create`).
 
     `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
     """
@@ -136,6 +147,8 @@ def _print_usage(settings: ServeSettings) -> None:
         "  # add -H 'Authorization: Bearer KEY' if tenants have keys" if settings.tenants else ""
     )
     status_flag = "" if base == DEFAULT_GATEWAY else f" --gateway {base}"
+    if any(t.digests for t in settings.tenants) or settings.gateway.admin.key_sha256:
+        status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' at {base}/v1[/bold green]
@@ -210,18 +223,35 @@ def _message(response: httpx.Response) -> str:
 @gateway_app.command()
 def status(
     output: Output = OUTPUT_OPTION,
-    server: str = typer.Option(
-        DEFAULT_GATEWAY, "--gateway", envvar=GATEWAY_ENV, help=f"gateway URL (${GATEWAY_ENV})"
-    ),
+    server: str = SERVER_OPTION,
+    admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
     """Show the gateway's instances (model, state, in flight, capacity, last error) and each
     model's queue, from its /admin/state."""
-    url = server.rstrip("/") + "/admin/state"
+    emit(_admin_get(server, "/admin/state", admin_key), output, _state_tables)
+
+
+@gateway_app.command()
+def usage(
+    output: Output = OUTPUT_OPTION,
+    server: str = SERVER_OPTION,
+    admin_key: str | None = ADMIN_KEY_OPTION,
+) -> None:
+    """Show what each tenant used since the gateway started (requests, prompt and completion
+    tokens, slot-seconds, requests refused by its limits) and its limits' current windows, from
+    its /admin/usage."""
+    emit(_admin_get(server, "/admin/usage", admin_key), output, _usage_table)
+
+
+def _admin_get(server: str, path: str, admin_key: str | None) -> Any:
+    """The JSON of an admin route; any failure exits non-zero saying what to do."""
+    url = server.rstrip("/") + path
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(url, headers=headers, timeout=10)
         if response.status_code != 200:
             raise GpuplaneError(f"{url} answered {response.status_code}: {_message(response)}")
-        emit(response.json(), output, _state_tables)
+        return response.json()
     except httpx.HTTPError as exc:
         raise _fail(
             GpuplaneError(
@@ -231,6 +261,75 @@ def status(
         ) from None
     except GpuplaneError as exc:
         raise _fail(exc) from None
+
+
+def _usage_table(usage: dict[str, Any]) -> None:
+    def limits(tenant: dict[str, Any]) -> str:
+        return (
+            ", ".join(
+                f"{w['kind']} {w['used'] + w['reserved']}/{w['limit']} per {w['window_s']:g} s "
+                f"(resets in {w['resets_in_s']:.0f} s)"
+                for w in tenant["limits"]
+            )
+            or "-"
+        )
+
+    print_table(
+        [
+            "TENANT",
+            "REQUESTS",
+            "PROMPT TOKENS",
+            "COMPLETION TOKENS",
+            "ESTIMATED",
+            "SLOT-S",
+            "LIMITED",
+            "LIMITS",
+        ],
+        [
+            (
+                t["tenant"],
+                t["requests"],
+                t["prompt_tokens"],
+                t["completion_tokens"],
+                t["estimated_prompt_tokens"] + t["estimated_completion_tokens"],
+                f"{t['slot_seconds']:.1f}",
+                ", ".join(f"{k}={n}" for k, n in t["limited"].items()) or "-",
+                limits(t),
+            )
+            for t in usage["tenants"]
+        ],
+    )
+
+
+key_app = typer.Typer(no_args_is_help=True, help="API keys of tenants and admins.")
+gateway_app.add_typer(key_app, name="key")
+
+
+@key_app.command("create")
+def key_create(
+    name: str = typer.Argument(..., help="the tenant the key is for (or a name for an admin)"),
+    admin: bool = typer.Option(False, "--admin", help="an admin key (/admin/*, /metrics)"),
+) -> None:
+    """Make a new API key: print it once (it is stored nowhere) and the config lines that hold
+    its SHA-256 digest."""
+    from gpuplane.serve.settings import key_digest
+    from gpuplane.serve.tenants import new_key
+
+    key = new_key()
+    digest = key_digest(key)
+    typer.echo(key)
+    if admin:
+        where = f"gpuplane.yaml (an admin key for {name})"
+        lines = f"gateway:\n  admin:\n    key_sha256: [{digest}]"
+    else:
+        where = f"gpuplane.yaml, under tenant '{name}' (add to its key_sha256 list if it has one)"
+        lines = f"tenants:\n  - name: {name}\n    key_sha256: [{digest}]"
+    err.print(
+        f"\nThe key above is shown once: hand it to its holder now.\nPaste into {where}:\n"
+        f"\n{lines}\n",
+        highlight=False,
+        markup=False,
+    )
 
 
 def _state_tables(state: dict[str, Any]) -> None:

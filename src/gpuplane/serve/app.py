@@ -1,8 +1,10 @@
 """The gateway's HTTP surface: OpenAI-compatible routes, auth, validation, admin and metrics.
 
-Request → parse and validate → resolve the model → tenant from the API key → hand over to a
-`ProxyCall` (slot, placement, proxy, release). Every refusal is an OpenAI-shaped error that says
-what was wrong and what to do.
+Request → tenant from the API key (or a trusted proxy's header) → parse and validate → resolve
+the model → the tenant's limits (count the request, reserve its tokens) → hand over to a
+`ProxyCall` (slot, placement, proxy, release, settle the tokens). Every refusal is an
+OpenAI-shaped error that says what was wrong and what to do. `/admin/*` and `/metrics` need an
+admin key once any key is configured.
 
 The two completion routes are the hot path: `GatewayApp` dispatches them itself, straight from
 the ASGI scope, and hands every other request to a Starlette app (admin, metrics, health).
@@ -16,7 +18,8 @@ import logging
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +33,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuplane.serve.engines import EngineAdapter, get_adapter
 from gpuplane.serve.errors import FailureKind, Rejection, error_response
+from gpuplane.serve.limits import OverLimit, asked_tokens
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
-from gpuplane.serve.proxy import ProxyCall, Tenant
+from gpuplane.serve.proxy import ProxyCall
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import GatewayConfig, ServeSettings
+from gpuplane.serve.tenants import Identity, presented_key
 from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
 
@@ -45,17 +50,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuplane.gateway")
 
-DEFAULT_TENANT = Tenant("default")
-
 
 class Gateway:
-    """Routers for every configured model, the upstream client, metrics and background tasks."""
+    """Routers for every configured model, the callers' identities and accounts, the upstream
+    client, metrics and background tasks. `wall` is the clock of the tenants' limit windows."""
 
-    def __init__(self, settings: ServeSettings, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServeSettings,
+        *,
+        rng: random.Random | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self.cfg = settings.gateway
+        self.wall = wall
+        self.identity = Identity(settings)
         self.routers: dict[str, ModelRouter] = {}
-        self.metrics = GatewayMetrics(lambda: self.routers.values())
+        self.metrics = GatewayMetrics(lambda: self.routers.values(), self.identity.accounts)
         self.oplog = GatewayLog()
         events = replace(self.metrics.router_events(), health_changed=self.oplog.health_changed)
         self.health_paths: dict[str, str] = {}
@@ -77,14 +89,6 @@ class Gateway:
             )
             self.health_paths[model.name] = adapter.health_path
         self.upstream_names = {m.name: m.upstream_model for m in settings.models}
-        self.tenants_by_key = {
-            key.get_secret_value(): Tenant(t.name, t.weight, t.priority)
-            for t in settings.tenants
-            for key in t.api_keys
-        }
-        self.tenants_by_name = {
-            t.name: Tenant(t.name, t.weight, t.priority) for t in settings.tenants
-        }
         self.upstream = Upstream(self.cfg)
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = leadership(self.cfg, self.routers, adapters)
@@ -177,13 +181,10 @@ class Gateway:
             state["ha"] = self.leadership.state()
         return state
 
-    def resolve_tenant(self, headers: Mapping[str, str]) -> Tenant | None:
-        """The caller's tenant; None when keys are configured and the request has no valid one."""
-        if not self.tenants_by_key:
-            return self.tenants_by_name.get(headers.get("x-gpuplane-tenant", ""), DEFAULT_TENANT)
-        auth = headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("api-key", "")
-        return self.tenants_by_key.get(key)
+    def usage(self) -> dict[str, Any]:
+        """`/admin/usage`: each tenant's usage since start, and its limits' current windows."""
+        now = self.wall()
+        return {"tenants": [account.state(now) for account in self.identity.accounts]}
 
 
 class GatewayApp:
@@ -250,7 +251,8 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
     gw = gateway or Gateway(settings)
 
     async def models(request: Request) -> Response:
-        if gw.resolve_tenant(request.headers) is None:
+        client = request.client.host if request.client else None
+        if gw.identity.tenant(request.headers, client) is None:
             return _unauthorized(request.headers)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "gpuplane"}
@@ -258,6 +260,17 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    def admin_only(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            if not gw.identity.is_admin(request.headers):
+                return _not_admin(gw.identity, request)
+            return await handler(request)
+
+        return guarded
+
+    @admin_only
     async def metrics(request: Request) -> Response:
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -275,8 +288,13 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
             return JSONResponse({"status": "unready", "models_without_healthy_instance": down}, 503)
         return JSONResponse({"status": "ready"})
 
+    @admin_only
     async def admin_state(request: Request) -> Response:
         return JSONResponse(gw.state())
+
+    @admin_only
+    async def admin_usage(request: Request) -> Response:
+        return JSONResponse(gw.usage())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -292,6 +310,7 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/state", admin_state, methods=["GET"]),
+        Route("/admin/usage", admin_usage, methods=["GET"]),
     ]
     served = ["POST /v1/chat/completions", "POST /v1/completions"] + [
         f"{method} {route.path}"
@@ -341,12 +360,47 @@ def _unauthorized(headers: Mapping[str, str]) -> Response:
     return error_response(401, message, "invalid_api_key")
 
 
+def _not_admin(identity: Identity, request: Request) -> Response:
+    path = request.url.path
+    if not identity.admin_digests:
+        message = (
+            f"{path} needs an admin key because tenants have API keys, and this gateway has "
+            "none (gateway.admin.key_sha256): create one with `gpuplane gateway key create "
+            "NAME --admin` and add its digest there"
+        )
+    elif presented_key(request.headers) is None:
+        message = (
+            f"{path} needs an admin key: send 'Authorization: Bearer ADMIN_KEY' (the CLI: "
+            "--admin-key or $GPUPLANE_ADMIN_KEY)"
+        )
+    else:
+        message = f"the key is not an admin key of this gateway, which {path} needs"
+    return error_response(401, message, "invalid_admin_key", headers={"www-authenticate": "Bearer"})
+
+
+def _limited(refusal: OverLimit) -> Response:
+    """429 naming the limit, with `Retry-After` and OpenAI's x-ratelimit-* headers for it."""
+    kind = refusal.kind
+    return error_response(
+        429,
+        refusal.message(),
+        refusal.code,
+        headers={
+            "retry-after": str(refusal.retry_after_s),
+            f"x-ratelimit-limit-{kind}": str(refusal.limit),
+            f"x-ratelimit-remaining-{kind}": str(max(0, refusal.limit - refusal.counted)),
+            f"x-ratelimit-reset-{kind}": f"{refusal.retry_after_s}s",
+        },
+    )
+
+
 async def _completion(
     gw: Gateway, scope: Scope, receive: Receive, chat: bool
 ) -> ProxyCall | Response | ForwardToLeader:
     # decoded once: the lookups below would each scan and decode the raw list
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-    tenant = gw.resolve_tenant(headers)
+    client = scope.get("client")
+    tenant = gw.identity.tenant(headers, client[0] if client else None)
     if tenant is None:
         gw.metrics.reject(UNKNOWN_MODEL, "unauthorized")
         return _unauthorized(headers)
@@ -385,6 +439,15 @@ async def _completion(
             "model_not_found",
             param="model",
         )
+    account = tenant.account
+    asked = asked_tokens(payload) if account.budgets_tokens else 0
+    now = gw.wall()
+    limited = account.check(asked, now)
+    if limited is not None:
+        account.refused(limited)
+        gw.metrics.reject(model, limited.code)
+        return _limited(limited)
+    charge = account.admit(asked, now)
     upstream_model = gw.upstream_names.get(model)
     if upstream_model and upstream_model != model:
         payload["model"] = upstream_model
@@ -400,6 +463,8 @@ async def _completion(
         headers=headers,
         stream=payload.get("stream") is True,
         tenant=tenant,
+        charge=charge,
+        wall=gw.wall,
         deadline_s=gw.cfg.request_timeout_s,
         idle_s=gw.cfg.idle_timeout_s,
         retries=gw.cfg.retries,

@@ -4,8 +4,9 @@ The gateway runs on one event loop, so the request path counts into plain in-mem
 (`Tally`, `Buckets`) instead of prometheus_client's metric objects, whose every `inc` and
 `observe` takes a lock and whose histograms scan their buckets in Python: together they were
 ~7 % of the gateway's CPU per request. A collector turns the tallies into metric families at
-scrape time, beside the gauges of slot and queue state read from the routers; prometheus_client
-renders the page.
+scrape time, beside the gauges of slot and queue state read from the routers and the tenants'
+usage read from their accounts (labelled by configured tenant only); prometheus_client renders
+the page.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from gpuplane.serve.errors import Rejection
+from gpuplane.serve.limits import Account
 from gpuplane.serve.placement import Choice
 from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.slots import Lease
@@ -87,16 +89,64 @@ class HistogramTally:
         return family
 
 
+def tenant_families(accounts: Iterable[Account]) -> list[Metric]:
+    """What each tenant used since start, and how many of its requests its limits refused."""
+    tenant = ["tenant"]
+    requests = CounterMetricFamily(
+        "gpuplane_tenant_requests_total",
+        "Requests admitted past the tenant's limits",
+        labels=tenant,
+    )
+    prompt = CounterMetricFamily(
+        "gpuplane_tenant_prompt_tokens_total",
+        "Prompt tokens: as the engine reported them (source=engine), else estimated",
+        labels=["tenant", "source"],
+    )
+    completion = CounterMetricFamily(
+        "gpuplane_tenant_completion_tokens_total",
+        "Completion tokens: as the engine reported them (source=engine), else estimated",
+        labels=["tenant", "source"],
+    )
+    slot_seconds = CounterMetricFamily(
+        "gpuplane_tenant_slot_seconds_total",
+        "Seconds the tenant's requests held slots",
+        labels=tenant,
+    )
+    limited = CounterMetricFamily(
+        "gpuplane_tenant_limited_total",
+        "Requests refused 429 by the tenant's limits, by limit (requests, tokens)",
+        labels=["tenant", "limit"],
+    )
+    for account in accounts:
+        name, usage = account.name, account.usage
+        requests.add_metric([name], usage.requests)
+        for family, total, estimated in (
+            (prompt, usage.prompt_tokens, usage.estimated_prompt_tokens),
+            (completion, usage.completion_tokens, usage.estimated_completion_tokens),
+        ):
+            family.add_metric([name, "engine"], total - estimated)
+            family.add_metric([name, "estimate"], estimated)
+        slot_seconds.add_metric([name], usage.slot_seconds)
+        for kind in sorted({w.kind for w in account.windows}):
+            limited.add_metric([name, kind], usage.limited.get(kind, 0))
+    return [requests, prompt, completion, slot_seconds, limited]
+
+
 class _StateCollector(Collector):
     def __init__(
-        self, routers: Callable[[], Iterable[ModelRouter]], tallies: list[Tally | HistogramTally]
+        self,
+        routers: Callable[[], Iterable[ModelRouter]],
+        accounts: Iterable[Account],
+        tallies: list[Tally | HistogramTally],
     ) -> None:
         self._routers = routers
+        self._accounts = accounts
         self._tallies = tallies
 
     def collect(self) -> Iterator[Metric]:
         for tally in self._tallies:
             yield tally.family()
+        yield from tenant_families(self._accounts)
         labels = ["model", "instance"]
         capacity = GaugeMetricFamily(
             "gpuplane_instance_capacity_slots", "Concurrency slots of an instance", labels=labels
@@ -145,7 +195,9 @@ class ModelSeries:
 
 
 class GatewayMetrics:
-    def __init__(self, routers: Callable[[], Iterable[ModelRouter]]) -> None:
+    def __init__(
+        self, routers: Callable[[], Iterable[ModelRouter]], accounts: Iterable[Account] = ()
+    ) -> None:
         self.requests = Tally(
             "gpuplane_requests_total",
             "Requests answered, by model and HTTP status",
@@ -214,7 +266,7 @@ class GatewayMetrics:
             self.queue_wait,
         ]
         self.registry = CollectorRegistry()
-        self.registry.register(_StateCollector(routers, tallies))
+        self.registry.register(_StateCollector(routers, accounts, tallies))
         self._series: dict[str, ModelSeries] = {}
 
     def model(self, name: str) -> ModelSeries:

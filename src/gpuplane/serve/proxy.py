@@ -7,7 +7,10 @@ deadline, and ends a stream whose engine stays silent between two chunks for
 `gateway.idle_timeout_s`. Before the first byte only the deadline counts: a long prefill or a
 long non-streamed answer is silent too, and sending it to another instance would run it twice.
 If the client leaves (while queued, before the first byte or mid-stream) the work is cancelled,
-the engine request is aborted, and the router's `finish` frees the slot exactly once.
+the engine request is aborted, and the router's `finish` frees the slot exactly once. Then the
+tenant's charge is settled with the tokens the request used: the engine's `usage` where its
+answer has one, else an estimate (the prompt at 4 characters a token; a streamed answer at one
+token per chunk the engine sent), and the seconds it held slots.
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ import asyncio
 import enum
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -30,9 +32,18 @@ from gpuplane.serve.errors import (
     error_body,
     sse_error_event,
 )
+from gpuplane.serve.limits import (
+    Charge,
+    estimate_tokens,
+    estimated_completion,
+    reported_usage,
+    streamed_usage,
+)
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
+from gpuplane.serve.prefix import prompt_text
 from gpuplane.serve.router import Admission, ModelRouter
+from gpuplane.serve.tenants import Tenant
 from gpuplane.serve.upstream import (
     PASSED_RESPONSE_HEADERS,
     EngineResponse,
@@ -55,13 +66,6 @@ class _Cancel(enum.Enum):
     ENGINE_SILENT = "engine silent"  # between two chunks of a stream: ends the stream
 
 
-@dataclass(slots=True)
-class Tenant:
-    name: str
-    weight: float = 1.0
-    priority: int = 0
-
-
 class ProxyCall:
     """An ASGI response whose status is only known once a slot was granted and the engine
     answered."""
@@ -73,8 +77,10 @@ class ProxyCall:
         "_timer_at",
         "_watcher",
         "cancelled_by",
+        "charge",
         "client_left",
         "deadline_s",
+        "events",
         "expires_at",
         "finished",
         "idle_s",
@@ -82,16 +88,20 @@ class ProxyCall:
         "parsed",
         "path",
         "payload",
+        "reported",
         "request_headers",
         "retries",
         "router",
         "series",
         "silent_since",
+        "slot_s",
         "started",
         "status",
         "stream",
         "tenant",
         "upstream",
+        "usage_asked",
+        "wall",
     )
 
     def __init__(
@@ -107,6 +117,8 @@ class ProxyCall:
         headers: Mapping[str, str],
         stream: bool,
         tenant: Tenant,
+        charge: Charge,
+        wall: Callable[[], float],
         deadline_s: float,
         idle_s: float,
         retries: int,
@@ -121,6 +133,14 @@ class ProxyCall:
         self.request_headers = headers
         self.stream = stream
         self.tenant = tenant
+        self.charge = charge
+        self.wall = wall
+        self.reported: tuple[int, int] | None = None  # the engine's (prompt, completion) tokens
+        self.events = 0  # chunks streamed, or a whole answer's estimated tokens
+        # engines put `usage` in a stream only when the client asks
+        options = parsed.get("stream_options") if stream else None
+        self.usage_asked = isinstance(options, dict) and options.get("include_usage") is True
+        self.slot_s = 0.0
         self.deadline_s = deadline_s
         self.idle_s = idle_s
         self.retries = retries
@@ -162,6 +182,21 @@ class ProxyCall:
             status = 499 if self.client_left or not self.status else self.status
             self.series.answered(status)
             self.series.latency.observe(time.monotonic() - self.started)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Charge the tenant what the request used: the engine's count, else an estimate when
+        the engine answered, else nothing."""
+        if self.reported is not None:
+            (prompt, completion), estimated = self.reported, False
+        elif self.status == 200:
+            prompt, estimated = estimate_tokens(prompt_text(self.parsed)), True
+            completion = max(0, self.events - 1) if self.stream else self.events  # [DONE]
+        else:
+            prompt, completion, estimated = 0, 0, False
+        self.charge.settle(
+            prompt, completion, estimated=estimated, slot_s=self.slot_s, now=self.wall()
+        )
 
     def _set_timer(self, when: float) -> None:
         if self._timer is not None:
@@ -248,13 +283,16 @@ class ProxyCall:
                     {"retry-after": str(exc.retry_after_s)},
                 )
                 return
+            held_from = time.monotonic()
             if not avoid:
-                self.series.queue_wait.observe(time.monotonic() - self.started)
+                self.series.queue_wait.observe(held_from - self.started)
             try:
                 failure = await self._attempt(admission, send)
             except BaseException:
                 self.router.finish(admission, dropped=True)  # the engine's request is left
                 raise
+            finally:
+                self.slot_s += time.monotonic() - held_from
             if failure is None:
                 self.router.finish(admission)
                 return
@@ -293,6 +331,10 @@ class ProxyCall:
                 if refused:
                     body = json.dumps(engine_error_body(response.status, body)).encode()
                     headers.append(_JSON)
+                elif response.status == 200:
+                    self.reported = reported_usage(body)
+                    if self.reported is None:
+                        self.events = estimated_completion(body)
                 headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
                 await self._finish(send, body)
@@ -337,7 +379,7 @@ class ProxyCall:
         headers: list[tuple[bytes, bytes]],
         send: Send,
     ) -> None:
-        tail = b""
+        tail = previous = latest = b""
         async for chunk in self.upstream.chunks(response):
             self.silent_since = None  # a slow client is not a silent engine
             if not self.status:
@@ -346,9 +388,13 @@ class ProxyCall:
                 self.router.observe_first_byte(admission, now - sent_at)
                 await self._start(send, 200, headers)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self.events += 1
+            previous, latest = latest, chunk
             tail = (tail + chunk)[-64:]
             self._wait_on_engine()
         self.silent_since = None
+        if self.usage_asked:  # the usage event comes last before [DONE]
+            self.reported = streamed_usage(previous + latest)
         if _DONE not in tail:
             raise UpstreamFailure(
                 FailureKind.PROTOCOL, "the engine ended the stream without [DONE]"

@@ -3,10 +3,12 @@ and the embedded engine (`gpuplane up`)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, IPvAnyNetwork, SecretStr, field_validator, model_validator
 
 from gpuplane.sections import Section, passes
 from gpuplane.serve.engines.base import adapter_class
@@ -66,17 +68,88 @@ class ModelConfig(Section):
         return passes(adapter_class, engine)
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 hex digest a key is stored as (`key_sha256`). Keys are random and long
+    (`gpuplane gateway key create`), so a fast unsalted hash is enough: nobody can search
+    their space, and a lookup by digest reveals nothing of the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _digests(values: list[str]) -> list[str]:
+    out = []
+    for value in values:
+        digest = value.strip().lower()
+        if not _SHA256_HEX.fullmatch(digest):
+            raise ValueError(
+                f"'{value}' is not a SHA-256 hex digest (64 hex digits); "
+                "`gpuplane gateway key create NAME` makes a key and prints its digest"
+            )
+        out.append(digest)
+    return out
+
+
+class LimitConfig(Section):
+    """A tenant's allowance per fixed window: requests admitted, tokens used, or both."""
+
+    requests: int | None = Field(default=None, ge=1, description="requests admitted per window")
+    tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="prompt + completion tokens per window; a request reserves its prompt's "
+        "estimate (4 characters a token) plus its max_tokens when admitted, and its real use "
+        "(the engine's `usage`, else the estimate) replaces that when it ends",
+    )
+    window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="window length; windows start at multiples of it since the Unix epoch "
+        "(86400: UTC days)",
+    )
+
+    @model_validator(mode="after")
+    def _something_limited(self) -> LimitConfig:
+        if self.requests is None and self.tokens is None:
+            raise ValueError(
+                "a limit needs `requests`, `tokens` or both, e.g. {requests: 600, window_s: 60}"
+            )
+        return self
+
+
 class TenantConfig(Section):
-    """A client of the gateway: its API keys, its share of queued capacity and its priority."""
+    """A client of the gateway: its API keys, its share of queued capacity, its priority and
+    its limits."""
 
     name: str = Field(description="tenant name in metrics and the queue")
+    key_sha256: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hex digests of the keys it sends as `Authorization: Bearer KEY` "
+        "(`gpuplane gateway key create NAME` makes one); any key configured makes keys "
+        "mandatory",
+    )
     api_keys: list[SecretStr] = Field(
         default_factory=list,
-        description="keys sent as `Authorization: Bearer KEY`; any key configured makes keys "
-        "mandatory",
+        description="keys in clear, as key_sha256 (accepted with a warning at start that "
+        "gives their digests: keep digests in the file instead)",
     )
     weight: float = Field(default=1.0, gt=0, description="share of freed slots while queued")
     priority: int = Field(default=0, description="higher is served first when queued")
+    limits: list[LimitConfig] = Field(
+        default_factory=list,
+        description="request rates and token budgets per window; over one: 429 with Retry-After",
+    )
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digests(cls, values: list[str]) -> list[str]:
+        return _digests(values)
+
+    @property
+    def digests(self) -> list[str]:
+        """The digests of all its keys, stored hashed or in clear."""
+        return self.key_sha256 + [key_digest(k.get_secret_value()) for k in self.api_keys]
 
 
 class QueueConfig(Section):
@@ -253,6 +326,22 @@ class HaConfig(Section):
         return self
 
 
+class AdminConfig(Section):
+    """Who may read the gateway's state and metrics (`/admin/*`, `/metrics`)."""
+
+    key_sha256: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hex digests of admin keys (`gpuplane gateway key create NAME "
+        "--admin`). With any key configured, tenant or admin, /admin/* and /metrics answer only "
+        "to `Authorization: Bearer ADMIN_KEY`; with none, to anyone (the embedded default)",
+    )
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digests(cls, values: list[str]) -> list[str]:
+        return _digests(values)
+
+
 class GatewayConfig(Section):
     host: str = Field(default="127.0.0.1", description="listen address (--host)")
     port: int = Field(default=8000, ge=0, le=65535, description="listen port (--port); 0: any")
@@ -305,6 +394,12 @@ class GatewayConfig(Section):
         description="an engine request the gateway aborted (client left, timeout, broken stream) "
         "keeps its slot this long, until the engine has seen the abort",
     )
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="networks (CIDR) of proxies whose `X-Gpuplane-Tenant` header names the "
+        "tenant; from any other address the header is ignored and the tenant comes from the key",
+    )
+    admin: AdminConfig = AdminConfig()
     queue: QueueConfig = QueueConfig()
     placement: PlacementConfig = PlacementConfig()
     health: HealthConfig = HealthConfig()
@@ -368,7 +463,12 @@ class ServeSettings(Section):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{what} names must be unique; repeated: {', '.join(dupes)}")
-        keys = [k.get_secret_value() for t in self.tenants for k in t.api_keys]
+        keys = [d for t in self.tenants for d in set(t.digests)]
         if len(keys) != len(set(keys)):
             raise ValueError("an API key is given to more than one tenant")
+        if set(keys) & set(self.gateway.admin.key_sha256):
+            raise ValueError(
+                "a key is both a tenant's and an admin key (gateway.admin.key_sha256); "
+                "give admins keys of their own"
+            )
         return self

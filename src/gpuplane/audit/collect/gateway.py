@@ -100,10 +100,14 @@ class GatewayReader:
         *,
         client: httpx.AsyncClient | None = None,
         timeout_s: float = 10.0,
+        admin_key: str | None = None,
     ) -> None:
-        """`client`: the gateway's client (tests pass one over the app in-process)."""
+        """`client`: the gateway's client (tests pass one over the app in-process);
+        `admin_key`: sent to the gateway's admin routes, which need one once it has keys."""
         self.url = url.rstrip("/")
         self._gateway = client or httpx.AsyncClient(timeout=timeout_s)
+        if admin_key:
+            self._gateway.headers["authorization"] = f"Bearer {admin_key}"
         self._engines = httpx.AsyncClient(timeout=timeout_s)
         self._last: tuple[float, dict[Key, int]] | None = None
         self._slot_seconds: dict[Key, float] = {}
@@ -166,6 +170,11 @@ class GatewayReader:
             raise CollectError(
                 f"cannot reach the gateway at {self.url}: {exc}; check --url"
             ) from None
+        if response.status_code == 401:
+            raise CollectError(
+                f"{what} at {url} needs the gateway's admin key: pass --admin-key "
+                "(or set $GPUPLANE_ADMIN_KEY)"
+            )
         if response.status_code != 200:
             raise CollectError(
                 f"{what} at {url} answered {response.status_code}; "
