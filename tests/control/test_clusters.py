@@ -220,3 +220,19 @@ def test_an_unreachable_cluster_is_avoided_and_reconciled_when_it_returns(
         assert unbound in service.adapters["b"].workloads()
     finally:
         service.close()
+
+
+def test_last_sync_moves_on_with_each_answer_once_a_sync_interval(tmp_path: Path) -> None:
+    now = [1000.0]
+    service = ControlService(config(str(tmp_path), clusters=[local("a")]), clock=lambda: now[0])
+    service.start()
+    try:
+        assert queries.get_cluster(service, "a").last_sync_at == 1000.0
+        now[0] += 10  # within the sync interval (30 s): not asked again
+        service.tick()
+        assert queries.get_cluster(service, "a").last_sync_at == 1000.0
+        now[0] += 30
+        service.tick()
+        assert queries.get_cluster(service, "a").last_sync_at == 1040.0
+    finally:
+        service.close()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpuplane.control.adapters.base import (
@@ -190,7 +190,10 @@ class Clusters:
         try:
             inventory = adapter.inventory()
         except BaseException:
-            adapter.close()
+            try:  # what it started (a watch); it holds no job
+                adapter.close()
+            except AdapterError as exc:
+                log.warning("cluster %s was not added; closing its adapter: %s", cluster.name, exc)
             raise
         self.adapters[cluster.name] = adapter
         self._write(cluster, adapter, inventory, "api", "added")
@@ -290,6 +293,11 @@ class Clusters:
                 self._write(adapter.cluster, adapter, inventory, _source(self, name), event)
                 if event == "back":
                     log.info("cluster %s answers again: %s", name, inventory.source)
+            elif inventory is not None:  # unchanged: only when it last answered
+                with self.mirror.store.session() as session, session.begin():
+                    session.execute(
+                        update(Cluster).where(Cluster.name == name).values(last_sync_at=now)
+                    )
 
     def _follow_store(self) -> None:
         with self.mirror.store.session() as session:

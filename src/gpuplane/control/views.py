@@ -106,7 +106,9 @@ class ClusterView(BaseModel):
         default=None, description="unreachable: why (what was tried and what answered)"
     )
     unreachable_at: float | None = Field(default=None, description="unreachable since")
-    last_sync_at: float | None = Field(default=None, description="inventory last written")
+    last_sync_at: float | None = Field(
+        default=None, description="when it last answered with its inventory"
+    )
     cordoned: bool = Field(default=False, description="nothing new is placed there")
     draining: bool = Field(default=False, description="cordoned, its jobs finishing or moved")
 
