@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -43,17 +44,34 @@ UNKNOWN = "unknown"  # a running job on a cluster that does not answer: its stat
 VIEW_STATES = (*JOB_STATES, UNKNOWN)
 
 
-def unreachable(session: Session) -> dict[str, str]:
-    """Clusters that stopped answering, and why."""
-    rows = session.execute(
-        select(Cluster.name, Cluster.unreachable).where(Cluster.unreachable.is_not(None))
-    )
-    return {name: str(why) for name, why in rows}
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Clusters that take nothing new: the unreachable (and why), the cordoned or draining."""
+
+    down: dict[str, str]
+    held: dict[str, str]  # cluster -> "cordoned" | "draining"
+
+    @classmethod
+    def read(cls, session: Session) -> Closed:
+        rows = session.execute(
+            select(Cluster.name, Cluster.unreachable, Cluster.draining).where(
+                Cluster.cordoned | Cluster.draining | Cluster.unreachable.is_not(None)
+            )
+        ).all()
+        down = {r.name: str(r.unreachable) for r in rows if r.unreachable is not None}
+        held = {r.name: "draining" if r.draining else "cordoned" for r in rows}
+        return cls(down, held)
+
+    def why(self, cluster: str) -> str:
+        if cluster in self.down:
+            return f"unreachable ({self.down[cluster]})"
+        return self.held[cluster]
 
 
-def job_view(service: ControlService, job: Job, down: dict[str, str] | None = None) -> JobView:
-    """`down`: the unreachable clusters (read here when not given): a running job there is
-    shown `unknown`, with why, until the cluster answers and the job is reconciled."""
+def job_view(service: ControlService, job: Job, closed: Closed | None = None) -> JobView:
+    """`closed` (read here when not given): a running job on an unreachable cluster is shown
+    `unknown`, with why, until the cluster answers and the job is reconciled; a waiting job's
+    `NoNodes` on a closed cluster says why it is closed."""
     estate, _ = service.estate()
     placement = estate.snapshot.allocations.get(job.id)
     node = placement.node.partition("/")[2] if placement else None
@@ -72,17 +90,20 @@ def job_view(service: ControlService, job: Job, down: dict[str, str] | None = No
                 )
             )
             position = int(ahead or 0) + 1
-        if down is None:
-            down = unreachable(session)
+        if closed is None:
+            closed = Closed.read(session)
     state, message = job.state, job.message
-    if state == "running" and job.cluster_name in down:
+    if state == "running" and job.cluster_name in closed.down:
         state = UNKNOWN
         message = (
-            f"cluster {job.cluster_name} does not answer ({down[job.cluster_name]}); the job "
-            "is left as it was and reconciled when the cluster answers again"
+            f"cluster {job.cluster_name} does not answer ({closed.down[job.cluster_name]}); "
+            "the job is left as it was and reconciled when the cluster answers again"
         )
     spec = job.spec
     reasons = [ReasonView(**r) for r in (job.reasons or {}).get("list", [])]
+    for r in reasons:
+        if r.code == ReasonCode.NO_NODES and r.cluster in closed.held:
+            r.message = f"the cluster is {closed.why(r.cluster)}: nothing new is placed there"
     return JobView(
         id=job.id,
         name=job.name,
@@ -137,14 +158,14 @@ def list_jobs(
         query = select(Job).order_by(Job.created_at.desc()).limit(limit)
         if team:
             query = query.where(Job.team_name == team)
-        down = unreachable(session)
+        closed = Closed.read(session)
         if state == UNKNOWN:
-            query = query.where(Job.state == "running", Job.cluster_name.in_(down))
+            query = query.where(Job.state == "running", Job.cluster_name.in_(closed.down))
         elif state == "running":
-            query = query.where(Job.state == state, Job.cluster_name.not_in(down))
+            query = query.where(Job.state == state, Job.cluster_name.not_in(closed.down))
         elif state:
             query = query.where(Job.state == state)
-        return [job_view(service, j, down) for j in session.scalars(query)]
+        return [job_view(service, j, closed) for j in session.scalars(query)]
 
 
 def job_logs(
