@@ -242,3 +242,52 @@ def test_last_sync_moves_on_with_each_answer_once_a_sync_interval(tmp_path: Path
         assert queries.get_cluster(service, "a").last_sync_at == 1040.0
     finally:
         service.close()
+
+
+def test_a_stored_cluster_that_does_not_answer_at_start_is_registered_unreachable(
+    tmp_path: Path,
+) -> None:
+    cfg = config(str(tmp_path), clusters=[local("a")])
+    service = started(cfg)
+    service.add_cluster(local("flaky"))
+    service.close()
+
+    def down_at_start(cluster: ClusterConfig, control: ControlConfig) -> ClusterAdapter:
+        adapter = flaky_factory(cluster, control)
+        if isinstance(adapter, Flaky):
+            adapter.why = "connection refused"
+        return adapter
+
+    again = ControlService(cfg)
+    again.clusters.factory = down_at_start
+    messages = again.start()  # the start goes on: the stored cluster may come back
+    try:
+        assert any("cluster flaky (local): unreachable" in m for m in messages)
+        view = queries.get_cluster(again, "flaky")
+        assert (view.health, view.source) == ("unreachable", "api")
+        flaky = again.adapters["flaky"]
+        assert isinstance(flaky, Flaky)
+        flaky.why = None
+        again.tick()
+        assert queries.get_cluster(again, "flaky").health == "ok"
+    finally:
+        again.close()
+
+
+def test_clusters_added_or_removed_by_another_service_process_are_followed(
+    tmp_path: Path,
+) -> None:
+    cfg = config(str(tmp_path), clusters=[local("a")])
+    one, two = started(cfg.model_copy(update={"instance": "one"})), None
+    try:
+        two = started(cfg.model_copy(update={"instance": "two"}))
+        one.add_cluster(local("b"))
+        two.tick()
+        assert sorted(two.adapters) == ["a", "b"]
+        one.remove_cluster("b")
+        two.tick()
+        assert sorted(two.adapters) == ["a"]
+    finally:
+        one.close()
+        if two is not None:
+            two.close()
