@@ -278,16 +278,22 @@ def test_clusters_added_or_removed_by_another_service_process_are_followed(
     tmp_path: Path,
 ) -> None:
     cfg = config(str(tmp_path), clusters=[local("a")])
-    one, two = started(cfg.model_copy(update={"instance": "one"})), None
+    now = [1000.0]
+    one = started(cfg.model_copy(update={"instance": "one"}))
+    two = ControlService(cfg.model_copy(update={"instance": "two"}), clock=lambda: now[0])
     try:
-        two = started(cfg.model_copy(update={"instance": "two"}))
+        two.start()
+        two.tick()
         one.add_cluster(local("b"))
+        two.tick()  # within a sync interval (30 s) of its last look
+        assert sorted(two.adapters) == ["a"]
+        now[0] += 30
         two.tick()
         assert sorted(two.adapters) == ["a", "b"]
         one.remove_cluster("b")
+        now[0] += 30
         two.tick()
         assert sorted(two.adapters) == ["a"]
     finally:
         one.close()
-        if two is not None:
-            two.close()
+        two.close()

@@ -71,6 +71,7 @@ class Clusters:
     factory: Factory = create_adapter
     _probed: dict[str, float] = field(default_factory=dict)  # last inventory() per cluster
     _seen: dict[str, Inventory] = field(default_factory=dict)  # last written per cluster
+    _followed: float = float("-inf")  # when the store's clusters were last read
 
     @property
     def adapters(self) -> dict[str, ClusterAdapter]:
@@ -271,10 +272,14 @@ class Clusters:
     # -- health --------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """One health round (the service's tick): follow clusters added or removed by another
-        service process, then probe each cluster, marking it unreachable or back."""
-        self._follow_store()
+        """One health round (the service's tick): once a sync interval (the shortest of the
+        clusters') follow clusters added or removed by another service process; then probe each
+        cluster, marking it unreachable or back."""
         now = self.clock()
+        interval = min((a.cluster.sync_interval_s for a in self.adapters.values()), default=30.0)
+        if now - self._followed >= interval:
+            self._followed = now
+            self._follow_store()
         for name, adapter in list(self.adapters.items()):
             up, why = adapter.reachable()
             inventory = None
@@ -301,14 +306,12 @@ class Clusters:
 
     def _follow_store(self) -> None:
         with self.mirror.store.session() as session:
-            rows = {
-                r.name: r.settings for r in session.execute(select(Cluster.name, Cluster.settings))
-            }
-            added = set(session.scalars(select(Cluster.name).where(Cluster.source == "api")))
-        for name in [n for n in self.adapters if n not in rows]:
+            rows = session.execute(select(Cluster.name, Cluster.source, Cluster.settings)).all()
+        for name in [n for n in self.adapters if n not in {r.name for r in rows}]:
             self._forget(name)  # removed by another service process
-        for name in sorted(added - set(self.adapters) - set(self.down)):
-            self._restore(name, rows[name])
+        for row in rows:
+            if row.source == "api" and row.name not in self.adapters and row.name not in self.down:
+                self._restore(row.name, row.settings)
 
     def _mark_down(self, name: str, why: str) -> None:
         """Record stored cluster `name` unreachable and re-place its jobs that wait to be bound
