@@ -5,7 +5,8 @@ reconciled when it returns, and a stray copy of a re-placed job is stopped there
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,10 @@ def flaky_factory(cluster: ClusterConfig, control: ControlConfig) -> ClusterAdap
     return create_adapter(cluster, control)
 
 
-def started(cfg: ControlConfig, *, bind_on_submit: bool = True) -> ControlService:
-    service = ControlService(cfg, bind_on_submit=bind_on_submit)
+def started(
+    cfg: ControlConfig, *, bind_on_submit: bool = True, clock: Callable[[], float] = time.time
+) -> ControlService:
+    service = ControlService(cfg, bind_on_submit=bind_on_submit, clock=clock)
     service.clusters.factory = flaky_factory
     service.start()
     return service
@@ -176,8 +179,11 @@ def test_drain_lets_jobs_finish_or_requeues_them_and_remove_waits_for_it(
 def test_an_unreachable_cluster_is_avoided_and_reconciled_when_it_returns(
     tmp_path: Path,
 ) -> None:
+    now = [1000.0]
     service = started(
-        config(str(tmp_path), clusters=[local("flaky"), local("b")]), bind_on_submit=False
+        config(str(tmp_path), clusters=[local("flaky"), local("b")]),
+        bind_on_submit=False,
+        clock=lambda: now[0],
     )
     try:
         flaky = service.adapters["flaky"]
@@ -218,6 +224,9 @@ def test_an_unreachable_cluster_is_avoided_and_reconciled_when_it_returns(
         assert state(service, new).cluster_name == "b"
 
         flaky.why = None
+        service.tick()  # it is asked again once a sync interval (30 s)
+        assert queries.get_cluster(service, "flaky").health == "unreachable"
+        now[0] += 30
         service.tick()
         assert queries.get_cluster(service, "flaky").health == "ok"
         assert queries.get_job(service, running).state == "running"
@@ -258,7 +267,8 @@ def test_a_stored_cluster_that_does_not_answer_at_start_is_registered_unreachabl
             adapter.why = "connection refused"
         return adapter
 
-    again = ControlService(cfg)
+    now = [1000.0]
+    again = ControlService(cfg, clock=lambda: now[0])
     again.clusters.factory = down_at_start
     messages = again.start()  # the start goes on: the stored cluster may come back
     try:
@@ -268,6 +278,7 @@ def test_a_stored_cluster_that_does_not_answer_at_start_is_registered_unreachabl
         flaky = again.adapters["flaky"]
         assert isinstance(flaky, Flaky)
         flaky.why = None
+        now[0] += 30
         again.tick()
         assert queries.get_cluster(again, "flaky").health == "ok"
     finally:

@@ -284,7 +284,7 @@ class Clusters:
             up, why = adapter.reachable()
             inventory = None
             due = now - self._probed.get(name, float("-inf")) >= adapter.cluster.sync_interval_s
-            if up and (due or name in self.down):
+            if up and due:  # a down one too: a call that hangs holds up the tick, so not often
                 self._probed[name] = now
                 try:
                     inventory = adapter.inventory()
