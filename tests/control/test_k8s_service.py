@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.control import queries
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig
 from tests.control.k8s_fake.clusters import KubeCluster, kube_cluster
@@ -38,7 +39,7 @@ def test_a_job_runs_as_a_pod_on_the_card_it_was_placed_on(
 ) -> None:
     cluster, service = kube
     assert cluster.fake is not None
-    sources = service.inventory_sources["kube"]
+    sources = queries.get_cluster(service, "kube").inventory
     assert "2 Ready node(s), 3 HAMi card(s)" in sources
     spec = job("hello", command=["sh", "-c", "echo from a pod; exit 4"], gpu_mem_mib=8192)
     job_id = service.submit(spec)["id"]

@@ -1,10 +1,14 @@
-"""`gpuplane cluster list | describe`: the registered clusters, their nodes and cards."""
+"""`gpuplane cluster add | list | describe | cordon | uncordon | drain | remove`: the clusters of
+the pool, their inventory, health and lifecycle."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
@@ -14,32 +18,112 @@ from gpuplane.cli._control_common import (
     complete_clusters,
     console,
     emit,
+    fail,
     mib,
     print_table,
+    relative,
 )
+from gpuplane.control.settings import ADAPTER_KINDS, ClusterConfig
+from gpuplane.errors import explain
 
 app = typer.Typer(help="Clusters in the pool.", no_args_is_help=True)
+
+CLUSTER = typer.Argument(..., autocompletion=complete_clusters)
+
+
+def _state(x: dict[str, Any]) -> str:
+    """One word for a table: unreachable, draining, cordoned or ready."""
+    if x["health"] != "ok":
+        return str(x["health"])
+    return "draining" if x["draining"] else "cordoned" if x["cordoned"] else "ready"
+
+
+@app.command()
+def add(
+    name: str = typer.Argument(..., help="cluster name (lowercase letters, digits, '-')"),
+    adapter: str = typer.Option(..., "--adapter", help=f"cluster kind: {', '.join(ADAPTER_KINDS)}"),
+    kubeconfig: Path | None = typer.Option(
+        None, "--kubeconfig", help="kubernetes: kubeconfig file (its path is stored, not its keys)"
+    ),
+    context: str | None = typer.Option(None, "--context", help="kubernetes: kubeconfig context"),
+    address: str | None = typer.Option(
+        None, "--address", help="ray: URL of its dashboard's job API (http://host:8265)"
+    ),
+    region: str | None = typer.Option(None, "--region", help="the gpuplane.io/region label"),
+    label: list[str] = typer.Option([], "--label", "-l", help="KEY=VALUE on every node"),
+    namespace: str | None = typer.Option(
+        None, "--namespace", help="kubernetes: namespace of a team's Pods ({team})"
+    ),
+    sync_interval: float | None = typer.Option(
+        None, "--sync-interval", help="seconds without an answer before it is unreachable"
+    ),
+    server: str | None = SERVER_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Add a cluster to the pool (stored: it stays across restarts). Its backend must answer, on
+    a supported version; credentials stay in the kubeconfig, which is referenced, not copied."""
+    body: dict[str, Any] = {"name": name, "adapter": adapter}
+    labels = dict(_pair(x) for x in label)
+    for key, value in (
+        ("kubeconfig", str(kubeconfig.resolve()) if kubeconfig else None),  # the server reads it
+        ("context", context),
+        ("address", address),
+        ("region", region),
+        ("labels", labels or None),
+        ("namespace", namespace),
+        ("sync_interval_s", sync_interval),
+    ):
+        if value is not None:
+            body[key] = value
+    try:  # refused here, before any I/O, with the option to fix
+        ClusterConfig.model_validate(body)
+    except ValidationError as exc:
+        fail("; ".join(_option_error(e) for e in exc.errors()))
+    with client(server, options=True) as c:
+        cluster = c.add_cluster(body)
+    emit(cluster, output, _describe)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        fail(f"--label {text!r}: give KEY=VALUE, e.g. --label gpuplane.io/zone=a")
+    return key, value
+
+
+def _option_error(error: Any) -> str:
+    message = explain(error, ClusterConfig, noun="setting", whole="cluster")
+    field = str(error["loc"][0]) if error["loc"] else ""
+    option = "--" + field.removesuffix("_s").replace("_", "-")
+    return message.replace(f"{field}: ", f"{option}: ", 1) if field else message
 
 
 @app.command("list")
 def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) -> None:
-    """List clusters with their GPUs and what is free."""
+    """List clusters with their health, GPUs and what is free."""
     with client(server) as c:
         clusters = c.clusters()
 
     def table(data: list[dict[str, Any]]) -> None:
+        now = time.time()
+        columns = ["NAME", "ADAPTER", "VERSION", "REGION", "STATE", "NODES", "GPUS", "FREE"]
+        columns += ["FREE MILLI", "SLICES", "JOBS", "SYNCED"]
         print_table(
-            ["NAME", "ADAPTER", "REGION", "NODES", "GPUS", "FREE", "FREE MILLI", "JOBS"],
+            columns,
             [
                 [
                     x["name"],
                     x["adapter"],
+                    x["version"] or "-",
                     x["labels"].get("gpuplane.io/region", ""),
+                    _state(x),
                     x["nodes"],
                     x["gpus"],
                     x["gpus_free"],
                     x["gpu_milli_free"],
+                    x["slices_used"],
                     x["running_jobs"],
+                    relative(x["last_sync_at"], now),
                 ]
                 for x in data
             ],
@@ -50,35 +134,97 @@ def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) ->
 
 @app.command()
 def describe(
-    name: str = typer.Argument(..., autocompletion=complete_clusters),
+    name: str = CLUSTER, server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION
+) -> None:
+    """Show a cluster: adapter, version, health, last sync, cordon and drain, its stored
+    settings, and each node's cards with their free memory and compute."""
+    with client(server) as c:
+        cluster = c.cluster(name)
+    emit(cluster, output, _describe)
+
+
+def _describe(x: dict[str, Any]) -> None:
+    now = time.time()
+    health = x["health"]
+    if x["health_reason"]:
+        health += f" since {relative(x['unreachable_at'], now)}: {x['health_reason']}"
+    rows = [
+        ("adapter", x["adapter"]),
+        ("version", x["version"] or "-"),
+        ("source", "gpuplane.yaml" if x["source"] == "config" else "added (stored)"),
+        ("health", health),
+        ("state", "draining" if x["draining"] else "cordoned" if x["cordoned"] else "open"),
+        ("last sync", relative(x["last_sync_at"], now)),
+        ("inventory", x["inventory"]),
+        ("gpus", f"{x['gpus']} ({x['gpus_free']} wholly free)"),
+        ("slices", f"{x['slices_used']} held, {x['gpu_milli_used']} milli-GPUs"),
+        ("jobs", x["running_jobs"]),
+        ("labels", ", ".join(f"{k}={v}" for k, v in x["labels"].items())),
+    ]
+    rows += [(k, v) for k, v in x.get("settings", {}).items() if k not in ("name", "adapter")]
+    console.print(f"[bold]{x['name']}[/bold]", highlight=False)
+    for key, value in rows:
+        console.print(f"[bold]{key:>10}[/bold]  {value}", highlight=False)
+    table = []
+    for node in x["node_list"]:
+        for d in node["devices"] or [{}]:
+            table.append(
+                [
+                    node["name"],
+                    d.get("index", "-"),
+                    d.get("model", "-"),
+                    mib(d.get("mem_mib")),
+                    mib(d.get("mem_free_mib")),
+                    d.get("gpu_milli_free", "-"),
+                    f"{node['cpu_free_millis']}/{node['cpu_millis']}",
+                ]
+            )
+    print_table(["NODE", "GPU", "MODEL", "MEM", "MEM FREE", "MILLI FREE", "CPU FREE"], table)
+
+
+@app.command()
+def cordon(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+    """Place nothing new on a cluster; what runs there stays."""
+    with client(server) as c:
+        c.cluster_action(name, "cordon")
+    console.print(f"cluster {name} cordoned: nothing new is placed there", highlight=False)
+
+
+@app.command()
+def uncordon(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+    """Place work on a cluster again (ends a cordon or a drain)."""
+    with client(server) as c:
+        c.cluster_action(name, "uncordon")
+    console.print(f"cluster {name} uncordoned: work is placed there again", highlight=False)
+
+
+@app.command()
+def drain(
+    name: str = CLUSTER,
+    requeue: bool = typer.Option(
+        False, "--requeue", help="stop its running jobs now and requeue them elsewhere"
+    ),
     server: str | None = SERVER_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Show a cluster's labels, inventory source, nodes and each card's free memory and compute."""
+    """Cordon a cluster and move its waiting binds elsewhere; its running jobs finish there
+    (`--requeue`: they are preempted and requeued). Then `cluster remove` it."""
     with client(server) as c:
-        cluster = c.cluster(name)
+        done = c.cluster_action(name, "drain", requeue=str(requeue).lower())
 
-    def table(x: dict[str, Any]) -> None:
+    def table(d: dict[str, Any]) -> None:
+        left = f"{len(d['running'])} running job(s) left to finish" if d["running"] else "empty"
         console.print(
-            f"[bold]{x['name']}[/bold] ({x['adapter']}): {x['inventory']}", highlight=False
+            f"cluster {name} draining: {len(d['requeued'])} job(s) requeued, {left}",
+            highlight=False,
         )
-        console.print(
-            "labels: " + ", ".join(f"{k}={v}" for k, v in x["labels"].items()), highlight=False
-        )
-        rows = []
-        for node in x["node_list"]:
-            for d in node["devices"] or [{}]:
-                rows.append(
-                    [
-                        node["name"],
-                        d.get("index", "-"),
-                        d.get("model", "-"),
-                        mib(d.get("mem_mib")),
-                        mib(d.get("mem_free_mib")),
-                        d.get("gpu_milli_free", "-"),
-                        f"{node['cpu_free_millis']}/{node['cpu_millis']}",
-                    ]
-                )
-        print_table(["NODE", "GPU", "MODEL", "MEM", "MEM FREE", "MILLI FREE", "CPU FREE"], rows)
 
-    emit(cluster, output, table)
+    emit(done, output, table)
+
+
+@app.command()
+def remove(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+    """Remove a cluster added with `cluster add` (refused while it holds jobs: drain it)."""
+    with client(server) as c:
+        c.remove_cluster(name)
+    console.print(f"cluster {name} removed", highlight=False)

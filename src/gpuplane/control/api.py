@@ -1,7 +1,8 @@
 """The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas.
 
 Handlers are thin: they call `ControlService` / `queries` and map the project's errors to HTTP
-once (422 for a spec or request that can never run, 404 unknown, 409 wrong state). A background
+once (422 for a spec or request that can never run, or a cluster that cannot be added; 404
+unknown, 409 wrong state). A background
 thread runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
@@ -20,11 +21,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpuplane import __version__
 from gpuplane.control import queries
+from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.views import (
+    ClusterAdd,
     ClusterDetail,
     ClusterView,
+    Drain,
     DryRunView,
     JobMove,
     JobView,
@@ -33,7 +37,7 @@ from gpuplane.control.views import (
     TeamSet,
     TeamView,
 )
-from gpuplane.errors import GpuplaneError, ResourceError
+from gpuplane.errors import ConfigError, GpuplaneError, ResourceError
 
 log = logging.getLogger("gpuplane.control.api")
 
@@ -89,7 +93,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         body: dict[str, Any] = {"detail": str(exc)}
         if isinstance(exc, InfeasibleJobError):
             status, body["reasons"] = 422, [r.to_json() for r in exc.reasons]
-        elif isinstance(exc, ResourceError):
+        elif isinstance(exc, ResourceError | ConfigError | AdapterError):
             status = 422
         elif isinstance(exc, NotFoundError):
             status = 404
@@ -120,6 +124,38 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     @app.get("/clusters/{name}", response_model=ClusterDetail)
     def cluster(name: str) -> ClusterDetail:
         return queries.get_cluster(service, name)
+
+    @app.post("/clusters", response_model=ClusterDetail, status_code=201)
+    def add_cluster(body: ClusterAdd) -> ClusterDetail:
+        service.add_cluster(body)
+        return queries.get_cluster(service, body.name)
+
+    @app.delete("/clusters/{name}", status_code=204)
+    def remove_cluster(name: str) -> Response:
+        service.remove_cluster(name)
+        return Response(status_code=204)
+
+    @app.post("/clusters/{name}/cordon", response_model=ClusterDetail)
+    def cordon(name: str) -> ClusterDetail:
+        service.cordon(name)
+        return queries.get_cluster(service, name)
+
+    @app.post("/clusters/{name}/uncordon", response_model=ClusterDetail)
+    def uncordon(name: str) -> ClusterDetail:
+        service.cordon(name, cordoned=False)
+        return queries.get_cluster(service, name)
+
+    @app.post("/clusters/{name}/drain", response_model=Drain)
+    def drain(
+        name: str,
+        requeue: bool = Query(False, description="stop and requeue its running jobs too"),
+    ) -> Drain:
+        done = service.drain(name, requeue=requeue)
+        return Drain(
+            cluster=queries.get_cluster(service, name),
+            requeued=done.requeued,
+            running=done.running,
+        )
 
     @app.get("/nodes", response_model=list[NodeView])
     def nodes() -> list[NodeView]:

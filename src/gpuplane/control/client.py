@@ -118,6 +118,18 @@ class ControlClient:
         out: dict[str, Any] = self.json("GET", f"/clusters/{name}")
         return out
 
+    def add_cluster(self, body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("POST", "/clusters", json=body)
+        return out
+
+    def remove_cluster(self, name: str) -> None:
+        self.request("DELETE", f"/clusters/{name}")
+
+    def cluster_action(self, name: str, action: str, **params: Any) -> dict[str, Any]:
+        """`cordon`, `uncordon` or `drain` (params: `requeue`) cluster `name`."""
+        out: dict[str, Any] = self.json("POST", f"/clusters/{name}/{action}", params=params)
+        return out
+
     def teams(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = self.json("GET", "/teams")
         return out

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import (
@@ -165,39 +165,16 @@ class CycleWriter:
         preempted = [v for a in result.admitted for v in a.preempted]
         if not preempted:
             return []
-        session.execute(delete(Allocation).where(Allocation.job_id.in_(preempted)))
-        victims = session.execute(
-            select(Job.id, Job.cluster_name, Job.attempts, Job.team_name).where(
-                Job.id.in_(preempted)
-            )
-        ).all()
-        session.execute(
-            update(Job),
-            [
-                {
-                    "id": v.id,
-                    "state": "pending",
-                    "cluster_name": None,
-                    "node_id": None,
-                    "flavor": None,
-                    "gpu_milli": 0,
-                    "gpu_mem_mib": 0,
-                    "attempts": v.attempts + 1,
-                    "started_at": None,
-                    "message": "preempted: its team's borrowed quota was reclaimed",
-                }
-                for v in victims
-            ],
+        victims = self.records.requeue(
+            session,
+            preempted,
+            "preempted: its team's borrowed quota was reclaimed",
+            "preempted",
+            "borrowed quota reclaimed; requeued",
         )
-        self.stop_later([(v.cluster_name, v.id) for v in victims if v.cluster_name])
-        events: list[_Event] = []
-        for v in victims:
-            self.records.event(
-                session, "preempted", "borrowed quota reclaimed; requeued", job_id=v.id
-            )
-            reason = "its team's borrowed quota was reclaimed; requeued"
-            events.append(("preempted", v.id, v.team_name, v.cluster_name, reason))
-        return events
+        self.stop_later([(cluster, job_id) for job_id, cluster, _ in victims if cluster])
+        reason = "its team's borrowed quota was reclaimed; requeued"
+        return [("preempted", job_id, team, cluster, reason) for job_id, cluster, team in victims]
 
     def _write_admitted(
         self, session: Session, result: PassResult, pending: list[PendingJob]

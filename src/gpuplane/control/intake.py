@@ -133,6 +133,12 @@ def _refuse_impossible(estate: Estate, spec: JobSpec, request: Request) -> None:
     decision = feasible(estate.snapshot, request)
     if decision.ok:
         return
+    if not estate.snapshot.schedulable.all():
+        # a cordoned, draining or unreachable cluster opens again: a job that fits there waits
+        opened = estate.snapshot.copy()
+        opened.schedulable[:] = True
+        if feasible(opened, request).ok:
+            return
     reasons = from_scheduler(decision.reasons)
     detail = "; ".join(f"{r.cluster}: {r.message}" for r in reasons)
     raise InfeasibleJobError(

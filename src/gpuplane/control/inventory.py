@@ -141,6 +141,14 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
             select(Node).options(selectinload(Node.devices)).order_by(Node.cluster_name, Node.name)
         )
     )
+    # cordoned, draining or unreachable: its nodes stay (with their jobs) but take nothing new
+    closed = set(
+        session.scalars(
+            select(Cluster.name).where(
+                Cluster.cordoned | Cluster.draining | Cluster.unreachable.is_not(None)
+            )
+        )
+    )
     infos = []
     device_ids: dict[tuple[int, int], int] = {}
     node_names: dict[int, str] = {}
@@ -158,6 +166,7 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
                 memory_mib=node.memory_mib,
                 labels=labels,
                 devices=tuple(DeviceInfo(d.index, d.mem_mib) for d in node.devices),
+                schedulable=node.cluster_name not in closed,
             )
         )
         for d in node.devices:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("pending", "admitted", "running", "succeeded", "failed", "cancelled")
@@ -24,12 +24,26 @@ class Base(DeclarativeBase):
 
 
 class Cluster(Base):
+    """A cluster in the pool. `source`: `config` (gpuplane.yaml, registered at start) or `api`
+    (`cluster add`: its `settings` are stored, references only: a kubeconfig path and context,
+    an address, never credentials). Cordoned, draining or unreachable: nothing new is placed
+    there; `unreachable` says why (None: it answered within its sync interval)."""
+
     __tablename__ = "clusters"
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     adapter: Mapped[str] = mapped_column(String(32))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16), default="config")
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
+    inventory: Mapped[str] = mapped_column(String(2000), default="")  # where it was learnt
+    version: Mapped[str] = mapped_column(String(63), default="")  # the backend's own
+    unreachable: Mapped[str | None] = mapped_column(String(2000), default=None)
+    unreachable_since: Mapped[float | None] = mapped_column(Float, default=None)
+    last_sync_at: Mapped[float | None] = mapped_column(Float, default=None)
     nodes: Mapped[list[Node]] = relationship(
         back_populates="cluster", cascade="all, delete-orphan", order_by="Node.name"
     )

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from gpuplane.control.clusters import cluster_row
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Cluster, Job, Node, Quota, Team
+from gpuplane.control.models import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    Allocation,
+    Cluster,
+    Job,
+    Node,
+    Quota,
+    Team,
+)
 from gpuplane.control.quota import dominant_share
 from gpuplane.control.records import job_row, quota_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
@@ -29,8 +40,38 @@ from gpuplane.control.views import (
 )
 from gpuplane.errors import ResourceError, unknown_name
 
+UNKNOWN = "unknown"  # a running job on a cluster that does not answer: its state is not known
+VIEW_STATES = (*JOB_STATES, UNKNOWN)
 
-def job_view(service: ControlService, job: Job) -> JobView:
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Clusters that take nothing new: the unreachable (and why), the cordoned or draining."""
+
+    down: dict[str, str]
+    held: dict[str, str]  # cluster -> "cordoned" | "draining"
+
+    @classmethod
+    def read(cls, session: Session) -> Closed:
+        rows = session.execute(
+            select(Cluster.name, Cluster.unreachable, Cluster.draining).where(
+                Cluster.cordoned | Cluster.draining | Cluster.unreachable.is_not(None)
+            )
+        ).all()
+        down = {r.name: str(r.unreachable) for r in rows if r.unreachable is not None}
+        held = {r.name: "draining" if r.draining else "cordoned" for r in rows}
+        return cls(down, held)
+
+    def why(self, cluster: str) -> str:
+        if cluster in self.down:
+            return f"unreachable ({self.down[cluster]})"
+        return self.held[cluster]
+
+
+def job_view(service: ControlService, job: Job, closed: Closed | None = None) -> JobView:
+    """`closed` (read here when not given): a running job on an unreachable cluster is shown
+    `unknown`, with why, until the cluster answers and the job is reconciled; a waiting job's
+    `NoNodes` on a closed cluster says why it is closed."""
     estate, _ = service.estate()
     placement = estate.snapshot.allocations.get(job.id)
     node = placement.node.partition("/")[2] if placement else None
@@ -49,13 +90,25 @@ def job_view(service: ControlService, job: Job) -> JobView:
                 )
             )
             position = int(ahead or 0) + 1
+        if closed is None:
+            closed = Closed.read(session)
+    state, message = job.state, job.message
+    if state == "running" and job.cluster_name in closed.down:
+        state = UNKNOWN
+        message = (
+            f"cluster {job.cluster_name} does not answer ({closed.down[job.cluster_name]}); "
+            "the job is left as it was and reconciled when the cluster answers again"
+        )
     spec = job.spec
     reasons = [ReasonView(**r) for r in (job.reasons or {}).get("list", [])]
+    for r in reasons:
+        if r.code == ReasonCode.NO_NODES and r.cluster in closed.held:
+            r.message = f"the cluster is {closed.why(r.cluster)}: nothing new is placed there"
     return JobView(
         id=job.id,
         name=job.name,
         team=job.team_name,
-        state=job.state,
+        state=state,
         priority=job.priority,
         command=spec.get("command", []),
         resources=spec.get("resources", {}),
@@ -67,7 +120,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
         reasons=reasons,
         reason=closest_reason(reasons),
         queue_position=position,
-        message=job.message,
+        message=message,
         exit_code=job.exit_code,
         attempts=job.attempts,
         time_limit_s=job.time_limit_s,
@@ -93,10 +146,11 @@ def get_job(service: ControlService, ref: str) -> JobView:
 def list_jobs(
     service: ControlService, team: str | None = None, state: str | None = None, limit: int = 500
 ) -> list[JobView]:
-    """The newest jobs, of one team and in one state if given; an unknown state or team is
-    refused with the valid ones and the nearest."""
-    if state and state not in JOB_STATES:
-        raise ResourceError(unknown_name("job state", state, JOB_STATES))
+    """The newest jobs, of one team and in one state if given (`unknown`: running on a cluster
+    that does not answer); an unknown state or team is refused with the valid ones and the
+    nearest."""
+    if state and state not in VIEW_STATES:
+        raise ResourceError(unknown_name("job state", state, VIEW_STATES))
     with service.store.session() as session:
         if team and session.get(Team, team) is None:
             teams = session.scalars(select(Team.name))
@@ -104,9 +158,14 @@ def list_jobs(
         query = select(Job).order_by(Job.created_at.desc()).limit(limit)
         if team:
             query = query.where(Job.team_name == team)
-        if state:
+        closed = Closed.read(session)
+        if state == UNKNOWN:
+            query = query.where(Job.state == "running", Job.cluster_name.in_(closed.down))
+        elif state == "running":
+            query = query.where(Job.state == state, Job.cluster_name.not_in(closed.down))
+        elif state:
             query = query.where(Job.state == state)
-        return [job_view(service, j) for j in session.scalars(query)]
+        return [job_view(service, j, closed) for j in session.scalars(query)]
 
 
 def job_logs(
@@ -166,6 +225,11 @@ def _node_views(service: ControlService, session: Session, cluster: str) -> list
 def _cluster_view(service: ControlService, session: Session, c: Cluster) -> ClusterDetail:
     nodes = _node_views(service, session, c.name)
     devices = [d for n in nodes for d in n.devices]
+    slices = session.execute(
+        select(func.count(Allocation.id), func.coalesce(func.sum(Allocation.gpu_milli), 0))
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Job.cluster_name == c.name)
+    ).one()
     running = (
         session.scalar(
             select(func.count())
@@ -182,8 +246,19 @@ def _cluster_view(service: ControlService, session: Session, c: Cluster) -> Clus
         gpus=len(devices),
         gpus_free=sum(d.gpu_milli_free == 1000 and d.mem_free_mib == d.mem_mib for d in devices),
         gpu_milli_free=sum(d.gpu_milli_free for d in devices),
-        inventory=service.inventory_sources.get(c.name, ""),
+        gpu_milli_used=int(slices[1]),
+        slices_used=int(slices[0]),
+        inventory=c.inventory,
         running_jobs=running,
+        source=c.source,
+        version=c.version,
+        health="ok" if c.unreachable is None else "unreachable",
+        health_reason=c.unreachable,
+        unreachable_at=c.unreachable_since,
+        last_sync_at=c.last_sync_at,
+        cordoned=c.cordoned,
+        draining=c.draining,
+        settings=c.settings,
         node_list=nodes,
     )
 
@@ -192,17 +267,16 @@ def list_clusters(service: ControlService) -> list[ClusterView]:
     with service.store.session() as session:
         clusters = session.scalars(select(Cluster).order_by(Cluster.name))
         return [
-            ClusterView(**_cluster_view(service, session, c).model_dump(exclude={"node_list"}))
+            ClusterView(
+                **_cluster_view(service, session, c).model_dump(exclude={"node_list", "settings"})
+            )
             for c in clusters
         ]
 
 
 def get_cluster(service: ControlService, name: str) -> ClusterDetail:
     with service.store.session() as session:
-        c = session.get(Cluster, name)
-        if c is None:
-            raise NotFoundError(f"no cluster '{name}'; list clusters with `gpuplane cluster list`")
-        return _cluster_view(service, session, c)
+        return _cluster_view(service, session, cluster_row(session, name))
 
 
 def list_nodes(service: ControlService) -> list[NodeView]:

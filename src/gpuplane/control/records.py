@@ -72,6 +72,41 @@ class Records:
         self.event(session, state, message or state, job_id=job_id)
         return True
 
+    def requeue(
+        self, session: Session, job_ids: list[str], message: str, kind: str, note: str
+    ) -> list[tuple[str, str | None, str]]:
+        """Put placed jobs back in the queue (preempted, or re-placed off a cluster): their
+        devices freed, one more attempt, `message` on the job and a `kind` event saying `note`.
+        Returns (id, cluster, team) of each, for the caller to stop its workload and to release
+        it from the estate (an admission pass already has)."""
+        if not job_ids:
+            return []
+        session.execute(delete(Allocation).where(Allocation.job_id.in_(job_ids)))
+        rows = session.execute(
+            select(Job.id, Job.cluster_name, Job.team_name, Job.attempts).where(Job.id.in_(job_ids))
+        ).all()
+        session.execute(
+            update(Job),
+            [
+                {
+                    "id": r.id,
+                    "state": "pending",
+                    "cluster_name": None,
+                    "node_id": None,
+                    "flavor": None,
+                    "gpu_milli": 0,
+                    "gpu_mem_mib": 0,
+                    "attempts": r.attempts + 1,
+                    "started_at": None,
+                    "message": message,
+                }
+                for r in rows
+            ],
+        )
+        for r in rows:
+            self.event(session, kind, note, job_id=r.id)
+        return [(r.id, r.cluster_name, r.team_name) for r in rows]
+
 
 def job_row(session: Session, ref: str) -> Job:
     """A job by id, or by name (the newest of that name); NotFoundError says how to list."""

@@ -3,7 +3,9 @@
 Adapters are called outside the store's transaction: bind after the placement was committed,
 release after the end was recorded. A job is only moved on if it is still in the state this
 round saw (a cancel or a preemption in between wins). Whatever binding one job raises fails that
-job with the reason, never the round: one bad spec does not hold up the others.
+job with the reason, never the round: one bad spec does not hold up the others. A cluster marked
+unreachable (`down`, kept by `clusters.py`) is neither bound to nor observed: its jobs wait
+there, shown `unknown`, until it answers again.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 from sqlalchemy import or_, select, update
 
@@ -30,6 +34,8 @@ from gpuplane.control.oplog import job_event, log
 from gpuplane.control.records import Records
 from gpuplane.control.scheduler import Placement, wall_seconds
 from gpuplane.control.spec import SpecError, parse_spec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,7 @@ class Binder:
     records: Records
     clock: Callable[[], float]
     instance: str
+    down: dict[str, str] = field(default_factory=dict)  # unreachable clusters, and why
     # bind and reconcile: one at a time per process
     lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _stops: list[tuple[str, str]] = field(default_factory=list, init=False)  # preempted
@@ -80,14 +87,18 @@ class Binder:
         teams, clusters = {}, {}
         for job in jobs:
             placement = estate.snapshot.allocations.get(job.id)
-            if placement is None or job.cluster_name not in self.adapters:
+            cluster = str(job.cluster_name)
+            if placement is None or cluster not in self.adapters or cluster in self.down:
                 continue
-            teams[job.id], clusters[job.id] = job.team_name, str(job.cluster_name)
+            teams[job.id], clusters[job.id] = job.team_name, cluster
+            adapter = self.adapters[cluster]
             try:
                 workload = _workload(job, placement, estate)
-                self.adapters[clusters[job.id]].bind(workload)
+                adapter.bind(workload)
             except Exception as exc:  # whatever it is, it fails this job, not the round
-                failed[job.id] = _why_not(exc, job.id, clusters[job.id])
+                if isinstance(exc, AdapterError) and not adapter.reachable()[0]:
+                    continue  # the cluster went away: the health check re-places the job
+                failed[job.id] = _why_not(exc, job.id, cluster)
             else:
                 bound.append((clusters[job.id], workload))
         if not (bound or failed):
@@ -141,32 +152,39 @@ class Binder:
 
     def _reconcile(self) -> Observed:
         mine = (Job.state == "running") & (Job.bound_by == self.instance)
+        # an unreachable cluster is not asked; one that fails to answer now is skipped this round
+        answering = {c: a for c, a in self.adapters.items() if c not in self.down}
         with self.mirror.store.session() as session:
             rows = session.execute(
                 select(Job.id, Job.cluster_name, Job.team_name).where(mine)
             ).all()
-            held = {c: a.workloads() for c, a in self.adapters.items()}
+            held = {c: ids for c, a in answering.items() if (ids := _ask(c, a.workloads))}
             wanted = {i for ids in held.values() for i in ids}
-            # an admitted job's workload is kept: binding it takes it back (a crash before the store
-            # recorded the bind), or stops it if it was placed elsewhere since
-            live = set(
-                session.scalars(
-                    select(Job.id).where(Job.id.in_(wanted), or_(mine, Job.state == "admitted"))
+            # a workload is live only on the cluster its job is placed on now: a copy left on
+            # another (a bind re-placed off a cluster that stopped answering) is stopped. An
+            # admitted job's workload is kept: binding it takes it back (a crash before the store
+            # recorded the bind)
+            live = {
+                (r.cluster_name, r.id)
+                for r in session.execute(
+                    select(Job.cluster_name, Job.id).where(
+                        Job.id.in_(wanted), or_(mine, Job.state == "admitted")
+                    )
                 )
-            )
+            }
         for cluster, ids in held.items():
             for job_id in ids:
-                if job_id not in live:
+                if (cluster, job_id) not in live:
                     self.adapters[cluster].release(job_id)
         by_cluster: dict[str, list[str]] = {}
         for row in rows:
             by_cluster.setdefault(str(row.cluster_name), []).append(row.id)
         ended: list[tuple[str, str, WorkloadStatus]] = []
         for cluster, ids in by_cluster.items():
-            adapter = self.adapters.get(cluster)
+            adapter = answering.get(cluster)
             if adapter is None:
                 continue
-            for job_id, status in adapter.status(ids).items():
+            for job_id, status in (_ask(cluster, partial(adapter.status, ids)) or {}).items():
                 if status.state != WorkloadState.RUNNING:
                     ended.append((cluster, job_id, status))
         if not ended:
@@ -250,6 +268,16 @@ class Binder:
         for cluster, job_id in stops:
             if cluster in self.adapters:
                 self.adapters[cluster].release(job_id)
+
+
+def _ask(cluster: str, call: Callable[[], T]) -> T | None:
+    """`call()` to one cluster's adapter, or None (logged) when it could not answer: the round
+    goes on with the others, and the health check marks it unreachable if it stays so."""
+    try:
+        return call()
+    except AdapterError as exc:
+        log.warning("cluster %s did not answer the reconcile: %s", cluster, exc)
+        return None
 
 
 def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:

@@ -4,7 +4,8 @@
 its in-memory mirror (`mirror.py`: every change to allocations runs in one locked transaction,
 so commits never double-book a device, across threads or processes), intake (`intake.py`:
 submit), the cycle writer (`cycle_writer.py`: one admission pass, written), the binder
-(`runtime.py`: bind, reconcile, stop) and the records every writer shares (`records.py`).
+(`runtime.py`: bind, reconcile, stop), the clusters with their lifecycle and health
+(`clusters.py`) and the records every writer shares (`records.py`).
 Adapters are called outside the transaction, after the commit (bind) or after the release was
 recorded (stop).
 """
@@ -23,12 +24,13 @@ import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from gpuplane.control.adapters.base import ClusterAdapter, create_adapter
+from gpuplane.control.adapters.base import ClusterAdapter
 from gpuplane.control.admission import Estate, NominationPolicy
+from gpuplane.control.clusters import Clusters, Drained
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.intake import Intake
-from gpuplane.control.inventory import RowIds, remove_clusters_except, sync_cluster
+from gpuplane.control.inventory import RowIds
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job, Quota, Team
@@ -37,7 +39,7 @@ from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records, job_row, quota_row
 from gpuplane.control.runtime import Binder, Observed
 from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
-from gpuplane.control.settings import ControlConfig, TeamConfig
+from gpuplane.control.settings import ClusterConfig, ControlConfig, TeamConfig
 from gpuplane.control.statedir import secure_state_dir
 from gpuplane.control.store import Store
 
@@ -67,11 +69,13 @@ class ControlService:
         self.rng = rng or np.random.default_rng(0)
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
         self.adapters: dict[str, ClusterAdapter] = {}
-        self.inventory_sources: dict[str, str] = {}
         self.metrics = ControlMetrics()
         self.mirror = Mirror(self.store)
         self.records = Records(clock)
         self.binder = Binder(self.adapters, self.mirror, self.records, clock, self.instance)
+        # the adapters tell this instance's workloads from other instances' by its name
+        control = config.model_copy(update={"instance": self.instance})
+        self.clusters = Clusters(control, self.binder, self.mirror, self.records, clock)
         rules = PassRules(
             NominationPolicy(config.nominate_after_s, config.max_nominations),
             wait_for_faster=config.wait_for_faster_gpu,
@@ -102,37 +106,13 @@ class ControlService:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> list[str]:
-        """Register the configured clusters and teams, then take back the jobs an earlier process
+        """Register the clusters (gpuplane.yaml's and those added at run time, `clusters.py`)
+        and the configured teams, then take back the jobs an earlier process
         of this instance left running (`Binder.reconcile`: still running, ended while it was
         down, or lost; logged), before any pass can place a job on their cards. Returns what
         each inventory came from."""
-        now = self.clock()
-        messages = []
-        # the adapters tell this instance's workloads from other instances' by its name
-        control = self.config.model_copy(update={"instance": self.instance})
-        for cluster in self.config.clusters:
-            adapter = create_adapter(cluster, control)
-            inventory = adapter.inventory()
-            self.adapters[cluster.name] = adapter
-            self.inventory_sources[cluster.name] = inventory.source
-            messages.append(f"cluster {cluster.name} ({cluster.adapter}): {inventory.source}")
-            with self.locked() as (session, _):
-                sync_cluster(
-                    session,
-                    cluster.name,
-                    cluster.adapter,
-                    dict(cluster.labels),
-                    cluster.region,
-                    inventory,
-                    now,
-                )
-                self.records.event(
-                    session, "cluster", f"registered: {inventory.source}", cluster=cluster.name
-                )
-                self.invalidate()  # the inventory changed: rebuild the mirror next time
+        messages = self.clusters.start()
         with self.locked() as (session, _):
-            for gone in remove_clusters_except(session, self.adapters):
-                messages.append(f"cluster {gone} is no longer configured: removed")
             for team in self.config.teams:
                 _apply_team_config(session, team)
             self.invalidate()
@@ -175,10 +155,33 @@ class ControlService:
         self.store.close()
 
     def tick(self) -> None:
-        """One round of the background loop: observe, admit, bind."""
+        """One round of the background loop: check the clusters' health, observe, admit, bind."""
+        self.clusters.check()
         self.reconcile()
         self.schedule_pass()
         self.bind_admitted()
+
+    # -- clusters (`clusters.py`) --------------------------------------------------------------
+
+    def add_cluster(self, cluster: ClusterConfig) -> str:
+        """Register and store a cluster at run time; returns where its inventory came from."""
+        return self.clusters.add(cluster)
+
+    def cordon(self, name: str, *, cordoned: bool = True) -> None:
+        """Nothing new is placed on cluster `name` (False: uncordon, ending a drain too)."""
+        self.clusters.cordon(name, cordoned=cordoned)
+
+    def drain(self, name: str, *, requeue: bool = False) -> Drained:
+        """Cordon `name` and re-place its unbound jobs; `requeue`: its running jobs too."""
+        drained = self.clusters.drain(name, requeue=requeue)
+        self.schedule_pass()
+        if self.intake.bind_on_submit:
+            self.bind_admitted()
+        return drained
+
+    def remove_cluster(self, name: str) -> None:
+        """Forget a cluster added at run time (refused while it holds jobs)."""
+        self.clusters.remove(name)
 
     # -- the mirror (`mirror.py`) --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuplane.control.settings import TEAM_WEIGHT, QuotaValues
+from gpuplane.control.settings import TEAM_WEIGHT, ClusterConfig, QuotaValues
 
 
 class ReasonView(BaseModel):
@@ -93,12 +93,45 @@ class ClusterView(BaseModel):
     gpus: int
     gpus_free: int = Field(description="wholly free cards")
     gpu_milli_free: int
+    gpu_milli_used: int = Field(default=0, description="held by the slices of its jobs")
+    slices_used: int = Field(default=0, description="cards or card slices its jobs hold")
     inventory: str = ""
     running_jobs: int = 0
+    source: str = Field(
+        default="config", description="config: gpuplane.yaml; api: added with `cluster add`"
+    )
+    version: str = Field(default="", description="the backend's version, as it reports it")
+    health: str = Field(default="ok", description="ok, or unreachable")
+    health_reason: str | None = Field(
+        default=None, description="unreachable: why (what was tried and what answered)"
+    )
+    unreachable_at: float | None = Field(default=None, description="unreachable since")
+    last_sync_at: float | None = Field(
+        default=None, description="when it last answered with its inventory"
+    )
+    cordoned: bool = Field(default=False, description="nothing new is placed there")
+    draining: bool = Field(default=False, description="cordoned, its jobs finishing or moved")
 
 
 class ClusterDetail(ClusterView):
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what is stored of a cluster added at run time (references, no secrets)",
+    )
     node_list: list[NodeView]
+
+
+class ClusterAdd(ClusterConfig):
+    """Body of `POST /clusters`: a cluster as gpuplane.yaml declares one (`control.clusters`);
+    a kubeconfig or address is a reference, read by the adapter, never stored in clear."""
+
+
+class Drain(BaseModel):
+    """What `POST /clusters/{name}/drain` did."""
+
+    cluster: ClusterDetail
+    requeued: list[str] = Field(description="jobs re-placed off the cluster")
+    running: list[str] = Field(description="jobs left to finish there")
 
 
 class QuotaView(BaseModel):

@@ -2,7 +2,9 @@
 
 The service calls an adapter in this order: `inventory()` when the cluster is registered or
 refreshed; `bind(workload)` after a placement is committed; `status(job_ids)` on every reconcile
-tick; `release(job_id)` when a job is cancelled, preempted or has ended; `logs(job_id)` on demand.
+tick; `release(job_id)` when a job is cancelled, preempted or has ended; `logs(job_id)` on demand;
+`reachable()` on every tick of the health check (`clusters.py`), which also calls `inventory()`
+once a sync interval.
 `workloads()` lists what it holds, so the reconciler can stop workloads whose job was cancelled
 or preempted by another service process. `bind` is idempotent per job id and `release` is
 idempotent and never raises, so a crash between
@@ -139,6 +141,16 @@ class ClusterAdapter:
 
     def close(self) -> None:
         """Release every workload this adapter still runs (a shutdown that stops the jobs)."""
+
+    def reachable(self) -> tuple[bool, str]:
+        """Whether the backend answered lately, and if not, why; the service's health check
+        asks on every tick, so it must not block. The default (an adapter whose calls fail on
+        their own): yes, and the check's `inventory()` once a sync interval tells otherwise."""
+        return True, ""
+
+    def version(self) -> str:
+        """The backend's version as it reports it (e.g. `v1.29.3`); empty when unknown."""
+        return ""
 
 
 _REGISTRY: dict[str, type[ClusterAdapter]] = {}

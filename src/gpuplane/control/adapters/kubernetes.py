@@ -167,6 +167,9 @@ class KubernetesAdapter(ClusterAdapter):
             return False, self._nodes.error or f"no answer for {quiet:.0f}s"
         return True, ""
 
+    def version(self) -> str:
+        return self.profile.git_version if self.profile is not None else ""
+
     # -- inventory ---------------------------------------------------------------------------
 
     def on_change(self, callback: Callable[[], None]) -> None:

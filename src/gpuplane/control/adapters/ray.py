@@ -227,6 +227,14 @@ class RayAdapter(ClusterAdapter):
             tuple(nodes), f"Ray at {self.address}: {len(nodes)} node(s), {gpus} GPU(s)"
         )
 
+    def version(self) -> str:
+        try:
+            answer = self._call("read its version", "GET", "/api/version")
+        except AdapterError:
+            return ""
+        found = answer.get("ray_version") if isinstance(answer, dict) else None
+        return f"Ray {found}" if found else ""
+
     def _node(self, row: dict[str, Any]) -> tuple[DiscoveredNode, dict[str, str], bool]:
         resources: dict[str, float] = row.get("resources_total") or {}
         ray_labels: dict[str, str] = row.get("labels") or {}
