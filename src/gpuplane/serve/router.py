@@ -138,6 +138,29 @@ class ModelRouter:
     def instances(self) -> list[InstanceSlots]:
         return self.slots.instances
 
+    # -- instances that come and go (discovery) -----------------------------------------------
+
+    def add_instance(self, instance_id: str, url: str, capacity: int) -> None:
+        """A new instance: it takes requests once it first answers its health probe (or a
+        request), like one that recovers."""
+        self.slots.add(instance_id, url.rstrip("/"), capacity)
+        self.health.add(instance_id)
+        self.speeds.add(instance_id)
+        self.delay.add(instance_id)
+
+    def drain_instance(self, instance_id: str) -> None:
+        """Admit nothing more to the instance; it leaves once its last lease is released
+        (now, when it holds none). Waiters go to the others."""
+        if self.slots.drain(instance_id):
+            self._remove(instance_id)
+
+    def _remove(self, instance_id: str) -> None:
+        self.slots.remove(instance_id)
+        self.health.remove(instance_id)
+        self.speeds.remove(instance_id)
+        self.delay.remove(instance_id)
+        self.index.forget(instance_id)
+
     # -- a request: acquire, observe_first_byte, finish -----------------------------------------
 
     async def acquire(
@@ -357,6 +380,9 @@ class ModelRouter:
             if self.shared is not None:
                 self.shared.release(self.name, lease)
             self.delay.held(lease.instance_id, self._clock() - lease.acquired_at)
+            inst = self.slots.get(lease.instance_id)
+            if inst.draining and not inst.leases:
+                self._remove(lease.instance_id)
             self._dispatch(lease.instance_id)
 
     def _dispatch(self, freed: str | None) -> None:
