@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from gpuplane.control.adapters.base import ClusterAdapter, create_adapter
 from gpuplane.control.admission import Estate, NominationPolicy
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
+from gpuplane.control.deployments.controller import Deployments
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.intake import Intake
 from gpuplane.control.inventory import RowIds, remove_clusters_except, sync_cluster
@@ -98,6 +99,7 @@ class ControlService:
             config.default_team,
             bind_on_submit,
         )
+        self.deployments = Deployments(self)  # their instances are jobs of this service
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -175,10 +177,12 @@ class ControlService:
         self.store.close()
 
     def tick(self) -> None:
-        """One round of the background loop: observe, admit, bind."""
+        """One round of the background loop: observe, admit, bind, then keep each deployment's
+        instances (`deployments/`)."""
         self.reconcile()
         self.schedule_pass()
         self.bind_admitted()
+        self.deployments.reconcile()
 
     # -- the mirror (`mirror.py`) --------------------------------------------------------------
 
