@@ -38,6 +38,8 @@ async def test_a_drained_instance_admits_nothing_and_leaves_at_its_last_release(
     router.drain_instance("http://i0")
     assert router.slots.get("http://i0").state is InstanceState.DRAINING
     router.health.report_success("http://i0")  # a probe answering does not bring it back
+    assert not router.slots.get("http://i0").healthy
+    assert router.slots.healthy_count == 1
     second = await router.acquire({})
     assert second.lease.instance_id == "http://i1"
     router.finish(first)  # its request finishes where it was admitted
