@@ -212,8 +212,8 @@ class Deployments:
             session,
             now,
             spec.name,
-            f"instance {inst.job_id} ({inst.version}) ended while "
-            f"serving ({why}); a replacement starts in {pause:g} s",
+            f"instance {inst.job_id} ({inst.version}) ended unasked ({why}); a replacement "
+            f"starts in {pause:g} s",
         )
 
     def _start(self, spec: DeploymentSpec, now: float) -> None:

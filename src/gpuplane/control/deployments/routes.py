@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -56,13 +56,15 @@ def router(service: ControlService) -> APIRouter:
 
     @api.get("/deployments/watch")
     async def watch(
+        request: Request,
         resource_version: str | None = Query(None, description="the version the caller has"),
         timeout_s: float = Query(30.0, ge=0, le=300, description="longest wait for a change"),
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
             out: dict[str, Any] = await run_in_threadpool(deployments.endpoints)
-            if out["resource_version"] != resource_version or time.monotonic() >= deadline:
+            done = time.monotonic() >= deadline or await request.is_disconnected()
+            if out["resource_version"] != resource_version or done:
                 return out
             await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
 
