@@ -9,7 +9,7 @@ import pytest
 
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.slots import InstanceState
-from tests.serve.conftest import make_router
+from tests.serve.conftest import Clock, make_router
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
@@ -72,3 +72,23 @@ async def test_a_model_with_no_instance_says_so() -> None:
         await router.acquire({})
     assert caught.value.reason is Rejection.NO_HEALTHY_INSTANCE
     assert "has no instance now" in str(caught.value)
+
+
+async def test_the_oldest_wait_is_the_longest_queued_requests() -> None:
+    clock = Clock()
+    router, _ = make_router([1], clock)
+    assert router.oldest_wait_s() == 0.0
+    held = await router.acquire({})
+    first = asyncio.create_task(router.acquire({}))
+    await asyncio.sleep(0)
+    clock.now = 2.0
+    second = asyncio.create_task(router.acquire({}))
+    await asyncio.sleep(0)
+    clock.now = 5.0
+    assert router.oldest_wait_s() == 5.0
+    router.finish(held)
+    granted = await first
+    assert router.oldest_wait_s() == 3.0
+    router.finish(granted)
+    router.finish(await second)
+    assert router.oldest_wait_s() == 0.0

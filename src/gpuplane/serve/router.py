@@ -61,6 +61,7 @@ class _Waiter:
     timer: asyncio.TimerHandle | None = None
     preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
+    since: float = 0.0  # when it joined the queue (the router's clock)
 
 
 class SharedSlots(Protocol):
@@ -161,6 +162,11 @@ class ModelRouter:
         self.delay.remove(instance_id)
         self.index.forget(instance_id)
 
+    def oldest_wait_s(self) -> float:
+        """How long the longest-waiting queued request has waited (0 with none)."""
+        since = min((w.since for w in self.queue.items()), default=None)
+        return 0.0 if since is None else self._clock() - since
+
     # -- a request: acquire, observe_first_byte, finish -----------------------------------------
 
     async def acquire(
@@ -210,7 +216,7 @@ class ModelRouter:
                 f"({self.queue.max_size} waiting); retry later",
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future())
+        waiter = _Waiter(blocks, loop.create_future(), since=self._clock())
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
