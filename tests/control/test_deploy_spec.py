@@ -29,7 +29,7 @@ def test_an_unknown_engine_lists_the_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
-        ("scaling", {"min": 1, "max": 3}, "autoscaling is not implemented yet"),
+        ("scaling", {"min": 0, "max": 3}, "scale to zero) is not implemented yet"),
         ("canary", [{"version": "v2", "weight": 10}], "weighted rollouts are not implemented"),
     ],
 )
@@ -91,3 +91,18 @@ def test_an_instance_is_a_job_running_the_engine_on_its_slice() -> None:
 def test_max_concurrency_defaults_to_the_engines_own() -> None:
     assert parse_deployment(BASE).capacity() == 4  # the simulator's default
     assert "--max-num-seqs 4" in " ".join(parse_deployment(BASE).to_job("h", 1)["command"])
+
+
+def test_scaling_starts_from_min_and_min_may_not_exceed_max() -> None:
+    spec = parse_deployment({**BASE, "scaling": {"min": 2, "max": 4, "target_slot_util": 0.5}})
+    assert spec.desired == 2
+    rules = spec.rules()
+    assert rules is not None
+    assert (rules.min, rules.max, rules.target_slot_util, rules.slots_per_instance) == (
+        2,
+        4,
+        0.5,
+        4,
+    )
+    with pytest.raises(SpecError, match=r"min \(3\) must not exceed max \(2\)"):
+        parse_deployment({**BASE, "scaling": {"min": 3, "max": 2}})

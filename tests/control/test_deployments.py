@@ -43,7 +43,7 @@ def test_apply_refuses_what_can_never_be_served(client: TestClient) -> None:
         ({**SPEC, "slice": {"gpus": 4}}, 422, "can never run here"),
         ({**SPEC, "placement": {"cluster": "locl"}}, 422, "did you mean 'local'"),
         ({**SPEC, "replcas": 2}, 422, "did you mean 'replicas'"),
-        ({**SPEC, "scaling": {"max": 3}}, 422, "autoscaling is not implemented yet"),
+        ({**SPEC, "scaling": {"min": 0, "max": 3}}, 422, "scale to zero) is not implemented"),
     ]
     for spec, status, message in cases:
         response = client.post("/deployments", json=spec)
@@ -94,6 +94,17 @@ def test_scale_down_stops_instances_that_never_ran_at_once(
     live = [i for i in scaled["instances"] if i["state"] not in ("cancelled", "draining")]
     assert len(live) == 1
     assert any("draining" in e["message"] for e in scaled["events"])
+
+
+def test_an_autoscaled_deployment_is_not_scaled_by_hand(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    _, client = held
+    client.post("/deployments", json={**SPEC, "scaling": {"min": 1, "max": 2}})
+    refused = client.post("/deployments/chat/scale", json={"replicas": 2})
+    assert refused.status_code == 409
+    assert "is autoscaled" in refused.json()["detail"]
+    assert client.get("/deployments/chat").json()["replicas"] == 1
 
 
 def test_delete_removes_the_deployment_once_its_instances_stopped(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -150,3 +151,40 @@ async def test_a_deployment_is_placed_discovered_served_and_drained(
     with service.store.session() as session:
         jobs = [(j.name, j.state) for j in session.query(Job)]
     assert jobs == [("chat-v1", "cancelled")] * 2
+
+
+async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
+    control: tuple[ControlService, str],
+) -> None:
+    """Four streams on one 4-slot instance pass a 50 % target: a second instance starts and
+    serves; once the load is gone it is drained and stopped after the cooldown."""
+    _, url = control
+    spec = {
+        **SPEC,
+        "replicas": None,
+        "scaling": {"min": 1, "max": 2, "target_slot_util": 0.5, "cooldown_s": 1},
+        "drain_timeout_s": 2,
+    }
+    spec.pop("replicas")
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "one ready instance",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        load = [asyncio.create_task(chat(client, gw_url)) for _ in range(4)]
+        await wait_for(
+            "a second instance ready", lambda: gateway.routers["chat"].slots.healthy_count == 2
+        )
+        answers = await asyncio.gather(*load)
+        assert [s for s, _ in answers] == [200] * 4
+        await wait_for("back to one instance", lambda: len(gateway.routers["chat"].instances) == 1)
+    async with httpx.AsyncClient(timeout=60) as api:
+        events = (await api.get(url + "/deployments/chat")).json()["events"]
+        await api.delete(url + "/deployments/chat")
+    scaled = [e["message"] for e in events if e["message"].startswith("autoscaled")]
+    assert re.match(r"autoscaled from 1 to 2 replica\(s\): [34] slot\(s\) held of 4,", scaled[0])
+    assert scaled[1].startswith("autoscaled from 2 to 1 replica(s): 0 slot(s) held of 8")

@@ -9,13 +9,18 @@ longer listed (scaled down, replaced, deleted) drains: no new requests, and it l
 last lease is released (its engine is stopped by the control plane after the deployment's
 `drain_timeout_s`). A model that the gateway's own config lists is never touched. When the
 control plane cannot be reached, what was discovered keeps serving and the watch retries with a
-pause that doubles up to `MAX_RETRY_S`.
+pause that doubles up to `MAX_RETRY_S`. Every `REPORT_S` the gateway also reports each
+discovered model's exact slot use (leases held, requests queued, the oldest one's wait, ready
+instances) to `POST /deployments/load`, which the control plane's autoscaler acts on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +35,7 @@ log = logging.getLogger("gpuplane.gateway")
 
 WATCH_TIMEOUT_S = 30.0  # the control plane answers within this even when nothing changed
 MAX_RETRY_S = 10.0
+REPORT_S = 1.0  # how often the discovered models' slot use goes to the control plane
 
 
 class Discovery:
@@ -39,11 +45,14 @@ class Discovery:
         control: str,
         *,
         watch_timeout_s: float = WATCH_TIMEOUT_S,
+        report_s: float = REPORT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.gateway = gateway
         self.control = control.rstrip("/")
         self.watch_timeout_s = watch_timeout_s
+        self.report_s = report_s
+        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.resource_version: str | None = None
         self.owned: set[str] = set()  # models this discovery made (not the config's)
         self._client = httpx.AsyncClient(
@@ -51,7 +60,16 @@ class Discovery:
         )
 
     async def run(self) -> None:
-        """Watch until cancelled."""
+        """Watch, and report the discovered models' load, until cancelled."""
+        reporter = asyncio.create_task(self._report_loop(), name="gpuplane-load-report")
+        try:
+            await self._watch_loop()
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+
+    async def _watch_loop(self) -> None:
         pause = 0.5
         while True:
             try:
@@ -71,6 +89,35 @@ class Discovery:
             pause = 0.5
             self.apply(body["models"])
             self.resource_version = body["resource_version"]
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.report_s)
+            try:
+                await self.report_once()
+            except httpx.HTTPError as exc:  # the watch says so already; the next report retries
+                log.debug("cannot report load to %s: %s", self.control, exc)
+
+    async def report_once(self) -> None:
+        """Tell the control plane each discovered model's exact slot use and queue wait (its
+        autoscaler acts on them)."""
+        models = [
+            {
+                "name": name,
+                "in_flight": router.slots.in_flight,
+                "queued": len(router.queue),
+                "oldest_wait_s": router.oldest_wait_s(),
+                "ready": router.slots.healthy_count,
+            }
+            for name in sorted(self.owned)
+            for router in (self.gateway.routers[name],)
+        ]
+        if models:
+            response = await self._client.post(
+                self.control + "/deployments/load",
+                json={"gateway": self.gateway_id, "models": models},
+            )
+            response.raise_for_status()
 
     async def watch_once(self) -> dict[str, Any]:
         params: dict[str, Any] = {"timeout_s": self.watch_timeout_s}

@@ -16,13 +16,14 @@ import hashlib
 import json
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from gpuplane.control.deployments.autoscale import STALE_S, Load, decide
 from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
 from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
@@ -78,6 +79,10 @@ class Deployments:
         self._lock = threading.RLock()
         self._backoff: dict[tuple[str, str], Backoff] = {}
         self._next_start: dict[tuple[str, str], float] = {}
+        # autoscaled deployments: the gateways' last reports (by gateway), and the replicas
+        # wanted now with when that last changed
+        self._loads: dict[str, dict[str, tuple[Load, int]]] = {}
+        self._scaled: dict[str, tuple[int, float | None]] = {}
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -129,6 +134,12 @@ class Deployments:
             raise SpecError(f"replicas must be >= 0, got {replicas}")
         with self.service.store.session() as session:
             spec = self.spec(session, name)
+        if spec.scaling is not None:
+            raise ConflictError(
+                f"deployment {name} is autoscaled (scaling: min {spec.scaling.min}, max "
+                f"{spec.scaling.max}); change `scaling` in its spec and apply it, or replace "
+                "`scaling` with `replicas` to scale by hand"
+            )
         data = {**_stored(spec), "replicas": replicas}
         self.apply(data)
         return parse_deployment(data)
@@ -165,8 +176,9 @@ class Deployments:
             if row is None:
                 return
             spec = parse_deployment(row.spec)
-            want = Want(None if row.deleting else spec.version, spec.desired, spec.drain_timeout_s)
             seen = self._instances(session, name)
+            replicas = self._autoscale(session, spec, seen, now)
+            want = Want(None if row.deleting else spec.version, replicas, spec.drain_timeout_s)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
         todo = plan(want, seen, now, next_start)
         self._carry_out(spec, todo, now)
@@ -177,6 +189,66 @@ class Deployments:
             for key in [k for k in self._backoff if k[0] == name]:
                 self._backoff.pop(key)
                 self._next_start.pop(key, None)
+            self._loads.pop(name, None)
+            self._scaled.pop(name, None)
+
+    # -- autoscaling -------------------------------------------------------------------------
+
+    def report(self, gateway: str, models: Iterable[Mapping[str, Any]]) -> None:
+        """A gateway's slot use per model (`POST /deployments/load`): in flight, queued, the
+        oldest queued request's wait, and its ready instances."""
+        now = self.service.clock()
+        for m in models:
+            load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
+            self._loads.setdefault(str(m["name"]), {})[gateway] = (load, int(m["ready"]))
+
+    def replicas(self, spec: DeploymentSpec) -> int:
+        """The replicas wanted now: the autoscaler's for a `scaling` spec, else `replicas`."""
+        scaled = self._scaled.get(spec.name)
+        return spec.desired if scaled is None or spec.scaling is None else scaled[0]
+
+    def _autoscale(
+        self, session: Session, spec: DeploymentSpec, seen: list[Instance], now: float
+    ) -> int:
+        rules = spec.rules()
+        if rules is None:
+            return spec.desired
+        live = [
+            i
+            for i in seen
+            if i.version == spec.version and not i.ended and i.draining_since is None
+        ]
+        wanted, changed = self._scaled.get(spec.name, (max(len(live), rules.min), None))
+        fresh = [
+            (load, ready)
+            for load, ready in self._loads.get(spec.name, {}).values()
+            if now - load.at <= STALE_S
+        ]
+        load = None
+        serving = sum(i.running for i in live)
+        if fresh:  # every gateway sees the same instances: sum their requests
+            load = Load(
+                sum(f.in_flight for f, _ in fresh),
+                sum(f.queued for f, _ in fresh),
+                max(f.oldest_wait_s for f, _ in fresh),
+                min(f.at for f, _ in fresh),
+            )
+            serving = min(serving, *(ready for _, ready in fresh))
+        new = decide(rules, wanted, serving, load, now, changed)
+        if new != wanted:
+            busy = (
+                ""
+                if load is None
+                else (
+                    f": {load.in_flight} slot(s) held of {serving * rules.slots_per_instance}, "
+                    f"{load.queued} queued (oldest {load.oldest_wait_s:.1f} s)"
+                )
+            )
+            _event(session, now, spec.name, f"autoscaled from {wanted} to {new} replica(s){busy}")
+            session.commit()
+            changed = now
+        self._scaled[spec.name] = (new, changed)
+        return new
 
     def _carry_out(self, spec: DeploymentSpec, todo: Plan, now: float) -> None:
         name = spec.name

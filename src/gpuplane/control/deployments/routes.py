@@ -20,10 +20,24 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from gpuplane.control import queries
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
 from gpuplane.control.service import ControlService
 
 WATCH_POLL_S = 0.2  # how often a waiting watch looks at the endpoints again
+
+
+class ModelLoad(BaseModel):
+    name: str
+    in_flight: int = Field(ge=0, description="slots its requests hold on this gateway")
+    queued: int = Field(ge=0, description="requests waiting in its fair queue")
+    oldest_wait_s: float = Field(ge=0, description="how long the oldest of them has waited")
+    ready: int = Field(ge=0, description="instances that take requests")
+
+
+class LoadReport(BaseModel):
+    gateway: str = Field(min_length=1, max_length=255, description="the reporting gateway")
+    models: list[ModelLoad]
 
 
 class ScaleBody(BaseModel):
@@ -67,6 +81,11 @@ def router(service: ControlService) -> APIRouter:
             if out["resource_version"] != resource_version or done:
                 return out
             await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    @api.post("/deployments/load", status_code=204)
+    def load(body: LoadReport) -> None:
+        """A gateway's exact slot use per deployment, which the autoscaler acts on."""
+        deployments.report(body.gateway, [m.model_dump() for m in body.models])
 
     @api.get("/deployments/{name}")
     def describe(name: str) -> dict[str, Any]:
@@ -147,7 +166,8 @@ def _describe(service: ControlService, name: str) -> dict[str, Any]:
         "version": spec["version"],
         "engine": spec["engine"],
         "team": spec["team"],
-        "replicas": spec.get("replicas", 1),
+        "replicas": service.deployments.replicas(parse_deployment(spec)),
+        "scaling": spec.get("scaling"),
         "deleting": row.deleting,
         "spec": spec,
         "instances": instances,

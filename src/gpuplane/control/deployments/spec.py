@@ -10,9 +10,10 @@ The minimal spec is a name, a model and an engine:
 `name` is the model name clients send to the gateway; `model` is what the engine loads (a path,
 a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
 tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
-(`to_job`): same team quotas, same packing, same pending reasons. Fields the control plane does
-not act on yet (`scaling`, `canary`) are validated and then refused with the reason, never
-silently ignored.
+(`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
+`replicas` with the autoscaler's (`autoscale.py`). What the control plane does not act on yet
+(`canary`, `scaling.min: 0`) is validated and then refused with the reason, never silently
+ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuplane.control.bounds import MAX_SECONDS, bounded
+from gpuplane.control.deployments.autoscale import Rules
 from gpuplane.control.spec import ResourcesSpec, SelectorSpec, SpecError, parse_spec
 from gpuplane.errors import ConfigError, GpuplaneError, explain
 from gpuplane.resources import Slice
@@ -96,10 +98,14 @@ class DeploymentSpec(_Spec):
     def _honoured(self) -> DeploymentSpec:
         if self.replicas is not None and self.scaling is not None:
             raise ValueError("give replicas or scaling, not both")
-        if self.scaling is not None:
+        if self.scaling is not None and self.scaling.min > self.scaling.max:
             raise ValueError(
-                "scaling: autoscaling is not implemented yet (issue 20 item 6); set a fixed "
-                "`replicas` and change it with `gpuplane deploy scale`"
+                f"scaling: min ({self.scaling.min}) must not exceed max ({self.scaling.max})"
+            )
+        if self.scaling is not None and self.scaling.min == 0:
+            raise ValueError(
+                "scaling: min 0 (scale to zero) is not implemented yet: the gateway refuses a "
+                "request while no instance exists instead of holding it; set min to 1 or more"
             )
         if self.canary:
             raise ValueError(
@@ -110,7 +116,24 @@ class DeploymentSpec(_Spec):
 
     @property
     def desired(self) -> int:
+        """The replicas to run: `replicas`, or `scaling.min` to start from."""
+        if self.scaling is not None:
+            return self.scaling.min
         return 1 if self.replicas is None else self.replicas
+
+    def rules(self) -> Rules | None:
+        """The autoscaler's rules, when the spec has `scaling`."""
+        sc = self.scaling
+        if sc is None:
+            return None
+        return Rules(
+            sc.min,
+            sc.max,
+            sc.target_slot_util,
+            sc.max_queue_wait_s,
+            sc.cooldown_s,
+            self.capacity(),
+        )
 
     def to_slice(self) -> Slice:
         r = self.slice
