@@ -74,3 +74,9 @@ def test_a_deleted_deployment_drains_everything_at_once() -> None:
     assert todo.drain == ["a", "b"]
     assert todo.stop == ["b"]
     assert todo.start == 0
+
+
+def test_a_draining_instance_the_gateways_released_stops_before_the_timeout() -> None:
+    zero = Want("v1", 0, 30.0)
+    draining = [inst("a", draining=10.0), inst("b", draining=10.0)]
+    assert plan(zero, draining, now=11.0, released={"b"}).stop == ["b"]

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,7 +37,8 @@ SPEC = {
     "replicas": 2,
     "team": "research",
     "slice": {"gpu_mem_mib": 8192, "gpu_cores_pct": 25},
-    "drain_timeout_s": 10,
+    # longer than the test waits: instances stop because the gateway released them
+    "drain_timeout_s": 3600,
     "engine_args": ["--itl-ms", "100"],  # 40 tokens take 4 s: requests are in flight at delete
 }
 
@@ -64,6 +66,12 @@ def control(tmp_path: Path) -> Iterator[tuple[ControlService, str]]:
 def cli(url: str, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(deploy_cli.app, list(args), env={"GPUPLANE_SERVER": url})
     return result.exit_code, result.output
+
+
+def cli_json(url: str, *args: str) -> Any:
+    code, out = cli(url, *args, "-o", "json")
+    assert code == 0, out
+    return json.loads(out)
 
 
 async def wait_for(what: str, check: object, timeout_s: float = 120.0) -> None:
@@ -124,6 +132,11 @@ async def test_a_deployment_is_placed_discovered_served_and_drained(
             lambda: gateway.routers["chat"].slots.in_flight == 8,
             timeout_s=30,
         )
+        await wait_for(
+            "the control plane seeing 4 slots in use on each instance",
+            lambda: [i["in_use"] for i in cli_json(url, "describe", "chat")["instances"]] == [4, 4],
+            timeout_s=30,
+        )
         code, out = cli(url, "delete", "chat")
         assert code == 0, out
         await wait_for(
@@ -142,12 +155,12 @@ async def test_a_deployment_is_placed_discovered_served_and_drained(
         status, text = await chat(client, gw_url)
         assert status == 503
         assert "has no instance now" in text
-
-    await wait_for(
-        "the deployment gone",
-        lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
-        timeout_s=60,
-    )
+        # the gateway's next report says it released them: they stop, the deployment goes
+        await wait_for(
+            "the deployment gone",
+            lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
+            timeout_s=60,
+        )
     with service.store.session() as session:
         jobs = [(j.name, j.state) for j in session.query(Job)]
     assert jobs == [("chat-v1", "cancelled")] * 2
@@ -157,13 +170,13 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
     control: tuple[ControlService, str],
 ) -> None:
     """Four streams on one 4-slot instance pass a 50 % target: a second instance starts and
-    serves; once the load is gone it is drained and stopped after the cooldown."""
+    serves; once the load is gone, after the cooldown, one is drained and stopped."""
     _, url = control
     spec = {
         **SPEC,
         "replicas": None,
         "scaling": {"min": 1, "max": 2, "target_slot_util": 0.5, "cooldown_s": 1},
-        "drain_timeout_s": 2,
+        "drain_timeout_s": 3600,  # the surplus stops once the gateway released it
     }
     spec.pop("replicas")
     async with httpx.AsyncClient(timeout=60) as api:
@@ -182,6 +195,13 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
         answers = await asyncio.gather(*load)
         assert [s for s, _ in answers] == [200] * 4
         await wait_for("back to one instance", lambda: len(gateway.routers["chat"].instances) == 1)
+        await wait_for(
+            "the drained instance stopped",
+            lambda: (
+                [i["state"] for i in cli_json(url, "describe", "chat")["instances"]] == ["running"]
+            ),
+            timeout_s=30,
+        )
     async with httpx.AsyncClient(timeout=60) as api:
         events = (await api.get(url + "/deployments/chat")).json()["events"]
         await api.delete(url + "/deployments/chat")

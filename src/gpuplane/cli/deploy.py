@@ -122,7 +122,7 @@ def _describe_table(d: dict[str, Any]) -> None:
         highlight=False,
     )
     print_table(
-        ["INSTANCE", "VERSION", "STATE", "WHERE", "URL", "SLOTS", "REASON"],
+        ["INSTANCE", "VERSION", "STATE", "WHERE", "URL", "IN USE", "REASON"],
         [
             (
                 i["id"],
@@ -130,7 +130,7 @@ def _describe_table(d: dict[str, Any]) -> None:
                 i["state"],
                 f"{i['cluster']}/{i['node']} {i['devices']}" if i["cluster"] else "-",
                 i["url"],
-                i["capacity"],
+                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity']}",
                 i["reason"] or "-",
             )
             for i in d["instances"]

@@ -11,7 +11,9 @@ last lease is released (its engine is stopped by the control plane after the dep
 control plane cannot be reached, what was discovered keeps serving and the watch retries with a
 pause that doubles up to `MAX_RETRY_S`. Every `REPORT_S` the gateway also reports each
 discovered model's exact slot use (leases held, requests queued, the oldest one's wait, ready
-instances) to `POST /deployments/load`, which the control plane's autoscaler acts on.
+instances, leases per instance it still has) to `POST /deployments/load`: the control plane's
+autoscaler acts on it, and an instance drained here and gone from every report is stopped
+without waiting out its drain timeout.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Discovery:
                 "queued": len(router.queue),
                 "oldest_wait_s": router.oldest_wait_s(),
                 "ready": router.slots.healthy_count,
+                "instances": {i.id: len(i.leases) for i in router.instances},
             }
             for name in sorted(self.owned)
             for router in (self.gateway.routers[name],)

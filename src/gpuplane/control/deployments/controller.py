@@ -61,6 +61,16 @@ class JobService(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Report:
+    """One gateway's last load report for one model: the load, its ready instances, and the
+    leases it holds per instance it still has (draining ones included)."""
+
+    load: Load
+    ready: int
+    held: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     """What an apply did (or, dry, would do): created, changed or unchanged, and where one more
     instance would be placed now (the scheduler's dry run)."""
@@ -81,7 +91,7 @@ class Deployments:
         self._next_start: dict[tuple[str, str], float] = {}
         # autoscaled deployments: the gateways' last reports (by gateway), and the replicas
         # wanted now with when that last changed
-        self._loads: dict[str, dict[str, tuple[Load, int]]] = {}
+        self._loads: dict[str, dict[str, Report]] = {}
         self._scaled: dict[str, tuple[int, float | None]] = {}
 
     # -- commands ----------------------------------------------------------------------------
@@ -180,7 +190,7 @@ class Deployments:
             replicas = self._autoscale(session, spec, seen, now)
             want = Want(None if row.deleting else spec.version, replicas, spec.drain_timeout_s)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
-        todo = plan(want, seen, now, next_start)
+        todo = plan(want, seen, now, next_start, self._released(name, seen))
         self._carry_out(spec, todo, now)
         if row.deleting and not [i for i in seen if i.job_id not in todo.forget]:
             with self.service.store.session() as session, session.begin():
@@ -200,7 +210,31 @@ class Deployments:
         now = self.service.clock()
         for m in models:
             load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
-            self._loads.setdefault(str(m["name"]), {})[gateway] = (load, int(m["ready"]))
+            held = {str(k): int(v) for k, v in m["instances"].items()}
+            self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
+                load, int(m["ready"]), held
+            )
+
+    def _fresh(self, name: str, now: float) -> list[Report]:
+        return [r for r in self._loads.get(name, {}).values() if now - r.load.at <= STALE_S]
+
+    def in_use(self, name: str, job_id: str) -> int | None:
+        """Slots the reporting gateways hold on the instance (None: no gateway reports)."""
+        fresh = self._fresh(name, self.service.clock())
+        return sum(r.held.get(job_id, 0) for r in fresh) if fresh else None
+
+    def _released(self, name: str, seen: list[Instance]) -> set[str]:
+        """Draining instances that every gateway reporting since the drain began no longer
+        holds: each removed it at its last lease's release (or never had it)."""
+        out = set()
+        now = self.service.clock()
+        for inst in seen:
+            if inst.draining_since is None:
+                continue
+            since = [r for r in self._fresh(name, now) if r.load.at > inst.draining_since]
+            if since and all(inst.job_id not in r.held for r in since):
+                out.add(inst.job_id)
+        return out
 
     def replicas(self, spec: DeploymentSpec) -> int:
         """The replicas wanted now: the autoscaler's for a `scaling` spec, else `replicas`."""
@@ -219,21 +253,17 @@ class Deployments:
             if i.version == spec.version and not i.ended and i.draining_since is None
         ]
         wanted, changed = self._scaled.get(spec.name, (max(len(live), rules.min), None))
-        fresh = [
-            (load, ready)
-            for load, ready in self._loads.get(spec.name, {}).values()
-            if now - load.at <= STALE_S
-        ]
+        fresh = self._fresh(spec.name, now)
         load = None
         serving = sum(i.running for i in live)
         if fresh:  # every gateway sees the same instances: sum their requests
             load = Load(
-                sum(f.in_flight for f, _ in fresh),
-                sum(f.queued for f, _ in fresh),
-                max(f.oldest_wait_s for f, _ in fresh),
-                min(f.at for f, _ in fresh),
+                sum(r.load.in_flight for r in fresh),
+                sum(r.load.queued for r in fresh),
+                max(r.load.oldest_wait_s for r in fresh),
+                min(r.load.at for r in fresh),
             )
-            serving = min(serving, *(ready for _, ready in fresh))
+            serving = min(serving, *(r.ready for r in fresh))
         new = decide(rules, wanted, serving, load, now, changed)
         if new != wanted:
             busy = (

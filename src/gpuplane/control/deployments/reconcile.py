@@ -9,16 +9,16 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
   beside the old ones, so traffic always has somewhere to go); a version with more instances
   than its replicas drains the surplus, those not yet running first (they hold no requests),
   then the newest;
-- a draining instance that never ran is stopped at once; one that ran is stopped once
-  `drain_timeout_s` has passed since it began to drain, which lets the gateway finish its
-  requests there first;
+- a draining instance that never ran is stopped at once; one that ran is stopped once the
+  gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
+  began to drain, which lets the gateways finish their requests there first;
 - a version with fewer instances than its replicas starts the missing ones, unless its back-off
   has not yet passed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
@@ -71,8 +71,10 @@ def plan(
     instances: Sequence[Instance],
     now: float,
     next_start: Mapping[str, float] | None = None,
+    released: Collection[str] = (),
 ) -> Plan:
-    """What to do now for one deployment; `next_start[version]`: its crash back-off's end."""
+    """What to do now for one deployment; `next_start[version]`: its crash back-off's end;
+    `released`: draining instances that no gateway holds any more (their last lease ended)."""
     out = Plan()
     live: list[Instance] = []
     old: list[Instance] = []
@@ -82,7 +84,8 @@ def plan(
             if inst.draining_since is None:
                 out.crashed.append(inst)
         elif inst.draining_since is not None:
-            if not inst.running or now - inst.draining_since >= want.drain_timeout_s:
+            timed_out = now - inst.draining_since >= want.drain_timeout_s
+            if not inst.running or inst.job_id in released or timed_out:
                 out.stop.append(inst.job_id)
         elif inst.version != want.version:
             old.append(inst)

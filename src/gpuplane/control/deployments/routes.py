@@ -33,6 +33,10 @@ class ModelLoad(BaseModel):
     queued: int = Field(ge=0, description="requests waiting in its fair queue")
     oldest_wait_s: float = Field(ge=0, description="how long the oldest of them has waited")
     ready: int = Field(ge=0, description="instances that take requests")
+    instances: dict[str, int] = Field(
+        default_factory=dict,
+        description="leases held per instance this gateway still has (draining ones too)",
+    )
 
 
 class LoadReport(BaseModel):
@@ -144,6 +148,7 @@ def _describe(service: ControlService, name: str) -> dict[str, Any]:
                 "version": inst.version,
                 "url": inst.url,
                 "capacity": inst.capacity,
+                "in_use": service.deployments.in_use(name, inst.job_id),
                 "state": "draining"
                 if inst.draining_since is not None
                 else view.state
