@@ -92,6 +92,7 @@ class Deployments:
         # autoscaled deployments: the gateways' last reports (by gateway), and the replicas
         # wanted now with when that last changed
         self._loads: dict[str, dict[str, Report]] = {}
+        self._loads_lock = threading.Lock()  # reports arrive on the API's threads
         self._scaled: dict[str, tuple[int, float | None]] = {}
 
     # -- commands ----------------------------------------------------------------------------
@@ -199,7 +200,8 @@ class Deployments:
             for key in [k for k in self._backoff if k[0] == name]:
                 self._backoff.pop(key)
                 self._next_start.pop(key, None)
-            self._loads.pop(name, None)
+            with self._loads_lock:
+                self._loads.pop(name, None)
             self._scaled.pop(name, None)
 
     # -- autoscaling -------------------------------------------------------------------------
@@ -211,12 +213,15 @@ class Deployments:
         for m in models:
             load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
             held = {str(k): int(v) for k, v in m["instances"].items()}
-            self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
-                load, int(m["ready"]), held
-            )
+            with self._loads_lock:
+                self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
+                    load, int(m["ready"]), held
+                )
 
     def _fresh(self, name: str, now: float) -> list[Report]:
-        return [r for r in self._loads.get(name, {}).values() if now - r.load.at <= STALE_S]
+        with self._loads_lock:
+            reports = list(self._loads.get(name, {}).values())
+        return [r for r in reports if now - r.load.at <= STALE_S]
 
     def in_use(self, name: str, job_id: str) -> int | None:
         """Slots the reporting gateways hold on the instance (None: no gateway reports)."""
