@@ -52,7 +52,7 @@ def apply(
             console.print(f"deployment {data['name']} {data['action']}", highlight=False)
         if p["fits"]:
             console.print(
-                f"an instance {verb} placed on {p['cluster']}/{p['node']} devices {p['devices']}",
+                f"an instance {verb} placed on {p['cluster']}/{p['node']} {_cards(p['devices'])}",
                 highlight=False,
             )
         else:
@@ -60,6 +60,10 @@ def apply(
             print_reasons(p["reasons"])
 
     emit(out, output, table)
+
+
+def _cards(devices: list[int]) -> str:
+    return f"cards {devices}" if devices else "(no GPU)"
 
 
 @app.command("list")
@@ -128,7 +132,7 @@ def _describe_table(d: dict[str, Any]) -> None:
                 i["id"],
                 i["version"],
                 i["state"],
-                f"{i['cluster']}/{i['node']} {i['devices']}" if i["cluster"] else "-",
+                f"{i['cluster']}/{i['node']} {_cards(i['devices'])}" if i["cluster"] else "-",
                 i["url"],
                 f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity']}",
                 i["reason"] or "-",
