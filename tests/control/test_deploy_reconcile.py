@@ -68,6 +68,13 @@ def test_a_new_version_starts_beside_the_old_which_drains_once_it_runs() -> None
     assert ready.stop == []
 
 
+def test_the_old_version_drains_only_once_the_gateways_admit_to_the_new() -> None:
+    v2 = Want("v2", 1, 30.0)
+    both = [inst("old"), inst("new", "running", "v2")]
+    assert plan(v2, both, now=0.0, ready={"old"}).drain == []  # running, not yet ready
+    assert plan(v2, both, now=0.0, ready={"old", "new"}).drain == ["old"]
+
+
 def test_a_deleted_deployment_drains_everything_at_once() -> None:
     gone = Want(None, 0, 30.0)
     todo = plan(gone, [inst("a"), inst("b", "pending")], now=0.0)

@@ -239,3 +239,43 @@ async def test_the_embedded_llama_cpp_is_deployed_and_answers(
             lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
             timeout_s=60,
         )
+
+
+async def test_a_new_version_replaces_the_old_under_load_without_a_failed_request(
+    control: tuple[ControlService, str],
+) -> None:
+    """v2 starts beside v1; v1 drains only once the gateway admits to v2, so streams running
+    throughout all finish."""
+    _, url = control
+    v1 = {**SPEC, "replicas": 1}
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=v1)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "v1 ready",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        stop = asyncio.Event()
+        answers: list[tuple[int, str]] = []
+
+        async def worker() -> None:
+            while not stop.is_set():
+                answers.append(await chat(client, gw_url))
+
+        workers = [asyncio.create_task(worker()) for _ in range(2)]
+        async with httpx.AsyncClient(timeout=60) as api:
+            applied = await api.post(url + "/deployments", json={**v1, "version": "v2"})
+        assert applied.json()["action"] == "configured"
+        await wait_for(
+            "only v2 in the gateway",
+            lambda: [i.id[:7] for i in gateway.routers["chat"].instances] == ["chat-v2"],
+        )
+        stop.set()
+        await asyncio.gather(*workers)
+    assert len(answers) >= 2
+    assert [s for s, _ in answers] == [200] * len(answers)
+    assert all(t.rstrip().endswith("data: [DONE]") for _, t in answers)
+    async with httpx.AsyncClient(timeout=60) as api:
+        await api.delete(url + "/deployments/chat")

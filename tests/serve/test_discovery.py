@@ -101,5 +101,6 @@ async def test_a_load_report_carries_the_exact_slot_use(gateway: Gateway) -> Non
             "oldest_wait_s": 0.0,
             "ready": 1,
             "instances": {"a": 1},
+            "ready_ids": ["a"],
         }
     ]

@@ -111,6 +111,7 @@ class Discovery:
                 "oldest_wait_s": router.oldest_wait_s(),
                 "ready": router.slots.healthy_count,
                 "instances": {i.id: len(i.leases) for i in router.instances},
+                "ready_ids": [i.id for i in router.instances if i.healthy],
             }
             for name in sorted(self.owned)
             for router in (self.gateway.routers[name],)

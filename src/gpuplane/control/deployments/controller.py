@@ -68,6 +68,7 @@ class Report:
     load: Load
     ready: int
     held: Mapping[str, int]
+    ready_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,7 @@ class Deployments:
             replicas = self._autoscale(session, spec, seen, now)
             want = Want(None if row.deleting else spec.version, replicas, spec.drain_timeout_s)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
-        todo = plan(want, seen, now, next_start, self._released(name, seen))
+        todo = plan(want, seen, now, next_start, self._released(name, seen), self._ready(name))
         self._carry_out(spec, todo, now)
         if row.deleting and not [i for i in seen if i.job_id not in todo.forget]:
             with self.service.store.session() as session, session.begin():
@@ -215,7 +216,7 @@ class Deployments:
             held = {str(k): int(v) for k, v in m["instances"].items()}
             with self._loads_lock:
                 self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
-                    load, int(m["ready"]), held
+                    load, int(m["ready"]), held, tuple(str(i) for i in m["ready_ids"])
                 )
 
     def _fresh(self, name: str, now: float) -> list[Report]:
@@ -227,6 +228,13 @@ class Deployments:
         """Slots the reporting gateways hold on the instance (None: no gateway reports)."""
         fresh = self._fresh(name, self.service.clock())
         return sum(r.held.get(job_id, 0) for r in fresh) if fresh else None
+
+    def _ready(self, name: str) -> set[str] | None:
+        """The instances every reporting gateway admits to (None: no gateway reports)."""
+        fresh = self._fresh(name, self.service.clock())
+        if not fresh:
+            return None
+        return set.intersection(*(set(r.ready_ids) for r in fresh))
 
     def _released(self, name: str, seen: list[Instance]) -> set[str]:
         """Draining instances that every gateway reporting since the drain began no longer

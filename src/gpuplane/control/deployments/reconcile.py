@@ -5,8 +5,9 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
 - an instance whose job ended is forgotten; one that ended while still wanted crashed, and its
   version's next start waits out a back-off (the caller's `Backoff`);
 - a version no longer wanted drains every instance: at once when the deployment is deleted; when
-  the spec names another version, once that version runs its replicas (its instances start
-  beside the old ones, so traffic always has somewhere to go); a version with more instances
+  the spec names another version, once that version serves its replicas (running, and ready in
+  every gateway that reports: its instances start beside the old ones, so traffic always has
+  somewhere to go); a version with more instances
   than its replicas drains the surplus, those not yet running first (they hold no requests),
   then the newest;
 - a draining instance that never ran is stopped at once; one that ran is stopped once the
@@ -72,9 +73,12 @@ def plan(
     now: float,
     next_start: Mapping[str, float] | None = None,
     released: Collection[str] = (),
+    ready: Collection[str] | None = None,
 ) -> Plan:
     """What to do now for one deployment; `next_start[version]`: its crash back-off's end;
-    `released`: draining instances that no gateway holds any more (their last lease ended)."""
+    `released`: draining instances that no gateway holds any more (their last lease ended);
+    `ready`: the instances the gateways admit to (None: no gateway reports; a running job
+    counts as serving)."""
     out = Plan()
     live: list[Instance] = []
     old: list[Instance] = []
@@ -91,7 +95,8 @@ def plan(
             old.append(inst)
         else:
             live.append(inst)
-    if want.version is None or sum(i.running for i in live) >= want.replicas:
+    serving = [i for i in live if i.running and (ready is None or i.job_id in ready)]
+    if want.version is None or len(serving) >= want.replicas:
         for inst in old:
             _drain(out, inst, now)
     surplus = len(live) - want.replicas

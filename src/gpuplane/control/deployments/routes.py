@@ -37,6 +37,7 @@ class ModelLoad(BaseModel):
         default_factory=dict,
         description="leases held per instance this gateway still has (draining ones too)",
     )
+    ready_ids: list[str] = Field(default_factory=list, description="the instances it admits to")
 
 
 class LoadReport(BaseModel):
