@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 import yaml
@@ -68,7 +69,24 @@ def client(server: str | None, *, options: bool = False) -> Iterator[ControlClie
         raise typer.Exit(1) from None
 
 
-def fail(message: str) -> None:
+def load_spec(file: Path, kind: str, fields: str, example: str) -> dict[str, Any]:
+    """A `kind` spec file (YAML) as a mapping; exits with what is wrong otherwise. `fields`
+    and `example` say what such a spec holds, for the message."""
+    try:
+        spec = yaml.safe_load(file.read_text())
+    except FileNotFoundError:
+        fail(f"{file} does not exist")
+    except yaml.YAMLError as exc:
+        fail(f"{file} is not valid YAML: {exc}")
+    if not isinstance(spec, dict):
+        fail(
+            f"{file} holds a YAML {type(spec).__name__}; a {kind} spec is a mapping of its fields "
+            f"({fields}): see {example}"
+        )
+    return spec
+
+
+def fail(message: str) -> NoReturn:
     err_console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
 

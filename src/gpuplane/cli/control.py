@@ -67,7 +67,14 @@ def serve(
     typer.echo(f"control plane on http://{control.host}:{control.port} (API docs at /docs)")
     app_ = create_app(service)
     server = _server(
-        uvicorn.Config(app_, host=control.host, port=control.port, log_level="warning")
+        uvicorn.Config(
+            app_,
+            host=control.host,
+            port=control.port,
+            log_level="warning",
+            # a gateway's deployment watch is a long poll: shut down without waiting it out
+            timeout_graceful_shutdown=5,
+        )
     )
     try:
         server.run()

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
@@ -22,6 +21,7 @@ from gpuplane.cli._control_common import (
     err_console,
     fail,
     iso_times,
+    load_spec,
     mib,
     print_reasons,
     print_table,
@@ -77,17 +77,9 @@ def submit(
     """Submit a job spec; an impossible request is refused with the reason."""
     if wait and dry_run:
         fail("--wait and --dry-run exclude each other: a dry run submits nothing to wait for")
-    try:
-        spec = yaml.safe_load(file.read_text())
-    except FileNotFoundError:
-        fail(f"{file} does not exist")
-    except yaml.YAMLError as exc:
-        fail(f"{file} is not valid YAML: {exc}")
-    if not isinstance(spec, dict):
-        fail(
-            f"{file} holds a YAML {type(spec).__name__}; a job spec is a mapping of its fields "
-            "(name, team, command, resources, ...): see examples/control/hello.yaml"
-        )
+    spec = load_spec(
+        file, "job", "name, team, command, resources, ...", "examples/control/hello.yaml"
+    )
     with client(server) as c:
         out = c.submit(spec, dry_run=dry_run)
 

@@ -37,6 +37,11 @@ ADMIN_KEY_OPTION = typer.Option(
     envvar=ADMIN_KEY_ENV,
     help=f"admin key, needed once the gateway has keys (${ADMIN_KEY_ENV})",
 )
+CONTROL_OPTION = typer.Option(
+    None,
+    "--control",
+    help="a control plane's URL: serve its deployments, found by watching it",
+)
 
 
 def _settings(config: Path | None, host: str | None, port: int | None) -> Settings:
@@ -62,6 +67,7 @@ def _gateway_group(
     config: Path | None = CONFIG_OPTION,
     host: str | None = HOST_OPTION,
     port: int | None = PORT_OPTION,
+    control: str | None = CONTROL_OPTION,
 ) -> None:
     """The OpenAI-compatible gateway: `serve` it, read its `status` and its tenants' `usage`,
     or create API keys (`key create`).
@@ -69,11 +75,11 @@ def _gateway_group(
     `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
     """
     if ctx.invoked_subcommand is None:
-        gateway(config, host, port)
-    elif config is not None or host is not None or port is not None:
+        gateway(config, host, port, control)
+    elif any(v is not None for v in (config, host, port, control)):
         raise _fail(
             GpuplaneError(
-                f"--config, --host and --port go after the command: "
+                f"--config, --host, --port and --control go after the command: "
                 f"`gpuplane gateway {ctx.invoked_subcommand} ...`"
             )
         )
@@ -84,27 +90,38 @@ def gateway(
     config: Path | None = CONFIG_OPTION,
     host: str | None = HOST_OPTION,
     port: int | None = PORT_OPTION,
+    control: str | None = CONTROL_OPTION,
 ) -> None:
-    """Serve the OpenAI-compatible gateway in front of the configured engine instances."""
+    """Serve the OpenAI-compatible gateway in front of the configured engine instances, and
+    (--control URL) the deployments of a control plane."""
+    from gpuplane.serve.app import Gateway
     from gpuplane.serve.server import serve_until_signal
 
     logs.configure()
     try:
-        if config is None:
+        if config is None and control is None:
             raise GpuplaneError(
-                "the gateway needs its configuration: `gpuplane gateway serve --config FILE` "
-                "(a YAML with a `models:` list)"
+                "the gateway needs its models: `gpuplane gateway serve --config FILE` (a YAML "
+                "with a `models:` list) or `--control URL` (a control plane's deployments)"
             )
         settings = _settings(config, host, port)
-        if not settings.models:
-            raise GpuplaneError(f"{config} configures no models; add a `models:` list")
-        gw = settings.gateway
-        _loop.settle_gc()
-        _loop.run(
-            serve_until_signal(
-                settings, lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}")
+        if not settings.models and control is None:
+            raise GpuplaneError(
+                f"{config} configures no models; add a `models:` list, or serve a control "
+                "plane's deployments with --control URL"
             )
-        )
+        gw = settings.gateway
+        where = f"; serving the deployments of {control}" if control else ""
+
+        async def serve() -> None:  # the gateway is made on the loop that runs it
+            await serve_until_signal(
+                settings,
+                lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}{where}"),
+                Gateway(settings, control=control),
+            )
+
+        _loop.settle_gc()
+        _loop.run(serve())
     except GpuplaneError as exc:
         raise _fail(exc) from None
 

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gpuplane import __version__
 from gpuplane.control import queries
 from gpuplane.control.adapters.base import AdapterError
+from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.views import (
@@ -236,4 +237,5 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
         return queries.set_quota(service, name, flavor, body)
 
+    app.include_router(deployment_routes.router(service))
     return app

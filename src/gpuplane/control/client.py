@@ -146,6 +146,30 @@ class ControlClient:
         out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
         return out
 
+    def apply_deployment(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = self.json(
+            "POST", "/deployments", json=spec, params={"dry_run": str(dry_run).lower()}
+        )
+        return out
+
+    def deployments(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.json("GET", "/deployments")
+        return out
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("GET", f"/deployments/{name}")
+        return out
+
+    def scale_deployment(self, name: str, replicas: int) -> dict[str, Any]:
+        out: dict[str, Any] = self.json(
+            "POST", f"/deployments/{name}/scale", json={"replicas": replicas}
+        )
+        return out
+
+    def delete_deployment(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("DELETE", f"/deployments/{name}")
+        return out
+
 
 def _body(data: Any) -> dict[str, Any]:
     """A JSON request body. Encoded here rather than by httpx, which refuses inf and NaN: the

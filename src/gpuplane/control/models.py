@@ -174,3 +174,43 @@ class SchedulerLock(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Deployment(Base):
+    """A deployed model (`control/deployments/`): its spec as applied, and whether it is being
+    deleted (its instances drain first; the row goes when the last one has stopped)."""
+
+    __tablename__ = "deployments"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    deleting: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class DeploymentInstance(Base):
+    """One engine instance of a deployment's version: the job that runs it and where it
+    answers. `draining_since` is set once it is no longer wanted: the gateway stops admitting
+    to it, and its job is stopped `drain_timeout_s` later."""
+
+    __tablename__ = "deployment_instances"
+
+    job_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    deployment: Mapped[str] = mapped_column(
+        ForeignKey("deployments.name", ondelete="CASCADE"), index=True
+    )
+    version: Mapped[str] = mapped_column(String(63))
+    url: Mapped[str] = mapped_column(String(255))
+    capacity: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    draining_since: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class DeploymentEvent(Base):
+    __tablename__ = "deployment_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    deployment: Mapped[str] = mapped_column(String(63), index=True)
+    message: Mapped[str] = mapped_column(String(2000))

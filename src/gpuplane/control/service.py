@@ -28,6 +28,7 @@ from gpuplane.control.adapters.base import ClusterAdapter
 from gpuplane.control.admission import Estate, NominationPolicy
 from gpuplane.control.clusters import Clusters, Drained
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
+from gpuplane.control.deployments.controller import Deployments
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.intake import Intake
 from gpuplane.control.inventory import RowIds
@@ -102,6 +103,7 @@ class ControlService:
             config.default_team,
             bind_on_submit,
         )
+        self.deployments = Deployments(self)  # their instances are jobs of this service
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -155,11 +157,13 @@ class ControlService:
         self.store.close()
 
     def tick(self) -> None:
-        """One round of the background loop: check the clusters' health, observe, admit, bind."""
+        """One round of the background loop: check the clusters' health, observe, admit, bind,
+        then keep each deployment's instances (`deployments/`)."""
         self.clusters.check()
         self.reconcile()
         self.schedule_pass()
         self.bind_admitted()
+        self.deployments.reconcile()
 
     # -- clusters (`clusters.py`) --------------------------------------------------------------
 

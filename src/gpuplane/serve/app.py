@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpuplane.serve.discovery import Discovery
 from gpuplane.serve.engines import EngineAdapter, get_adapter
 from gpuplane.serve.errors import FailureKind, Rejection, error_response
 from gpuplane.serve.limits import OverLimit, asked_tokens
@@ -38,7 +39,7 @@ from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall
 from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import GatewayConfig, ServeSettings
+from gpuplane.serve.settings import GatewayConfig, ModelConfig, ServeSettings
 from gpuplane.serve.tenants import Identity, presented_key
 from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
@@ -61,7 +62,10 @@ class Gateway:
         *,
         rng: random.Random | None = None,
         wall: Callable[[], float] = time.time,
+        control: str | None = None,
     ) -> None:
+        """`control`: a control plane's URL, whose deployments add models and instances while
+        the gateway runs (`discovery.py`)."""
         self.settings = settings
         self.cfg = settings.gateway
         self.wall = wall
@@ -69,29 +73,38 @@ class Gateway:
         self.routers: dict[str, ModelRouter] = {}
         self.metrics = GatewayMetrics(lambda: self.routers.values(), self.identity.accounts)
         self.oplog = GatewayLog()
-        events = replace(self.metrics.router_events(), health_changed=self.oplog.health_changed)
+        self._events = replace(
+            self.metrics.router_events(), health_changed=self.oplog.health_changed
+        )
         self.health_paths: dict[str, str] = {}
-        rng = rng or random.Random()
+        self._rng = rng or random.Random()
         self.shared = shared_slots(self.cfg)
-        adapters: dict[str, EngineAdapter] = {}
+        self.adapters: dict[str, EngineAdapter] = {}
+        self.upstream_names: dict[str, str | None] = {}
         for model in settings.models:
-            adapter = adapters[model.name] = get_adapter(model.engine)
-            capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
-            self.routers[model.name] = ModelRouter(
-                model,
-                self.cfg,
-                capacities,
-                events=events,
-                locality_wait_s=adapter.locality_wait_s,
-                per_request_cache=adapter.prefix_cache_per_request,
-                rng=random.Random(rng.random()),
-                shared=self.shared,
-            )
-            self.health_paths[model.name] = adapter.health_path
-        self.upstream_names = {m.name: m.upstream_model for m in settings.models}
+            self.add_model(model)
         self.upstream = Upstream(self.cfg)
         self._tasks: list[asyncio.Task[None]] = []
-        self.leadership = leadership(self.cfg, self.routers, adapters)
+        self.leadership = leadership(self.cfg, self.routers, self.adapters)
+        self.discovery = None if control is None else Discovery(self, control)
+
+    def add_model(self, model: ModelConfig) -> ModelRouter:
+        """Route `model` from now on: its configured instances, and any added later."""
+        adapter = self.adapters[model.name] = get_adapter(model.engine)
+        capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
+        router = self.routers[model.name] = ModelRouter(
+            model,
+            self.cfg,
+            capacities,
+            events=self._events,
+            locality_wait_s=adapter.locality_wait_s,
+            per_request_cache=adapter.prefix_cache_per_request,
+            rng=random.Random(self._rng.random()),
+            shared=self.shared,
+        )
+        self.health_paths[model.name] = adapter.health_path
+        self.upstream_names[model.name] = model.upstream_model
+        return router
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -102,6 +115,8 @@ class Gateway:
             asyncio.create_task(self._reaper(), name="gpuplane-reaper"),
             asyncio.create_task(self._prober(), name="gpuplane-prober"),
         ]
+        if self.discovery is not None:
+            self._tasks.append(asyncio.create_task(self.discovery.run(), name="gpuplane-discovery"))
         if self.leadership is not None:
             self.leadership.start()
 
@@ -120,6 +135,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.upstream.aclose()
+        if self.discovery is not None:
+            await self.discovery.aclose()
         if self.shared is not None:
             await self.shared.stop()
 

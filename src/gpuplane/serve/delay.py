@@ -60,6 +60,14 @@ class DelayScheduler:
         """How long a lease is held, over the fleet (0 before any was released)."""
         return self._hold.value
 
+    def add(self, instance_id: str) -> None:
+        """A new instance: no hold time measured yet."""
+        self._holds[instance_id] = RunningMean(0.1)
+
+    def remove(self, instance_id: str) -> None:
+        self._holds.pop(instance_id, None)
+        self._waiting_for.pop(instance_id, None)
+
     def held(self, instance_id: str, seconds: float) -> None:
         """A lease on the instance was released after `seconds`."""
         self._hold.add(seconds)

@@ -28,14 +28,25 @@ class InstanceHealth:
         self._changed = changed
         self._failures = {i.id: 0 for i in slots.instances}  # consecutive, per instance
 
+    def add(self, instance_id: str) -> None:
+        """A new instance in the slot table (unhealthy until its first success)."""
+        self._failures[instance_id] = 0
+
+    def remove(self, instance_id: str) -> None:
+        self._failures.pop(instance_id, None)
+
     def report_success(self, instance_id: str) -> None:
-        """It answered a probe or a request."""
+        """It answered a probe or a request (an instance no longer in the table: ignored)."""
+        if instance_id not in self.slots:
+            return
         self._failures[instance_id] = 0
         self._set(instance_id, True, "it answered a health probe or a request")
 
     def report_failure(self, instance_id: str, kind: FailureKind, detail: str = "") -> None:
         """Passive health: a refused connection marks the instance down at once; other failures
         count until `failure_threshold` in a row. `detail` says what failed, for the log."""
+        if instance_id not in self.slots:
+            return  # removed meanwhile (a probe or request that ended after its drain)
         n = self._failures[instance_id] = self._failures[instance_id] + 1
         if kind is FailureKind.CONNECT or n >= self.failure_threshold:
             why = f"{n} failure(s) in a row, the last ({kind.value}): {detail}"
@@ -60,6 +71,11 @@ class InstanceHealth:
         """Why no instance of `model` can take a request: the supervisors' diagnoses where they
         have one."""
         insts = self.slots.instances
+        if not insts:
+            return (
+                f"model '{model}' has no instance now (its deployment is starting, scaled to "
+                "zero or deleted); retry later, or see `gpuplane deploy describe`"
+            )
         if all(i.crash_looping for i in insts):
             return f"model '{model}' cannot be served: " + "; ".join(
                 str(i.last_error) for i in insts

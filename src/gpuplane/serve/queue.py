@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -91,6 +91,12 @@ class FairQueue(Generic[T]):
         state.count += 1
         self._size += 1
         return ticket
+
+    def items(self) -> Iterator[T]:
+        """Every item still waiting, in no particular order."""
+        for state in self._tenants.values():
+            for waiting in state.waiting.values():
+                yield from (t.item for t in waiting if not t.removed)
 
     def remove(self, ticket: Ticket[T]) -> bool:
         """Withdraw a ticket (its waiter left). Idempotent; False if already gone."""

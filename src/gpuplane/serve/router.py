@@ -61,6 +61,7 @@ class _Waiter:
     timer: asyncio.TimerHandle | None = None
     preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
+    since: float = 0.0  # when it joined the queue (the router's clock)
 
 
 class SharedSlots(Protocol):
@@ -138,6 +139,34 @@ class ModelRouter:
     def instances(self) -> list[InstanceSlots]:
         return self.slots.instances
 
+    # -- instances that come and go (discovery) -----------------------------------------------
+
+    def add_instance(self, instance_id: str, url: str, capacity: int) -> None:
+        """A new instance: it takes requests once it first answers its health probe (or a
+        request), like one that recovers."""
+        self.slots.add(instance_id, url.rstrip("/"), capacity)
+        self.health.add(instance_id)
+        self.speeds.add(instance_id)
+        self.delay.add(instance_id)
+
+    def drain_instance(self, instance_id: str) -> None:
+        """Admit nothing more to the instance; it leaves once its last lease is released
+        (now, when it holds none). Waiters go to the others."""
+        if self.slots.drain(instance_id):
+            self._remove(instance_id)
+
+    def _remove(self, instance_id: str) -> None:
+        self.slots.remove(instance_id)
+        self.health.remove(instance_id)
+        self.speeds.remove(instance_id)
+        self.delay.remove(instance_id)
+        self.index.forget(instance_id)
+
+    def oldest_wait_s(self) -> float:
+        """How long the longest-waiting queued request has waited (0 with none)."""
+        since = min((w.since for w in self.queue.items()), default=None)
+        return 0.0 if since is None else self._clock() - since
+
     # -- a request: acquire, observe_first_byte, finish -----------------------------------------
 
     async def acquire(
@@ -187,7 +216,7 @@ class ModelRouter:
                 f"({self.queue.max_size} waiting); retry later",
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future())
+        waiter = _Waiter(blocks, loop.create_future(), since=self._clock())
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
@@ -357,6 +386,9 @@ class ModelRouter:
             if self.shared is not None:
                 self.shared.release(self.name, lease)
             self.delay.held(lease.instance_id, self._clock() - lease.acquired_at)
+            inst = self.slots.get(lease.instance_id)
+            if inst.draining and not inst.leases:
+                self._remove(lease.instance_id)
             self._dispatch(lease.instance_id)
 
     def _dispatch(self, freed: str | None) -> None:

@@ -15,15 +15,17 @@ from enum import StrEnum
 class SlotRefusal(StrEnum):
     UNKNOWN_INSTANCE = "unknown_instance"
     UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
     FULL = "full"
 
 
 class InstanceState(StrEnum):
-    """An instance as `/admin/state` shows it (a gateway has no draining instance yet)."""
+    """An instance as `/admin/state` shows it."""
 
     READY = "ready"  # healthy: takes requests
-    UNHEALTHY = "unhealthy"
+    UNHEALTHY = "unhealthy"  # (a discovered instance is, until it first answers its probe)
     CRASH_LOOPING = "crash_looping"  # down: its engine keeps exiting soon after it starts
+    DRAINING = "draining"  # removed: takes no new request; goes when its last lease ends
 
 
 @dataclass(slots=True)
@@ -43,6 +45,8 @@ class InstanceSlots:
     # supervised here), and whether it exits soon after every start
     last_error: str | None = None
     crash_looping: bool = False
+    # removed (by discovery): it takes no new request, and leaves the table at its last release
+    draining: bool = False
     # in_flight / capacity, kept in step by `count`: placement reads it for every
     # candidate of every request, and a plain attribute is several times cheaper than a property
     utilisation: float = field(init=False)
@@ -62,6 +66,8 @@ class InstanceSlots:
 
     @property
     def state(self) -> InstanceState:
+        if self.draining:
+            return InstanceState.DRAINING
         if self.healthy:
             return InstanceState.READY
         return InstanceState.CRASH_LOOPING if self.crash_looping else InstanceState.UNHEALTHY
@@ -87,7 +93,7 @@ class SlotTable:
             self._instances[iid] = InstanceSlots(iid, url, capacity)
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
-        self.healthy_count = len(self._instances)
+        self.healthy_count = len(self._instances)  # kept in step by `set_healthy`
         # `available()`, rebuilt only after an instance fills up, gets room again or changes
         # health: placement asks on every request, and with capacities of tens that is rare
         self._available: list[InstanceSlots] | None = None
@@ -98,6 +104,9 @@ class SlotTable:
 
     def get(self, instance_id: str) -> InstanceSlots:
         return self._instances[instance_id]
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._instances
 
     def available(self) -> Sequence[InstanceSlots]:
         """Healthy instances with at least one free slot (shared: do not modify it)."""
@@ -112,6 +121,8 @@ class SlotTable:
         inst = self._instances.get(instance_id)
         if inst is None:
             return SlotRefusal.UNKNOWN_INSTANCE
+        if inst.draining:
+            return SlotRefusal.DRAINING
         if not inst.healthy:
             return SlotRefusal.UNHEALTHY
         if inst.in_flight >= inst.capacity:
@@ -159,10 +170,38 @@ class SlotTable:
         """Leases held longer than `ttl`: each is a leak the reaper will release."""
         return [lease for lease in self._leases.values() if now - lease.acquired_at > ttl]
 
-    def set_healthy(self, instance_id: str, healthy: bool) -> bool:
-        """Mark an instance; True when its state changed."""
+    def add(self, instance_id: str, url: str, capacity: int) -> InstanceSlots:
+        """A new instance, unhealthy until it first answers (`set_healthy`)."""
+        if instance_id in self._instances:
+            raise ValueError(f"instance {instance_id} is already in the table")
+        if capacity < 1:
+            raise ValueError(f"instance {instance_id}: capacity must be >= 1, got {capacity}")
+        inst = self._instances[instance_id] = InstanceSlots(
+            instance_id, url, capacity, healthy=False
+        )
+        return inst
+
+    def drain(self, instance_id: str) -> bool:
+        """Take no new lease on the instance (its leases run on); True when it holds none and
+        can be `remove`d now."""
         inst = self._instances[instance_id]
-        if inst.healthy == healthy:
+        self.set_healthy(instance_id, False)
+        inst.draining = True
+        return not inst.leases
+
+    def remove(self, instance_id: str) -> None:
+        """Forget a drained instance that holds no lease."""
+        inst = self._instances[instance_id]
+        if inst.leases:
+            raise RuntimeError(f"instance {instance_id} still holds {len(inst.leases)} lease(s)")
+        self.set_healthy(instance_id, False)
+        del self._instances[instance_id]
+        self._available = None
+
+    def set_healthy(self, instance_id: str, healthy: bool) -> bool:
+        """Mark an instance (a draining one stays out); True when its state changed."""
+        inst = self._instances[instance_id]
+        if inst.healthy == healthy or (healthy and inst.draining):
             return False
         inst.healthy = healthy
         self.healthy_count += 1 if healthy else -1

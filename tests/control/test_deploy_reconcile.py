@@ -1,0 +1,89 @@
+"""The deployment reconciler's pure core: starts, drains, stops and back-off, on given times."""
+
+from __future__ import annotations
+
+from gpuplane.control.deployments.reconcile import Instance, Want, plan
+
+V1 = Want("v1", 2, drain_timeout_s=30.0)
+
+
+def inst(
+    job_id: str,
+    state: str = "running",
+    version: str = "v1",
+    created: float = 0.0,
+    draining: float | None = None,
+) -> Instance:
+    return Instance(job_id, version, state, created, draining)
+
+
+def test_missing_instances_are_started() -> None:
+    assert plan(V1, [], now=0.0).start == 2
+    assert plan(V1, [inst("a")], now=0.0).start == 1
+    assert not plan(V1, [inst("a"), inst("b", "pending")], now=0.0).changes
+
+
+def test_surplus_drains_not_yet_running_first_then_the_newest() -> None:
+    one = Want("v1", 1, 30.0)
+    todo = plan(
+        one, [inst("old", created=1), inst("new", created=2), inst("p", "pending", created=0)], 5.0
+    )
+    assert todo.drain == ["p", "new"]
+    assert todo.stop == ["p"]  # it never took a request: stopped at once
+    assert todo.start == 0
+
+
+def test_a_draining_instance_stops_after_the_drain_timeout() -> None:
+    zero = Want("v1", 0, 30.0)
+    assert plan(zero, [inst("a", draining=10.0)], now=39.9).stop == []
+    assert plan(zero, [inst("a", draining=10.0)], now=40.0).stop == ["a"]
+
+
+def test_a_crash_is_reported_and_its_replacement_waits_for_the_back_off() -> None:
+    todo = plan(V1, [inst("a"), inst("b", "failed")], now=10.0)
+    assert todo.forget == ["b"]
+    assert [i.job_id for i in todo.crashed] == ["b"]
+    assert todo.start == 0  # the caller counts the crash first
+    waiting = plan(V1, [inst("a")], now=10.5, next_start={"v1": 12.0})
+    assert waiting.start == 0
+    assert waiting.waiting_until == 12.0
+    assert plan(V1, [inst("a")], now=12.0, next_start={"v1": 12.0}).start == 1
+
+
+def test_an_instance_stopped_while_draining_is_not_a_crash() -> None:
+    todo = plan(Want("v1", 0, 30.0), [inst("a", "cancelled", draining=1.0)], now=5.0)
+    assert todo.forget == ["a"]
+    assert todo.crashed == []
+
+
+def test_a_new_version_starts_beside_the_old_which_drains_once_it_runs() -> None:
+    v2 = Want("v2", 1, 30.0)
+    first = plan(v2, [inst("old")], now=0.0)
+    assert first.start == 1
+    assert first.drain == []
+    starting = plan(v2, [inst("old"), inst("new", "admitted", "v2")], now=1.0)
+    assert starting.drain == []
+    ready = plan(v2, [inst("old"), inst("new", "running", "v2")], now=2.0)
+    assert ready.drain == ["old"]
+    assert ready.stop == []
+
+
+def test_the_old_version_drains_only_once_the_gateways_admit_to_the_new() -> None:
+    v2 = Want("v2", 1, 30.0)
+    both = [inst("old"), inst("new", "running", "v2")]
+    assert plan(v2, both, now=0.0, ready={"old"}).drain == []  # running, not yet ready
+    assert plan(v2, both, now=0.0, ready={"old", "new"}).drain == ["old"]
+
+
+def test_a_deleted_deployment_drains_everything_at_once() -> None:
+    gone = Want(None, 0, 30.0)
+    todo = plan(gone, [inst("a"), inst("b", "pending")], now=0.0)
+    assert todo.drain == ["a", "b"]
+    assert todo.stop == ["b"]
+    assert todo.start == 0
+
+
+def test_a_draining_instance_the_gateways_released_stops_before_the_timeout() -> None:
+    zero = Want("v1", 0, 30.0)
+    draining = [inst("a", draining=10.0), inst("b", draining=10.0)]
+    assert plan(zero, draining, now=11.0, released={"b"}).stop == ["b"]

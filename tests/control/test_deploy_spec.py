@@ -1,0 +1,108 @@
+"""Deployment specs: validated, every field honoured or refused with the reason."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.spec import SpecError, parse_spec
+
+BASE: dict[str, Any] = {"name": "chat", "model": "sim", "engine": "sim", "team": "research"}
+
+
+def test_an_unknown_field_names_the_nearest_valid_one() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_deployment({**BASE, "replica": 2})
+    assert "unknown field 'replica' (did you mean 'replicas'?)" in str(caught.value)
+
+
+def test_an_unknown_engine_lists_the_valid_ones() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_deployment({**BASE, "engine": "vlm"})
+    assert "engine" in str(caught.value)
+    assert "'vllm'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("scaling", {"min": 0, "max": 3}, "scale to zero) is not implemented yet"),
+        ("canary", [{"version": "v2", "weight": 10}], "weighted rollouts are not implemented"),
+    ],
+)
+def test_fields_not_acted_on_yet_are_refused_with_the_reason(
+    field: str, value: Any, reason: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_deployment({**BASE, field: value})
+    assert reason in str(caught.value)
+
+
+def test_replicas_and_scaling_exclude_each_other() -> None:
+    with pytest.raises(SpecError, match="replicas or scaling, not both"):
+        parse_deployment({**BASE, "replicas": 2, "scaling": {"min": 1, "max": 2}})
+
+
+def test_a_bad_slice_is_refused_as_the_job_would_be() -> None:
+    with pytest.raises(SpecError, match="fractional slice"):
+        parse_deployment({**BASE, "slice": {"gpus": 2, "gpu_mem_mib": 1024}})
+
+
+def test_no_team_takes_the_default_or_is_refused() -> None:
+    data = {k: v for k, v in BASE.items() if k != "team"}
+    assert parse_deployment(data, "ml").team == "ml"
+    with pytest.raises(SpecError, match="team"):
+        parse_deployment(data)
+
+
+def test_an_instance_is_a_job_running_the_engine_on_its_slice() -> None:
+    spec = parse_deployment(
+        {
+            **BASE,
+            "version": "v2",
+            "max_concurrency": 8,
+            "engine_args": ["--itl-ms", "5"],
+            "slice": {"gpu_mem_mib": 8192, "gpu_cores_pct": 25},
+            "placement": {"gpu_models": ["A100-80GB"], "region": "eu"},
+        }
+    )
+    job = spec.to_job("127.0.0.1", 9001)
+    assert job["name"] == "chat-v2"
+    assert job["command"][:3] == [sys.executable, "-m", "gpuplane.cli.main"]
+    assert job["command"][3:5] == ["engine", "sim"]
+    argv = " ".join(job["command"])
+    assert "--base-port 9001" in argv
+    assert "--max-num-seqs 8" in argv
+    assert argv.endswith("--itl-ms 5")
+    assert job["resources"] == {
+        "gpus": 0,
+        "gpu_mem_mib": 8192,
+        "gpu_cores_pct": 25,
+        "cpu_millis": 0,
+        "memory_mib": 0,
+    }
+    parsed = parse_spec(job)
+    assert parsed.to_selector().gpu_models == frozenset({"A100-80GB"})
+
+
+def test_max_concurrency_defaults_to_the_engines_own() -> None:
+    assert parse_deployment(BASE).capacity() == 4  # the simulator's default
+    assert "--max-num-seqs 4" in " ".join(parse_deployment(BASE).to_job("h", 1)["command"])
+
+
+def test_scaling_starts_from_min_and_min_may_not_exceed_max() -> None:
+    spec = parse_deployment({**BASE, "scaling": {"min": 2, "max": 4, "target_slot_util": 0.5}})
+    assert spec.desired == 2
+    rules = spec.rules()
+    assert rules is not None
+    assert (rules.min, rules.max, rules.target_slot_util, rules.slots_per_instance) == (
+        2,
+        4,
+        0.5,
+        4,
+    )
+    with pytest.raises(SpecError, match=r"min \(3\) must not exceed max \(2\)"):
+        parse_deployment({**BASE, "scaling": {"min": 3, "max": 2}})

