@@ -10,6 +10,7 @@ beside ours (baselines within a point of them are the evidence that the protocol
     .venv/bin/python benchmarks/packing_openb.py            # all seeds, ~2 s per policy and seed
     .venv/bin/python benchmarks/packing_openb.py --seeds 42-43 --policies fgd,frag
     .venv/bin/python benchmarks/packing_openb.py --mixes    # every policy x the 14 derived mixes
+    .venv/bin/python benchmarks/packing_openb.py --mixes --policies frag --merge  # keep the rest
     .venv/bin/python benchmarks/packing_openb.py --pod-lists DIR/openb_pod_list_*.csv  # published
 
 `--mixes` derives workload mixes from the default trace (`gpuplane.control.mixes`: CPU-only,
@@ -22,6 +23,7 @@ published FGD figure.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -42,6 +44,7 @@ from gpuplane.control.simulate import (
     parse_seeds,
     run_seed,
 )
+from gpuplane.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPUPLANE_OPENB", ROOT.parent / "shared" / "data" / "openb"))
@@ -105,6 +108,11 @@ def main() -> None:
     ap.add_argument("--mix-seed", type=int, default=0, help="seed of the mixes' derivation")
     ap.add_argument("--pod-lists", nargs="+", type=Path, help="pod list CSVs to run as mixes")
     ap.add_argument("--out", type=Path, help="where to write the JSON (default by mode)")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the results of the other policies (and mixes) already in the JSON",
+    )
     args = ap.parse_args()
     nodes_csv = str(args.data / "openb_node_list_gpu_node.csv")
     pods_csv = str(args.data / "openb_pod_list_default.csv")
@@ -116,6 +124,12 @@ def main() -> None:
         _mixes(args, nodes_csv, pods_csv, policies, seeds)
         return
 
+    path = args.out or RESULTS
+    earlier = (
+        _earlier(path, {"tune": args.tune, "seeds": seeds})
+        if args.merge and path.exists()
+        else None
+    )
     started = time.perf_counter()
     tasks = [(nodes_csv, pods_csv, p, s, args.tune, None, 0) for p in policies for s in seeds]
     runs = _run(tasks, args.jobs)
@@ -151,6 +165,8 @@ def main() -> None:
             f"published_{final}": paper[1] if paper else None,
             "seconds_per_seed": round(per_seed, 2),
         }
+    if earlier is not None:
+        rows = {**earlier["policies"], **rows}
     frag, fgd = results.get("frag"), PUBLISHED["fgd"][1]
     if frag is not None:
         verdict = "beats" if frag.alloc_ratio_final > fgd else "does not beat"
@@ -169,7 +185,7 @@ def main() -> None:
         "jobs": args.jobs,
     }
     print(f"{wall:.0f} s wall")
-    save(out, args.out or RESULTS, echo_json=args.json)
+    save(out, path, echo_json=args.json)
 
 
 def _mixes(
@@ -184,6 +200,9 @@ def _mixes(
     if args.mixes is not None:
         names = [m.name for m in MIXES] if args.mixes == "all" else args.mixes.split(",")
         cases += [(mix_named(n.strip()).name, pods_csv, n.strip()) for n in names]
+    path = args.out or MIX_RESULTS
+    here = {"tune": args.tune, "seeds": seeds, "mix_seed": args.mix_seed}
+    earlier = _earlier(path, here) if args.merge and path.exists() else None
     started = time.perf_counter()
     tasks = [
         (nodes_csv, pods, p, s, args.tune, mix, args.mix_seed)
@@ -194,9 +213,6 @@ def _mixes(
     runs = iter(_run(tasks, args.jobs))
     wall = time.perf_counter() - started
     final = f"alloc_ratio_{round(args.tune * 100)}"
-    print(f"GPU allocation at {args.tune:.0%} demand, mean over seeds {args.seeds}")
-    print(f"{'mix':<12} {'cpu/frac/multi/spec %':>21} " + " ".join(f"{p:>8}" for p in policies)
-          + f" {'frag-fgd':>8} {'FGD pub':>7}")  # fmt: skip
     rows: dict[str, Any] = {}
     for label, pods, mix in cases:
         derived = _mix_pods(nodes_csv, pods, mix, args.mix_seed) if mix else load_pods(pods)
@@ -204,16 +220,6 @@ def _mixes(
         res = {p: SimulationResult(p, args.tune) for p in policies}
         for p in policies:
             res[p].seeds.extend(next(runs) for _ in seeds)
-        means = {p: r.alloc_ratio_final for p, r in res.items()}
-        gap = means["frag"] - means["fgd"] if {"frag", "fgd"} <= means.keys() else None
-        pub = PUBLISHED_FGD_VARIANTS.get(label) if mix is None else None
-        shares = f"{sh.cpu_only:.0%}/{sh.fractional:.0%}/{sh.multi_gpu:.0%}/{sh.constrained:.0%}"
-        print(
-            f"{label:<12} {shares:>21} "
-            + " ".join(f"{means[p]:8.2f}" for p in policies)
-            + (f" {gap:+8.2f}" if gap is not None else f" {'':>8}")
-            + (f" {pub:7.2f}" if pub is not None else "")
-        )
         rows[label] = {
             "derived": mix is not None,
             "pods": len(derived),
@@ -223,14 +229,27 @@ def _mixes(
                 "multi_gpu": round(sh.multi_gpu, 4),
                 "constrained": round(sh.constrained, 4),
             },
-            "published_fgd": pub,
+            "published_fgd": PUBLISHED_FGD_VARIANTS.get(label) if mix is None else None,
             "policies": {p: r.as_dict() for p, r in res.items()},
         }
-    gaps = [
-        r["policies"]["frag"][final] - r["policies"]["fgd"][final]
-        for r in rows.values()
-        if {"frag", "fgd"} <= r["policies"].keys()
-    ]
+    if earlier is not None:
+        rows = _merged(earlier, rows)
+    print(f"GPU allocation at {args.tune:.0%} demand, mean over seeds {args.seeds}")
+    every = sorted({p for r in rows.values() for p in r["policies"]})
+    print(f"{'mix':<12} {'cpu/frac/multi/spec %':>21} " + " ".join(f"{p:>8}" for p in every)
+          + f" {'frag-fgd':>8} {'FGD pub':>7}")  # fmt: skip
+    gaps = []
+    for label, row in rows.items():
+        means = {p: r[final] for p, r in row["policies"].items()}
+        gap = means["frag"] - means["fgd"] if {"frag", "fgd"} <= means.keys() else None
+        gaps += [] if gap is None else [gap]
+        pub = row["published_fgd"]
+        print(
+            f"{label:<12} {'/'.join(f'{v:.0%}' for v in row['shares'].values()):>21} "
+            + " ".join(f"{means[p]:8.2f}" if p in means else f"{'-':>8}" for p in every)
+            + (f" {gap:+8.2f}" if gap is not None else f" {'':>8}")
+            + (f" {pub:7.2f}" if pub is not None else "")
+        )
     if gaps:
         print(
             f"\nfrag - fgd over {len(gaps)} mixes: mean {np.mean(gaps):+.2f}, "
@@ -248,7 +267,29 @@ def _mixes(
         "wall_s": round(wall, 1),
         "jobs": args.jobs,
     }
-    save(out, args.out or MIX_RESULTS, echo_json=args.json)
+    save(out, path, echo_json=args.json)
+
+
+def _earlier(path: Path, here: dict[str, Any]) -> dict[str, Any]:
+    """The results already at `path` (for --merge), if they were run as this run is (`here`)."""
+    old: dict[str, Any] = json.loads(path.read_text())
+    there = {k: old.get(k) for k in here}
+    if here != there:
+        raise ConfigError(
+            f"--merge: {path} was run with {there}, this run with {here}; "
+            "run with the same --tune, --seeds and --mix-seed, or without --merge"
+        )
+    return old
+
+
+def _merged(earlier: dict[str, Any], rows: dict[str, Any]) -> dict[str, Any]:
+    """`rows` added to an earlier run's mixes: a policy run now replaces its earlier results,
+    the others are kept (so each policy can be run, or rerun after a change, on its own)."""
+    merged: dict[str, Any] = earlier["mixes"]
+    for label, row in rows.items():
+        kept = merged.get(label, {}).get("policies", {})
+        merged[label] = {**row, "policies": {**kept, **row["policies"]}}
+    return merged
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ def test_a_mix_from_requests_keeps_the_popular_classes() -> None:
 
 def test_host_memory_tells_classes_apart_only_where_it_counts() -> None:
     """The published FGD's typical pods are (CPU, GPU share, cards, model): two requests that
-    differ only in host memory are one class for `fgd`, two for `frag` (memory counts)."""
+    differ only in host memory are one class for `fgd`, two for `frag` (memory counts). The
+    popularity cut is over those shapes either way: split by memory, a popular shape keeps its
+    place in the cut and shares its weight among its memory sizes."""
     reqs = [
         Request(f"a{i}", gpu_milli=500, cpu_millis=4000, memory_mib=1024 * (1 + i % 3))
         for i in range(30)
@@ -32,8 +34,11 @@ def test_host_memory_tells_classes_apart_only_where_it_counts() -> None:
     fgd = WorkloadMix.from_requests(reqs, popularity=0.5)
     assert [(c.milli, c.weight) for c in fgd.classes] == [(500, 1.0)]  # 60 % in one class
     frag = WorkloadMix.from_requests(reqs, popularity=0.5, use_memory=True)
-    assert len(frag.classes) == 2  # 40 % (b) then 20 % each (a by memory): b + one a
-    assert {c.milli for c in frag.classes} == {1000, 500}
+    # a is 60 %, though 20 % at each memory size (b, 40 %, is larger than each of those)
+    kept = sorted((c.milli, c.memory_mib, c.weight) for c in frag.classes)
+    assert [(milli, mem) for milli, mem, _ in kept] == [(500, 1024), (500, 2048), (500, 3072)]
+    assert [w for *_, w in kept] == pytest.approx([1 / 3] * 3)
+    assert len(WorkloadMix.from_requests(reqs, popularity=1.0, use_memory=True)) == 4
     online = OnlineWorkloadMix(popularity=1.0)
     for r in reqs:
         online.observe(r)

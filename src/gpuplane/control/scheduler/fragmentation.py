@@ -311,17 +311,24 @@ def _from_counts(
     popularity: float,
     use_memory: bool,
 ) -> WorkloadMix:
-    """Classes by popularity until they cover `popularity` of the requests; weights = shares of
-    the kept classes, which sum to 1 (the published simulator renormalises after the cut)."""
+    """The published FGD's typical pods by popularity until they cover `popularity` of the
+    requests; weights = shares of the kept requests, which sum to 1 (the published simulator
+    renormalises after the cut). The cut is over the shapes FGD keys on (CPU, GPU share, cards,
+    model) whether or not memory counts: with `use_memory` a kept shape is split by host memory
+    in proportion, so splitting never makes a popular shape look rare and drop out of the cut."""
+    by_shape: dict[tuple[int, int, int, tuple[object, ...]], list[tuple[int, int]]] = {}
+    for (gpus, milli, cpu, mem, sel), n in counts.items():  # first seen first, among equals
+        by_shape.setdefault((gpus, milli, cpu, sel), []).append((mem, n))
+    shapes = sorted(by_shape.items(), key=lambda kv: -sum(n for _, n in kv[1]))
     total = sum(counts.values())
     kept: list[tuple[int, int, int, int, int, Selector]] = []
     covered = 0
-    for (gpus, milli, cpu, mem, sel), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+    for (gpus, milli, cpu, sel), mems in shapes:
         if covered >= popularity * total:
             break
-        covered += n
+        covered += sum(n for _, n in mems)
         whole = milli == MILLI_PER_GPU and gpus >= 1
-        kept.append((gpus if whole else 0, milli, cpu, mem, n, selectors[sel]))
+        kept += [(gpus if whole else 0, milli, cpu, mem, n, selectors[sel]) for mem, n in mems]
     classes = (TaskClass(g, m, c, mem, n / covered, sel) for g, m, c, mem, n, sel in kept)
     return WorkloadMix(classes, use_memory=use_memory)
 

@@ -5,7 +5,8 @@ least under the workload mix's task distribution (`fragmentation.py`), scored as
 (int(100 * sigmoid(gain / 1000))). Two changes, each measured on the openb trace
 (benchmarks/README.md):
 1. a task class counts as able to use a node's free GPU only if the node also has the host
-   *memory* for it, not just the CPU (memory strands GPUs on openb as often as CPU does);
+   *memory* for it, not just the CPU (memory strands GPUs on openb as often as CPU does); the
+   classes are FGD's typical pods, each split by host memory in proportion;
 2. a CPU-only task goes, among the nodes with the same score, to the one it fits best (least
    CPU and GPU left after placing), then the earliest; FGD takes the earliest node alone. It
    cannot fragment a GPU except through the cores it takes, so it packs onto the nodes whose
