@@ -54,6 +54,8 @@ class Intake:
 
     def submit_many(self, items: list[dict[str, Any]], *, admit: bool = True) -> list[str]:
         """Validate every spec first (an error names the item), then queue them all at once."""
+        if not items:
+            return []  # nothing to queue: no pass, no empty INSERT
         jobs = []
         for k, data in enumerate(items):
             try:
