@@ -1,5 +1,5 @@
-"""What the control-plane CLI groups share: --server, -o table|wide|json|yaml, times (ISO-8601 in
-JSON and YAML, relative in tables), error exits, and shell completion of names."""
+"""What the control-plane CLI groups share: --server, --token, -o table|wide|json|yaml, times
+(ISO-8601 in JSON and YAML, relative in tables), error exits, and shell completion of names."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rich.table import Table
 from gpuplane.control.client import (
     DEFAULT_SERVER,
     SERVER_ENV,
+    TOKEN_ENV,
     ClientError,
     ControlClient,
     field_errors,
@@ -37,6 +38,13 @@ class Output(StrEnum):
 SERVER_OPTION = typer.Option(
     None, "--server", envvar=SERVER_ENV, help=f"control plane URL (default {DEFAULT_SERVER})"
 )
+TOKEN_OPTION = typer.Option(
+    None,
+    "--token",
+    envvar=TOKEN_ENV,
+    help="API token; default: the admin token a server on this machine wrote to .gpuplane/",
+    show_default=False,
+)
 OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, wide, json or yaml")
 
 console = Console(soft_wrap=True)
@@ -46,11 +54,13 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 @contextmanager
-def client(server: str | None, *, options: bool = False) -> Iterator[ControlClient]:
+def client(
+    server: str | None, token: str | None = None, *, options: bool = False
+) -> Iterator[ControlClient]:
     """A client; any gpuplane error inside exits non-zero with its message. With `options`, the
     fields the API names in a validation error are the command's options (`gpus` is `--gpus`)."""
     try:
-        with ControlClient(server) as c:
+        with ControlClient(server, token=token) as c:
             yield c
     except ClientError as exc:
         where = f" (HTTP {exc.status})" if exc.status else ""
@@ -154,7 +164,8 @@ def _completer(
 
     def complete(ctx: typer.Context, incomplete: str) -> list[str]:
         try:
-            with ControlClient(ctx.params.get("server"), timeout_s=COMPLETION_TIMEOUT_S) as c:
+            server, token = ctx.params.get("server"), ctx.params.get("token")
+            with ControlClient(server, token=token, timeout_s=COMPLETION_TIMEOUT_S) as c:
                 return sorted({n for n in names(c) if n.startswith(incomplete)})
         except (GpuplaneError, ValueError):  # unreachable, refused, or not the API's JSON
             return []

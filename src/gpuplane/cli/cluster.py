@@ -9,6 +9,7 @@ import typer
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     complete_clusters,
@@ -22,9 +23,13 @@ app = typer.Typer(help="Clusters in the pool.", no_args_is_help=True)
 
 
 @app.command("list")
-def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) -> None:
+def list_(
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
     """List clusters with their GPUs and what is free."""
-    with client(server) as c:
+    with client(server, token) as c:
         clusters = c.clusters()
 
     def table(data: list[dict[str, Any]]) -> None:
@@ -52,10 +57,11 @@ def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) ->
 def describe(
     name: str = typer.Argument(..., autocompletion=complete_clusters),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show a cluster's labels, inventory source, nodes and each card's free memory and compute."""
-    with client(server) as c:
+    with client(server, token) as c:
         cluster = c.cluster(name)
 
     def table(x: dict[str, Any]) -> None:

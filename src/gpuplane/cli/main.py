@@ -13,7 +13,9 @@ from gpuplane.cli import config as config_cli
 from gpuplane.cli import control as control_cli
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
+from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import simulate as simulate_cli
+from gpuplane.cli import token as token_cli
 
 app = typer.Typer(
     name="gpuplane",
@@ -32,6 +34,8 @@ app.add_typer(job_cli.app, name="job")
 app.add_typer(cluster_cli.app, name="cluster")
 app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
+app.add_typer(token_cli.app, name="token")
+app.add_typer(secret_cli.app, name="secret")
 audit_review.register(audit_cli.app)
 app.add_typer(audit_cli.app, name="audit")
 

@@ -1,8 +1,14 @@
-"""The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas.
+"""The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas,
+tokens and secrets.
 
 Handlers are thin: they call `ControlService` / `queries` and map the project's errors to HTTP
-once (422 for a spec or request that can never run, 404 unknown, 409 wrong state). A background
-thread runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
+once (422 for a spec or request that can never run, 404 unknown, 409 wrong state, 401/403 from
+`auth`). Every route is a row of `auth.POLICY`, checked by one dependency before the handler
+runs (the app refuses to build with a route missing from it); a team-scoped handler passes the
+caller's teams to its query, so another team's objects answer as unknown ones. Only a bearer
+token authenticates (no cookie), so a cross-site form cannot act; a Host header not in
+`control.auth.allowed_hosts` (default: the loopback names) gets 400. A background thread runs
+the service's tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
 from __future__ import annotations
@@ -11,17 +17,23 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from typing import Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import BaseRoute
 
 from gpuplane import __version__
 from gpuplane.control import queries
+from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
+from gpuplane.control.spec import check_name
 from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
@@ -30,8 +42,13 @@ from gpuplane.control.views import (
     JobView,
     NodeView,
     QuotaSet,
+    SecretSet,
+    SecretView,
     TeamSet,
     TeamView,
+    TokenCreate,
+    TokenCreated,
+    TokenView,
 )
 from gpuplane.errors import GpuplaneError, ResourceError
 
@@ -76,12 +93,37 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             if ticker is not None:
                 ticker.stop()
 
+    bearer = HTTPBearer(auto_error=False, description="an API token (gpl_...) or an OIDC JWT")
+
+    def allow(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+    ) -> Principal | None:
+        """The route's row of the policy table, applied to the caller (every route)."""
+        route = request.scope["route"]
+        caller = service.authenticate(credentials.credentials) if credentials else None
+        decide(POLICY[(request.method, route.path)], caller)
+        return caller
+
+    def caller(who: Principal | None = Depends(allow)) -> Principal:
+        """The authenticated caller of a route that needs one (`allow` refused anyone else)."""
+        if who is None:
+            raise AuthError("this route needs a bearer token", 401)
+        return who
+
     app = FastAPI(
         title="gpuplane control plane",
         version=__version__,
-        description="One pool over many GPU clusters: inventory, team quotas, one queue.",
+        description="One pool over many GPU clusters: inventory, team quotas, one queue. "
+        "Every route but /healthz needs `Authorization: Bearer <token>`.",
         lifespan=lifespan,
+        dependencies=[Depends(allow)],
     )
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
+
+    @app.exception_handler(AuthError)
+    async def _refused(_: Request, exc: AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(GpuplaneError)
     async def _errors(_: Request, exc: GpuplaneError) -> JSONResponse:
@@ -129,8 +171,9 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def submit(
         spec: dict[str, Any] = Body(..., description="a job spec, as in the YAML file"),
         dry_run: bool = Query(False, description="answer where it would go; change nothing"),
+        who: Principal = Depends(caller),
     ) -> JobView | DryRunView | JSONResponse:
-        out = service.submit(spec, dry_run=dry_run)
+        out = service.submit(_of_own_team(who, spec), dry_run=dry_run)
         if dry_run:
             view = DryRunView(**{**out, "reasons": [r.to_json() for r in out["reasons"]]})
             return JSONResponse(view.model_dump(mode="json"), status_code=200)
@@ -139,22 +182,26 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     @app.post("/jobs/batch", status_code=201)
     def submit_batch(
         specs: list[dict[str, Any]] = Body(..., description="job specs; all queued or none"),
+        who: Principal = Depends(caller),
     ) -> dict[str, list[str]]:
-        return {"ids": service.submit_many(specs)}
+        return {"ids": service.submit_many([_of_own_team(who, s) for s in specs])}
 
     @app.get("/jobs", response_model=list[JobView])
     def jobs(
-        team: str | None = None, state: str | None = None, limit: int = Query(500, ge=1, le=10000)
+        team: str | None = None,
+        state: str | None = None,
+        limit: int = Query(500, ge=1, le=10000),
+        who: Principal = Depends(caller),
     ) -> list[JobView]:
-        return queries.list_jobs(service, team, state, limit)
+        return queries.list_jobs(service, team, state, limit, who.teams())
 
     @app.get("/jobs/{ref}", response_model=JobView)
-    def job(ref: str) -> JobView:
-        return queries.get_job(service, ref)
+    def job(ref: str, who: Principal = Depends(caller)) -> JobView:
+        return queries.get_job(service, ref, who.teams())
 
     @app.post("/jobs/{ref}/cancel", response_model=JobView)
-    def cancel(ref: str) -> JobView:
-        return queries.get_job(service, service.cancel(ref))
+    def cancel(ref: str, who: Principal = Depends(caller)) -> JobView:
+        return queries.get_job(service, service.cancel(ref, who.teams()))
 
     @app.post("/jobs/{ref}/move", response_model=JobView)
     def move(ref: str, body: JobMove) -> JobView:
@@ -172,25 +219,27 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             le=2**62,
             description="from this byte on (a follower's count of bytes seen); not with tail",
         ),
+        who: Principal = Depends(caller),
     ) -> StreamingResponse:
         if tail is not None and since:
             raise ResourceError("give tail or since, not both: since counts bytes from the start")
         # streamed a block at a time: a log is never held whole, however large
         return StreamingResponse(
-            queries.job_logs(service, ref, tail, since), media_type="text/plain; charset=utf-8"
+            queries.job_logs(service, ref, tail, since, who.teams()),
+            media_type="text/plain; charset=utf-8",
         )
 
     @app.get("/teams", response_model=list[TeamView])
-    def teams() -> list[TeamView]:
-        return queries.list_teams(service)
+    def teams(who: Principal = Depends(caller)) -> list[TeamView]:
+        return queries.list_teams(service, who.teams())
 
     @app.get("/quotas", response_model=list[TeamView])
-    def quotas() -> list[TeamView]:
-        return queries.list_teams(service)
+    def quotas(who: Principal = Depends(caller)) -> list[TeamView]:
+        return queries.list_teams(service, who.teams())
 
     @app.get("/teams/{name}", response_model=TeamView)
-    def team(name: str) -> TeamView:
-        return queries.get_team(service, name)
+    def team(name: str, who: Principal = Depends(caller)) -> TeamView:
+        return queries.get_team(service, name, who.teams())
 
     @app.put("/teams/{name}", response_model=TeamView)
     def put_team(name: str, body: TeamSet) -> TeamView:
@@ -200,4 +249,70 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
         return queries.set_quota(service, name, flavor, body)
 
+    @app.get("/teams/{name}/secrets", response_model=list[SecretView])
+    def secrets(name: str, who: Principal = Depends(caller)) -> list[SecretView]:
+        queries.get_team(service, name, who.teams())
+        return [SecretView(**asdict(s)) for s in service.vault.list(name)]
+
+    @app.put("/teams/{name}/secrets/{secret}", response_model=SecretView)
+    def put_secret(
+        name: str, secret: str, body: SecretSet, who: Principal = Depends(caller)
+    ) -> SecretView:
+        queries.get_team(service, name, who.teams())
+        check_name("secret", secret)
+        return SecretView(**asdict(service.vault.set(name, secret, body.value)))
+
+    @app.delete("/teams/{name}/secrets/{secret}", status_code=204)
+    def delete_secret(name: str, secret: str, who: Principal = Depends(caller)) -> Response:
+        queries.get_team(service, name, who.teams())
+        service.vault.delete(name, secret)
+        return Response(status_code=204)
+
+    @app.get("/tokens", response_model=list[TokenView])
+    def tokens() -> list[TokenView]:
+        return [TokenView(**asdict(t)) for t in service.tokens.list()]
+
+    @app.post("/tokens", response_model=TokenCreated, status_code=201)
+    def create_token(body: TokenCreate) -> TokenCreated:
+        if body.team is not None:
+            queries.get_team(service, body.team)
+        elif body.role is not Role.admin:
+            raise ResourceError(
+                f"a {body.role} token is for one team: give --team (only admins act on all)"
+            )
+        info, token = service.tokens.create(body.name, body.role, body.team, body.expires_in_s)
+        return TokenCreated(**asdict(info), token=token)
+
+    @app.delete("/tokens/{token_id}", response_model=TokenView)
+    def revoke_token(token_id: str) -> TokenView:
+        return TokenView(**asdict(service.tokens.revoke(token_id)))
+
+    unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
+    if unlisted:
+        raise RuntimeError(f"routes missing from auth.POLICY: {unlisted}")
     return app
+
+
+def _endpoints(routes: list[BaseRoute]) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves (HEAD is GET's)."""
+    out = []
+    for route in routes:
+        methods = getattr(route, "methods", None) or set()
+        out += [(m, getattr(route, "path", "")) for m in sorted(methods) if m != "HEAD"]
+    return out
+
+
+def _of_own_team(who: Principal, spec: dict[str, Any]) -> dict[str, Any]:
+    """A member's or viewer's spec is their team's (one naming none becomes it); an admin's is
+    as written."""
+    if who.role is Role.admin or not isinstance(spec, dict):
+        return spec
+    if spec.get("team") is None:
+        return {**spec, "team": who.team}
+    if spec["team"] != who.team:
+        raise AuthError(
+            f"your token is for team {who.team}: submit jobs as team {who.team}, or ask an "
+            f"admin for a token of team {spec['team']}",
+            403,
+        )
+    return spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from sqlalchemy import func, select
@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, selectinload
 from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Cluster, Job, Node, Quota, Team
 from gpuplane.control.quota import dominant_share
-from gpuplane.control.records import job_row, quota_row
+from gpuplane.control.records import job_row, quota_row, team_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, check_name
@@ -58,6 +58,7 @@ def job_view(service: ControlService, job: Job) -> JobView:
         state=job.state,
         priority=job.priority,
         command=spec.get("command", []),
+        env=spec.get("env", {}),
         resources=spec.get("resources", {}),
         selector=spec.get("selector", {}),
         cluster=job.cluster_name,
@@ -85,37 +86,51 @@ def closest_reason(reasons: list[ReasonView]) -> ReasonView | None:
     return None if primary is None else reasons[each.index(primary)]
 
 
-def get_job(service: ControlService, ref: str) -> JobView:
+# `teams` below: the teams whose objects the caller sees (`Principal.teams`); None: all. Another
+# team's object is answered as an unknown one.
+
+
+def get_job(service: ControlService, ref: str, teams: Collection[str] | None = None) -> JobView:
     with service.store.session() as session:
-        return job_view(service, job_row(session, ref))
+        return job_view(service, job_row(session, ref, teams))
 
 
 def list_jobs(
-    service: ControlService, team: str | None = None, state: str | None = None, limit: int = 500
+    service: ControlService,
+    team: str | None = None,
+    state: str | None = None,
+    limit: int = 500,
+    teams: Collection[str] | None = None,
 ) -> list[JobView]:
     """The newest jobs, of one team and in one state if given; an unknown state or team is
     refused with the valid ones and the nearest."""
     if state and state not in JOB_STATES:
         raise ResourceError(unknown_name("job state", state, JOB_STATES))
     with service.store.session() as session:
-        if team and session.get(Team, team) is None:
-            teams = session.scalars(select(Team.name))
-            raise NotFoundError(unknown_name("team", team, teams))
+        known = [t for t in session.scalars(select(Team.name)) if teams is None or t in teams]
+        if team and team not in known:
+            raise NotFoundError(unknown_name("team", team, known))
         query = select(Job).order_by(Job.created_at.desc()).limit(limit)
         if team:
             query = query.where(Job.team_name == team)
+        elif teams is not None:
+            query = query.where(Job.team_name.in_(teams))
         if state:
             query = query.where(Job.state == state)
         return [job_view(service, j) for j in session.scalars(query)]
 
 
 def job_logs(
-    service: ControlService, ref: str, tail: int | None = None, since: int = 0
+    service: ControlService,
+    ref: str,
+    tail: int | None = None,
+    since: int = 0,
+    teams: Collection[str] | None = None,
 ) -> Iterator[bytes]:
     """The job's output in blocks from byte `since` (or only its last `tail` lines); an unknown
     job raises NotFoundError here, before anything is read."""
     with service.store.session() as session:
-        job = job_row(session, ref)
+        job = job_row(session, ref, teams)
         cluster = job.cluster_name
         job_id = job.id
     adapter = service.adapters.get(cluster or "")
@@ -250,21 +265,17 @@ def team_view(service: ControlService, session: Session, team: Team) -> TeamView
     )
 
 
-def list_teams(service: ControlService) -> list[TeamView]:
+def list_teams(service: ControlService, teams: Collection[str] | None = None) -> list[TeamView]:
     with service.store.session() as session:
-        teams = session.scalars(select(Team).options(selectinload(Team.quotas)).order_by(Team.name))
-        return [team_view(service, session, t) for t in teams]
+        query = select(Team).options(selectinload(Team.quotas)).order_by(Team.name)
+        if teams is not None:
+            query = query.where(Team.name.in_(teams))
+        return [team_view(service, session, t) for t in session.scalars(query)]
 
 
-def get_team(service: ControlService, name: str) -> TeamView:
+def get_team(service: ControlService, name: str, teams: Collection[str] | None = None) -> TeamView:
     with service.store.session() as session:
-        team = session.get(Team, name)
-        if team is None:
-            raise NotFoundError(
-                f"no team '{name}'; declare teams under control.teams in gpuplane.yaml or "
-                "with `gpuplane quota set`"
-            )
-        return team_view(service, session, team)
+        return team_view(service, session, team_row(session, name, teams))
 
 
 def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:

@@ -15,8 +15,9 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.adapters.base import ClusterAdapter, create_adapter
 from gpuplane.control.admission import Estate, NominationPolicy
+from gpuplane.control.auth import Principal
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.intake import Intake
@@ -33,6 +35,7 @@ from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job, Quota, Team
 from gpuplane.control.moves import move_job
+from gpuplane.control.oidc import OidcVerifier
 from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records, job_row, quota_row
 from gpuplane.control.runtime import Binder, Observed
@@ -40,6 +43,9 @@ from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import secure_state_dir
 from gpuplane.control.store import Store
+from gpuplane.control.tokens import PREFIX as TOKEN_PREFIX
+from gpuplane.control.tokens import TokenBook, service_key
+from gpuplane.control.vault import Vault, vault_key
 
 log = logging.getLogger("gpuplane.control")
 
@@ -64,6 +70,10 @@ class ControlService:
             secure_state_dir(config.state_dir, config.resolved_database_url())
         self.store = store or Store.open(config.resolved_database_url())
         self.clock = clock
+        state_dir = Path(config.state_dir)
+        self.tokens = TokenBook(self.store, service_key(state_dir), clock)
+        self.vault = Vault(self.store, vault_key(state_dir), clock, config.auth.from_env)
+        self.oidc = OidcVerifier(config.auth.oidc) if config.auth.oidc else None
         self.rng = rng or np.random.default_rng(0)
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
         self.adapters: dict[str, ClusterAdapter] = {}
@@ -71,7 +81,9 @@ class ControlService:
         self.metrics = ControlMetrics()
         self.mirror = Mirror(self.store)
         self.records = Records(clock)
-        self.binder = Binder(self.adapters, self.mirror, self.records, clock, self.instance)
+        self.binder = Binder(
+            self.adapters, self.mirror, self.records, clock, self.instance, self.vault.env_of
+        )
         rules = PassRules(
             NominationPolicy(config.nominate_after_s, config.max_nominations),
             wait_for_faster=config.wait_for_faster_gpu,
@@ -97,6 +109,7 @@ class ControlService:
             new_id or (lambda name: f"{name}-{uuid.uuid4().hex[:8]}"),
             config.default_team,
             bind_on_submit,
+            self.vault.check_refs,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -136,6 +149,8 @@ class ControlService:
             for team in self.config.teams:
                 _apply_team_config(session, team)
             self.invalidate()
+        token = self.tokens.local_admin(Path(self.config.state_dir))
+        messages.append(f"admin token: {token} (the CLI reads it for a server on this machine)")
         seen = self.reconcile()
         summary = (
             f"reconciled on start: adopted {seen.running} running jobs, recorded {seen.exited} "
@@ -173,6 +188,12 @@ class ControlService:
                 extra={"event": "stopped", "left_running": left},
             )
         self.store.close()
+
+    def authenticate(self, bearer: str) -> Principal | None:
+        """The caller a bearer token stands for: an API token, else a JWT when OIDC is set."""
+        if bearer.startswith(TOKEN_PREFIX) or self.oidc is None:
+            return self.tokens.verify(bearer)
+        return self.oidc.verify(bearer)
 
     def tick(self) -> None:
         """One round of the background loop: observe, admit, bind."""
@@ -224,11 +245,12 @@ class ControlService:
         """Record jobs that ended (or that the backend lost), releasing their devices."""
         return self.binder.reconcile()
 
-    def cancel(self, ref: str) -> str:
-        """Cancel a pending or active job (its process is stopped); returns its id."""
+    def cancel(self, ref: str, teams: Collection[str] | None = None) -> str:
+        """Cancel a pending or active job of `teams` (None: any team's; its process is
+        stopped); returns its id."""
         now = self.clock()
         with self.locked() as (session, estate):
-            job = job_row(session, ref)
+            job = job_row(session, ref, teams)
             if job.state in ("succeeded", "failed", "cancelled"):
                 raise ConflictError(f"job {job.id} already ended ({job.state}); nothing to cancel")
             cluster, team = job.cluster_name, job.team_name
