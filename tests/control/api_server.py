@@ -15,6 +15,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from gpuplane.cli import cluster as cluster_cli
+from gpuplane.cli import events
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
@@ -29,6 +30,7 @@ cli_app.add_typer(quota_cli.app, name="quota")
 cli_app.add_typer(cluster_cli.app, name="cluster")
 cli_app.add_typer(token_cli.app, name="token")
 cli_app.add_typer(secret_cli.app, name="secret")
+events.register(cli_app)
 _runner = CliRunner()
 _admins: dict[str, str] = {}  # URL -> the admin token of the service served there
 
@@ -64,7 +66,7 @@ def admin_of(url: str) -> str:
 def cli(
     url: str, *args: str, token: str | None = None, input: str | None = None
 ) -> tuple[int, str]:
-    """`gpuplane job|quota|cluster|token|secret ...` against `url` as `token` (default: the
+    """`gpuplane job|quota|cluster|token|secret|events ...` against `url` as `token` (default: the
     served service's admin): its exit code and what it printed."""
     env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url) if token is None else token}
     result = _runner.invoke(cli_app, list(args), env=env, input=input)

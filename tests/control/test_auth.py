@@ -4,6 +4,7 @@ a member changing quotas) as regressions."""
 
 from __future__ import annotations
 
+import itertools
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class World:
                 {"value": "v"},
             ),
             ("DELETE", "/teams/{name}/secrets/{secret}"): ("/teams/research/secrets/old", None),
+            ("GET", "/events"): ("/events", None),
             ("GET", "/tokens"): ("/tokens", None),
             ("POST", "/tokens"): ("/tokens", {"role": "viewer", "team": "research"}),
             ("DELETE", "/tokens/{token_id}"): (f"/tokens/{self.token_id}", None),
@@ -235,6 +237,63 @@ def test_a_member_cannot_change_quotas_or_teams(world: World) -> None:
     assert world.call("PUT", "/teams/research", {"weight": 50}, as_="member").status_code == 403
     team = world.call("GET", "/teams/research", as_="member").json()
     assert (team["weight"], team["limited"]) == (1.0, False)
+
+
+# -- the trail -----------------------------------------------------------------------------------
+
+
+def test_every_mutation_is_recorded_with_who_what_where_and_result(world: World) -> None:
+    world.call("POST", f"/jobs/{world.job_id}/cancel")  # anonymous: refused
+    world.call("PUT", f"/teams/research/quotas/{A100}", {"gpus": 9}, as_="member")  # refused
+    world.call("POST", f"/jobs/{world.job_id}/cancel", as_="member")  # done
+    world.call("GET", "/jobs", as_="member")  # a read: not recorded
+    trail = [e for e in world.call("GET", "/events", as_="admin").json() if e["kind"] == "api"]
+    member = world.svc.authenticate(world.tokens["member"])
+    assert member is not None
+    got = [(e["message"], e["actor"], e["team"], e["source"], e["status"]) for e in trail]
+    assert got == [
+        (f"POST /jobs/{world.job_id}/cancel", "anonymous", None, "testclient", 401),
+        (
+            f"PUT /teams/research/quotas/{A100} as member",
+            member.subject,
+            "research",
+            "testclient",
+            403,
+        ),
+        (
+            f"POST /jobs/{world.job_id}/cancel as member",
+            member.subject,
+            "research",
+            "testclient",
+            200,
+        ),
+    ]
+
+
+def test_events_are_filtered_to_the_callers_team_and_by_time(world: World) -> None:
+    world.call("POST", "/jobs", job("theirs", team="vision", command=["true"]), as_="other")
+    mine = world.call("GET", "/events", as_="member").json()
+    assert {e["team"] for e in mine} == {"research"}
+    assert "theirs" not in str(mine)
+    assert [e["kind"] for e in mine if e["job_id"] == world.job_id][:3] == [
+        "submitted",
+        "admitted",
+        "started",
+    ]
+    theirs = world.call("GET", "/events?team=research", as_="other").json()
+    assert theirs == []
+    assert world.call("GET", "/events?since=1h", as_="admin").json()
+    assert world.call("GET", "/events?since=soon", as_="admin").status_code == 422
+
+
+def test_a_jobs_timeline_comes_with_it(world: World) -> None:
+    world.call("POST", f"/jobs/{world.job_id}/cancel", as_="member")
+    timeline = world.call("GET", f"/jobs/{world.job_id}", as_="viewer").json()["timeline"]
+    kinds = [e["kind"] for e in timeline]
+    assert kinds == ["submitted", "admitted", "started", "cancelled"], kinds
+    assert timeline[-1]["message"] == "cancelled by a user"
+    assert all(a["at"] <= b["at"] for a, b in itertools.pairwise(timeline))
+    assert world.call("GET", "/jobs", as_="viewer").json()[0]["timeline"] == []
 
 
 # -- tokens ----------------------------------------------------------------------------------------

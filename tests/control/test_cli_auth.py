@@ -4,6 +4,7 @@ token a server on this machine wrote to ./.gpuplane/."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from gpuplane.control.auth import Role
 from gpuplane.control.client import local_token
 from gpuplane.control.service import ControlService
 from tests.control.api_server import cli, serving
-from tests.control.svc_helpers import config, make_service
+from tests.control.svc_helpers import config, job, make_service, wait_state
 
 
 def test_a_token_made_by_the_cli_is_shown_once_works_and_can_be_revoked(
@@ -76,3 +77,25 @@ def test_the_cli_finds_a_local_servers_admin_token_by_itself(
     # the file is this machine's: never sent to a server elsewhere
     assert local_token("http://127.0.0.1:8080") is not None
     assert local_token("http://gpus.example.com:8080") is None
+
+
+def test_events_and_the_timeline_in_describe(service: ControlService) -> None:
+    job_id = service.submit(job("traced", command=["true"]))["id"]
+    wait_state(service, job_id, "succeeded")
+    with serving(service) as url:
+        code, out = cli(url, "job", "describe", job_id)
+        assert code == 0, out
+        timeline = out[out.index("timeline") :]
+        for kind in ("submitted", "admitted", "started", "succeeded"):
+            assert f"{kind}: " in timeline, out
+        assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \((\d+\w+ ago|now)\)", timeline)
+        cli(url, "quota", "set", "research", "--weight", "3")
+        code, out = cli(url, "events", "--since", "1h", "-o", "json")
+        assert code == 0, out
+        rows = json.loads(out)
+        assert rows[-1]["message"] == "PUT /teams/research as admin"
+        assert rows[-1]["status"] == 200
+        assert rows[-1]["at"].endswith("Z")
+        code, out = cli(url, "events", "--since", "later")
+        assert code == 1
+        assert "since" in out

@@ -105,14 +105,16 @@ def iso(ts: float) -> str:
 
 
 def iso_times(data: Any) -> Any:
-    """`data` with every time field (a key ending in `_at`, as the API's views name them) as
-    ISO-8601."""
+    """`data` with every time field (`at`, or a key ending in `_at`, as the API's views name
+    them) as ISO-8601."""
     if isinstance(data, list):
         return [iso_times(d) for d in data]
     if isinstance(data, dict):
         return {
             k: iso(v)
-            if k.endswith("_at") and isinstance(v, int | float) and not isinstance(v, bool)
+            if (k == "at" or k.endswith("_at"))
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
             else iso_times(v)
             for k, v in data.items()
         }

@@ -28,6 +28,7 @@ from gpuplane.cli._control_common import (
     print_table,
     relative,
 )
+from gpuplane.cli.events import timeline_rows
 from gpuplane.control.spec import format_duration
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
@@ -254,6 +255,10 @@ def describe(
             console.print("[bold]       waiting[/bold]  " + _reason(j["reason"]), highlight=False)
             console.print("[bold]   per cluster[/bold]")
             print_reasons(j["reasons"])
+        if j.get("timeline"):
+            console.print("[bold]      timeline[/bold]")
+            for line in timeline_rows(j["timeline"], now):
+                console.print(f"  {line}", highlight=False)
 
     emit(job, output, table)
 

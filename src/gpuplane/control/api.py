@@ -1,5 +1,5 @@
 """The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas,
-tokens and secrets.
+tokens, secrets and events.
 
 Handlers are thin: they call `ControlService` / `queries` and map the project's errors to HTTP
 once (422 for a spec or request that can never run, 404 unknown, 409 wrong state, 401/403 from
@@ -7,8 +7,9 @@ once (422 for a spec or request that can never run, 404 unknown, 409 wrong state
 runs (the app refuses to build with a route missing from it); a team-scoped handler passes the
 caller's teams to its query, so another team's objects answer as unknown ones. Only a bearer
 token authenticates (no cookie), so a cross-site form cannot act; a Host header not in
-`control.auth.allowed_hosts` (default: the loopback names) gets 400. A background thread runs
-the service's tick (observe, admit, bind) every `schedule_interval_s`.
+`control.auth.allowed_hosts` (default: the loopback names) gets 400. Every call that may change
+something is recorded in the store's trail (`_Trail`). A background thread runs the service's
+tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
 from __future__ import annotations
@@ -25,19 +26,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
 from gpuplane.control import queries
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
-from gpuplane.control.spec import check_name
+from gpuplane.control.spec import check_name, parse_duration
 from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
     DryRunView,
+    EventView,
     JobMove,
     JobView,
     NodeView,
@@ -79,6 +83,44 @@ class _Ticker:
                 log.exception("control loop tick failed; retrying on the next tick")
 
 
+class _Trail:
+    """ASGI middleware: each call that may change something (POST, PUT, DELETE) goes into the
+    store's trail once answered, refused ones too: who (the caller `allow` left in the request's
+    state), what (method and path, never a body), from where, and the HTTP status."""
+
+    def __init__(self, app: ASGIApp, service: ControlService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        status = 500  # unless a response starts
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            who: Principal | None = scope.get("state", {}).get("principal")
+            client = scope.get("client")
+            call = f"{scope['method']} {scope['path']}" + (f" as {who.role}" if who else "")
+            await run_in_threadpool(
+                queries.record_call,
+                self.service,
+                call,
+                who.subject if who else None,
+                who.team if who else None,
+                client[0] if client else "unknown",
+                status,
+            )
+
+
 def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     """The API over a started `service`; `background` runs the admission loop while serving."""
 
@@ -101,6 +143,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         """The route's row of the policy table, applied to the caller (every route)."""
         route = request.scope["route"]
         caller = service.authenticate(credentials.credentials) if credentials else None
+        request.state.principal = caller  # for the trail (`_Trail`), refused or not
         decide(POLICY[(request.method, route.path)], caller)
         return caller
 
@@ -118,6 +161,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(allow)],
     )
+    app.add_middleware(_Trail, service=service)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
 
     @app.exception_handler(AuthError)
@@ -267,6 +311,19 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         queries.get_team(service, name, who.teams())
         service.vault.delete(name, secret)
         return Response(status_code=204)
+
+    @app.get("/events", response_model=list[EventView])
+    def events(
+        team: str | None = None,
+        since: str | None = Query(None, description="only the last 1h, 30m, 7d, ..."),
+        limit: int = Query(500, ge=1, le=10000),
+        who: Principal = Depends(caller),
+    ) -> list[EventView]:
+        try:
+            since_s = None if since is None else parse_duration(since)
+        except ValueError as exc:
+            raise ResourceError(f"since: {exc}") from None
+        return queries.list_events(service, team, since_s, limit, who.teams())
 
     @app.get("/tokens", response_model=list[TokenView])
     def tokens() -> list[TokenView]:

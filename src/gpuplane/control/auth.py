@@ -92,6 +92,7 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("GET", "/teams/{name}/secrets"): MEMBER_TEAM,
     ("PUT", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
     ("DELETE", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
+    ("GET", "/events"): VIEW_TEAM,
     ("GET", "/tokens"): ADMIN,
     ("POST", "/tokens"): ADMIN,
     ("DELETE", "/tokens/{token_id}"): ADMIN,

@@ -157,6 +157,11 @@ class ControlClient:
         out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
         return out
 
+    def events(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The trail (`GET /events`): team, since (a duration) and limit as given."""
+        out: list[dict[str, Any]] = self.json("GET", "/events", params=params)
+        return out
+
     def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
         """A new API token; its secret is in `token`, this once."""
         out: dict[str, Any] = self.json("POST", "/tokens", json=body)

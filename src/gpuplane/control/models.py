@@ -146,14 +146,22 @@ class Allocation(Base):
 
 
 class Event(Base):
+    """One entry of the trail: a job's step (submitted, admitted, started, ...; its team is the
+    job's) or a call that changed something (kind `api`: who, from where, for which team, with
+    what HTTP status)."""
+
     __tablename__ = "events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float, index=True)
     kind: Mapped[str] = mapped_column(String(32))
     job_id: Mapped[str | None] = mapped_column(String(80), index=True, default=None)
     cluster_name: Mapped[str | None] = mapped_column(String(63), default=None)
     message: Mapped[str] = mapped_column(String(2000))
+    team_name: Mapped[str | None] = mapped_column(String(63), default=None)
+    actor: Mapped[str | None] = mapped_column(String(255), default=None)  # token id, JWT sub
+    source: Mapped[str | None] = mapped_column(String(255), default=None)  # client address
+    status: Mapped[int | None] = mapped_column(Integer, default=None)  # HTTP status
 
 
 class ApiToken(Base):

@@ -9,7 +9,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Cluster, Job, Node, Quota, Team
+from gpuplane.control.models import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    Cluster,
+    Event,
+    Job,
+    Node,
+    Quota,
+    Team,
+)
 from gpuplane.control.quota import dominant_share
 from gpuplane.control.records import job_row, quota_row, team_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
@@ -19,6 +28,7 @@ from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
     DeviceView,
+    EventView,
     JobView,
     NodeView,
     QuotaSet,
@@ -91,8 +101,71 @@ def closest_reason(reasons: list[ReasonView]) -> ReasonView | None:
 
 
 def get_job(service: ControlService, ref: str, teams: Collection[str] | None = None) -> JobView:
+    """One job, with its timeline."""
     with service.store.session() as session:
-        return job_view(service, job_row(session, ref, teams))
+        job = job_row(session, ref, teams)
+        events = session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))
+        timeline = [_event_view(e, job.team_name) for e in events]
+        return job_view(service, job).model_copy(update={"timeline": timeline})
+
+
+def list_events(
+    service: ControlService,
+    team: str | None = None,
+    since_s: float | None = None,
+    limit: int = 500,
+    teams: Collection[str] | None = None,
+) -> list[EventView]:
+    """The newest events, oldest first: of one team if given (a job's events are its team's,
+    a call's the caller's), of the last `since_s` seconds if given."""
+    event_team = func.coalesce(Event.team_name, Job.team_name)
+    query = select(Event, event_team).outerjoin(Job, Job.id == Event.job_id)
+    if team:
+        query = query.where(event_team == team)
+    if teams is not None:
+        query = query.where(event_team.in_(teams))
+    if since_s is not None:
+        query = query.where(Event.at >= service.clock() - since_s)
+    with service.store.session() as session:
+        rows = session.execute(query.order_by(Event.id.desc()).limit(limit)).all()
+        return [_event_view(e, t) for e, t in reversed(rows)]
+
+
+def record_call(
+    service: ControlService,
+    call: str,
+    actor: str | None,
+    team: str | None,
+    source: str,
+    status: int,
+) -> None:
+    """Append an API call that changes something to the trail (`kind` api)."""
+    with service.store.session() as session, session.begin():
+        session.add(
+            Event(
+                at=service.clock(),
+                kind="api",
+                message=call[:2000],
+                team_name=team,
+                actor=actor or "anonymous",
+                source=source[:255],
+                status=status,
+            )
+        )
+
+
+def _event_view(e: Event, team: str | None) -> EventView:
+    return EventView(
+        at=e.at,
+        kind=e.kind,
+        message=e.message,
+        job_id=e.job_id,
+        cluster=e.cluster_name,
+        team=team,
+        actor=e.actor,
+        source=e.source,
+        status=e.status,
+    )
 
 
 def list_jobs(

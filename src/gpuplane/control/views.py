@@ -19,6 +19,20 @@ class ReasonView(BaseModel):
     numbers: dict[str, int] = Field(default_factory=dict)
 
 
+class EventView(BaseModel):
+    """An entry of the trail (`GET /events`, a job's `timeline`)."""
+
+    at: float
+    kind: str
+    message: str
+    job_id: str | None = None
+    cluster: str | None = None
+    team: str | None = None
+    actor: str | None = Field(default=None, description="a token's id or a JWT's subject")
+    source: str | None = Field(default=None, description="the caller's address")
+    status: int | None = Field(default=None, description="the HTTP status of the call")
+
+
 class JobView(BaseModel):
     id: str
     name: str
@@ -55,6 +69,11 @@ class JobView(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    timeline: list[EventView] = Field(
+        default_factory=list,
+        description="one job only (not in lists): its events, oldest first: submitted, "
+        "admitted, started, preempted, moved, finished, with their reasons",
+    )
 
 
 class DryRunView(BaseModel):
