@@ -4,7 +4,8 @@
 its in-memory mirror (`mirror.py`: every change to allocations runs in one locked transaction,
 so commits never double-book a device, across threads or processes), intake (`intake.py`:
 submit), the cycle writer (`cycle_writer.py`: one admission pass, written), the binder
-(`runtime.py`: bind, reconcile, stop) and the records every writer shares (`records.py`).
+(`runtime.py`: bind, reconcile, stop) and the records every writer shares (`records.py`);
+who may call it (`tokens.py`, `oidc.py`) and the teams' secrets jobs refer to (`vault.py`).
 Adapters are called outside the transaction, after the commit (bind) or after the release was
 recorded (stop).
 """
@@ -118,7 +119,7 @@ class ControlService:
         """Register the configured clusters and teams, then take back the jobs an earlier process
         of this instance left running (`Binder.reconcile`: still running, ended while it was
         down, or lost; logged), before any pass can place a job on their cards. Returns what
-        each inventory came from."""
+        each inventory came from, and where the local admin token is (made when missing)."""
         now = self.clock()
         messages = []
         # the adapters tell this instance's workloads from other instances' by its name
