@@ -23,7 +23,7 @@ from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService
 from tests.audit.test_findings_live import _usage_rows
 from tests.control.api_server import serving
-from tests.control.svc_helpers import config, job, make_service, state, wait_state
+from tests.control.svc_helpers import admin_token, config, job, make_service, state, wait_state
 
 GIB = 1024
 _app = typer.Typer()
@@ -76,7 +76,18 @@ def planned(tmp_path: Path) -> Iterator[Planned]:
 
 
 def apply(p: Planned, *extra: str, answer: str | None = None) -> tuple[int, str]:
-    args = ("apply", p.plan_id, "--plans", str(p.plans), "--server", p.url, *extra)
+    token = admin_token(p.svc)
+    args = (
+        "apply",
+        p.plan_id,
+        "--plans",
+        str(p.plans),
+        "--server",
+        p.url,
+        "--token",
+        token,
+        *extra,
+    )
     return audit(*args, answer=answer)
 
 

@@ -1,5 +1,6 @@
 """The control API over real HTTP on 127.0.0.1, in a thread of the test process, for CLI tests
-that need no `gpuplane control serve` subprocess; and the CLI groups invoked against it."""
+that need no `gpuplane control serve` subprocess; and the CLI groups invoked against it, as the
+service's local admin (the token it wrote to its state dir) unless told otherwise."""
 
 from __future__ import annotations
 
@@ -14,16 +15,24 @@ import uvicorn
 from typer.testing import CliRunner
 
 from gpuplane.cli import cluster as cluster_cli
+from gpuplane.cli import events
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
+from gpuplane.cli import secret as secret_cli
+from gpuplane.cli import token as token_cli
 from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
+from tests.control.svc_helpers import admin_token
 
 cli_app = typer.Typer()
 cli_app.add_typer(job_cli.app, name="job")
 cli_app.add_typer(quota_cli.app, name="quota")
 cli_app.add_typer(cluster_cli.app, name="cluster")
+cli_app.add_typer(token_cli.app, name="token")
+cli_app.add_typer(secret_cli.app, name="secret")
+events.register(cli_app)
 _runner = CliRunner()
+_admins: dict[str, str] = {}  # URL -> the admin token of the service served there
 
 
 @contextmanager
@@ -40,14 +49,25 @@ def serving(service: ControlService) -> Iterator[str]:
         while not server.started:
             assert thread.is_alive(), "the API server did not start"
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        _admins[url] = admin_token(service)
+        yield url
     finally:
         server.should_exit = True
         thread.join(timeout=30)
         assert not thread.is_alive(), "the API server did not stop"
 
 
-def cli(url: str, *args: str) -> tuple[int, str]:
-    """`gpuplane job|quota|cluster ...` against `url`: its exit code and what it printed."""
-    result = _runner.invoke(cli_app, list(args), env={"GPUPLANE_SERVER": url})
+def admin_of(url: str) -> str:
+    """The admin token of the service `serving` serves at `url` ("" for any other URL)."""
+    return _admins.get(url, "")
+
+
+def cli(
+    url: str, *args: str, token: str | None = None, input: str | None = None
+) -> tuple[int, str]:
+    """`gpuplane job|quota|cluster|token|secret|events ...` against `url` as `token` (default: the
+    served service's admin): its exit code and what it printed."""
+    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url) if token is None else token}
+    result = _runner.invoke(cli_app, list(args), env=env, input=input)
     return result.exit_code, result.output

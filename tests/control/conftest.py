@@ -18,10 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters._procs import JobProcess, JobRecord, session_orphans
-from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from tests.control.pg_server import create_database, postgres_server
-from tests.control.svc_helpers import config, make_service
+from tests.control.svc_helpers import api_client, config, make_service
 
 
 @pytest.fixture(autouse=True)
@@ -59,5 +58,5 @@ def service(tmp_path: Path) -> Iterator[ControlService]:
 
 @pytest.fixture
 def client(service: ControlService) -> Iterator[TestClient]:
-    with TestClient(create_app(service, background=False)) as c:
+    with api_client(service) as c:
         yield c

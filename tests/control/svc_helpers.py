@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, func, select, text
 
 from gpuplane.control.adapters import ClusterAdapter, WorkloadState
+from gpuplane.control.api import create_app
+from gpuplane.control.client import ADMIN_TOKEN_FILE
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
@@ -127,6 +131,21 @@ def make_service(cfg: ControlConfig, instance: str | None = None) -> ControlServ
     service = ControlService(cfg)
     service.start()
     return service
+
+
+def admin_token(service: ControlService) -> str:
+    """The local admin token the service wrote to its state dir at start."""
+    return (Path(service.config.state_dir) / ADMIN_TOKEN_FILE).read_text()
+
+
+def api_client(service: ControlService, token: str | None = None) -> TestClient:
+    """The API over `service` in-process (no background loop), on a loopback Host, as the
+    service's local admin unless given another `token`; use it as a context manager."""
+    return TestClient(
+        create_app(service, background=False),
+        base_url="http://127.0.0.1",
+        headers={"authorization": f"Bearer {token or admin_token(service)}"},
+    )
 
 
 def job(

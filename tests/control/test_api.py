@@ -138,6 +138,8 @@ def test_batch_submit_is_all_or_nothing(client: TestClient) -> None:
     assert bad.status_code == 422
     assert bad.json()["detail"].startswith("item 1: invalid job spec")
     assert sorted(j["name"] for j in client.get("/jobs").json()) == ["a", "b"]
+    empty = client.post("/jobs/batch", json=[])  # was a 500 (an INSERT of no rows)
+    assert (empty.status_code, empty.json()) == (201, {"ids": []})
 
 
 def test_metrics_say_how_full_each_cluster_is_and_why_jobs_wait(client: TestClient) -> None:

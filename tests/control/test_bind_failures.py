@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters import Workload
-from gpuplane.control.api import create_app
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import (
+    api_client,
     assert_no_device_over_allocated,
     config,
     job,
@@ -146,7 +145,7 @@ def test_a_nul_byte_is_refused_at_submit_naming_the_field(
 ) -> None:
     svc = make_service(config(str(tmp_path)))
     try:
-        with TestClient(create_app(svc, background=False)) as client:
+        with api_client(svc) as client:
             response = client.post("/jobs", json={**job("nul", command=QUICK), field: value})
             assert response.status_code == 422, response.text
             assert f"{field}: holds a NUL byte" in response.json()["detail"]

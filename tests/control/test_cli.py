@@ -61,6 +61,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except httpx.TransportError:
                 time.sleep(0.1)
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        # the admin token it wrote: what the CLI run from its directory reads by itself
+        _tokens[url] = (workdir / ".gpuplane" / "admin.token").read_text()
         # a job must name a declared team
         code, out = cli(url, "quota", "set", "research", "--weight", "1")
         assert code == 0, out
@@ -72,8 +74,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert "declared 2 x A100-80GB" in out or "nvidia-smi found" in out, out
 
 
+_tokens: dict[str, str] = {}
+
+
 def cli(server: str, *args: str) -> tuple[int, str]:
-    result = runner.invoke(app, list(args), env={"GPUPLANE_SERVER": server})
+    env = {"GPUPLANE_SERVER": server, "GPUPLANE_TOKEN": _tokens.get(server, "")}
+    result = runner.invoke(app, list(args), env=env)
     return result.exit_code, result.output
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gpuplane.cli import job as job_cli
 from gpuplane.control.service import ControlService
-from tests.control.api_server import cli, cli_app, serving
+from tests.control.api_server import admin_of, cli, cli_app, serving
 from tests.control.svc_helpers import job, wait_state
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -181,6 +181,7 @@ def complete(url: str, words: str) -> list[str]:
             "COMP_WORDS": f"gpuplane {words}",
             "COMP_CWORD": str(len(args)),
             "GPUPLANE_SERVER": url,
+            "GPUPLANE_TOKEN": admin_of(url),
         },
     )
     assert result.exit_code == 0, result.output

@@ -203,7 +203,9 @@ def test_an_unreachable_cluster_is_avoided_and_reconciled_when_it_returns(
             row = session.get(Job, unbound)
             assert row is not None
             estate, _ = service.estate()
-            flaky.bind(_workload(row, estate.snapshot.allocations[unbound], estate))
+            flaky.bind(
+                _workload(row, estate.snapshot.allocations[unbound], estate, service.vault.env_of)
+            )
 
         flaky.why = "connection refused"
         service.tick()

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import config
+from tests.control.svc_helpers import api_client, config
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -32,7 +31,7 @@ def held(tmp_path: Path) -> Iterator[tuple[ControlService, TestClient]]:
     instances stay admitted or pending, and no engine runs."""
     service = ControlService(config(str(tmp_path)), bind_on_submit=False)
     service.start()
-    with TestClient(create_app(service, background=False)) as c:
+    with api_client(service) as c:
         yield service, c
     service.close()
 

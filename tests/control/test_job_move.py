@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
 from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService
 from gpuplane.resources import LABEL_NODE
-from tests.control.svc_helpers import config, job, make_service, state, wait_state
+from tests.control.svc_helpers import api_client, config, job, make_service, state, wait_state
 
 
 def _node(svc: ControlService, job_id: str) -> str:
@@ -62,7 +61,7 @@ def test_a_job_already_on_the_node_is_left_alone(
 @pytest.fixture
 def two_nodes(tmp_path: Path) -> Iterator[tuple[ControlService, TestClient]]:
     svc = make_service(config(str(tmp_path), nodes=2, gpus=1))
-    with TestClient(create_app(svc, background=False)) as c:
+    with api_client(svc) as c:
         yield svc, c
     svc.close()
 

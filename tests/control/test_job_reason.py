@@ -7,13 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
 from tests.control.api_server import cli, serving
-from tests.control.svc_helpers import A100, config, job, state
+from tests.control.svc_helpers import A100, api_client, config, job, state
 
 
 def node(name: str, model: str, mem_mib: int) -> DeclaredNode:
@@ -51,7 +49,7 @@ def pending_a100_pair(service: ControlService) -> str:
 
 def test_list_and_describe_show_the_closest_clusters_reason(service: ControlService) -> None:
     job_id = pending_a100_pair(service)
-    with TestClient(create_app(service, background=False)) as client:
+    with api_client(service) as client:
         described = client.get(f"/jobs/{job_id}").json()
         (listed,) = [j for j in client.get("/jobs").json() if j["id"] == job_id]
     assert described["state"] == "pending"

@@ -10,10 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters.local import LocalAdapter
-from gpuplane.control.api import create_app
 from gpuplane.control.logtail import read_log
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import job, wait_state
+from tests.control.svc_helpers import api_client, job, wait_state
 
 MIB = 1024 * 1024
 
@@ -116,7 +115,7 @@ def test_tailing_or_streaming_a_50_mib_log_holds_about_one_block(tmp_path: Path)
 
 
 def test_the_api_tails_a_large_log_without_reading_it_whole(service: ControlService) -> None:
-    with TestClient(create_app(service, background=False)) as client:
+    with api_client(service) as client:
         out = client.post("/jobs", json=job("quiet", command=["true"])).json()
         wait_state(service, out["id"], "succeeded")
         adapter = service.adapters["local"]

@@ -288,16 +288,22 @@ class Serve:
         for _ in range(1200):
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
+                    break
             except httpx.TransportError:
                 time.sleep(0.1)
             assert self.proc.poll() is None, self.output()
-        raise AssertionError(f"control serve did not come up:\n{self.output()}")
+        else:
+            raise AssertionError(f"control serve did not come up:\n{self.output()}")
+        token = (workdir / "state" / "admin.token").read_text()  # as its admin
+        self.http = httpx.Client(
+            base_url=self.url, timeout=60, headers={"authorization": f"Bearer {token}"}
+        )
 
     def output(self) -> str:
         return self.out.read_text()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.http.close()
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=60)
 
@@ -307,8 +313,8 @@ class Serve:
             self.proc.wait()
 
 
-def submit(url: str, spec: dict[str, object]) -> str:
-    response = httpx.post(f"{url}/jobs", json=spec, timeout=60)
+def submit(serve: Serve, spec: dict[str, object]) -> str:
+    response = serve.http.post("/jobs", json=spec)
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
 
@@ -321,15 +327,15 @@ def test_sigterm_and_sigint_stop_the_service_not_its_jobs(tmp_path: Path, sig: i
     again: Serve | None = None
     pid: int | None = None
     try:
-        jid = submit(serve.url, job("sleeper", command=writes_pid(pidfile), gpus=1))
+        jid = submit(serve, job("sleeper", command=writes_pid(pidfile), gpus=1))
         pid = pid_in(pidfile)
         assert serve.stop(sig) == 0, serve.output()  # a clean shutdown, not killed by the signal
         assert "1 running jobs left running for its restart" in serve.output()
         assert alive(pid)
         again = Serve(tmp_path)
         assert "adopted 1 running jobs" in again.output()
-        assert httpx.get(f"{again.url}/jobs/{jid}").json()["state"] == "running"
-        cancelled = httpx.post(f"{again.url}/jobs/{jid}/cancel", timeout=60).json()
+        assert again.http.get(f"/jobs/{jid}").json()["state"] == "running"
+        cancelled = again.http.post(f"/jobs/{jid}/cancel").json()
         assert cancelled["state"] == "cancelled"
         assert not alive(pid)
         assert again.stop() == 0
@@ -346,7 +352,7 @@ def test_stop_jobs_stops_them_on_shutdown_and_records_why(tmp_path: Path) -> Non
     pidfile = tmp_path / "pid"
     serve = Serve(tmp_path, "--stop-jobs")
     try:
-        jid = submit(serve.url, job("sleeper", command=writes_pid(pidfile), gpus=1))
+        jid = submit(serve, job("sleeper", command=writes_pid(pidfile), gpus=1))
         pid = pid_in(pidfile)
         assert serve.stop() == 0, serve.output()
         assert not alive(pid)

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from gpuplane.control.auth import Role
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig
@@ -199,7 +200,8 @@ def test_sigkill_at_random_points_never_double_books_loses_or_reruns_a_job(
     planned: dict[str, Planned] = {}
     accepted: set[str] = set()
     reader = ControlService(reader_config)  # reads the store; starts nothing
-    client = httpx.Client(timeout=30)
+    _, token = reader.tokens.create("chaos", Role.admin, None)  # same store, same key
+    client = httpx.Client(timeout=30, headers={"authorization": f"Bearer {token}"})
     try:
         for _ in range(KILLS):
             service.start()

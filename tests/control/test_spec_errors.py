@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi.testclient import TestClient
-
 from gpuplane.control import queries
-from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from tests.control.api_server import cli, serving
+from tests.control.svc_helpers import api_client
 
 MISTYPED = """\
 name: hello
@@ -21,7 +19,7 @@ resources: {gpus: 1}
 
 def test_the_api_names_the_nearest_field_and_lists_the_valid_ones(service: ControlService) -> None:
     spec = {"name": "hello", "team": "research", "comand": ["true"], "resources": {"gpu": 1}}
-    with TestClient(create_app(service, background=False)) as client:
+    with api_client(service) as client:
         r = client.post("/jobs", json=spec)
     assert r.status_code == 422
     detail = r.json()["detail"]

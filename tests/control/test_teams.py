@@ -12,10 +12,9 @@ import yaml
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from gpuplane.control.api import create_app
 from gpuplane.control.settings import ControlConfig, QuotaConfig, TeamConfig
 from tests.control.api_server import cli, serving
-from tests.control.svc_helpers import A100, config, job, make_service
+from tests.control.svc_helpers import A100, api_client, config, job, make_service
 
 LIMITED = [
     TeamConfig(name="research", quotas=[QuotaConfig(flavor=A100, gpus=1)]),
@@ -27,7 +26,7 @@ def client_for(tmp_path: Path, **settings: object) -> Iterator[TestClient]:
     cfg = config(str(tmp_path), teams=LIMITED).model_copy(update=settings)
     svc = make_service(cfg)
     try:
-        with TestClient(create_app(svc, background=False)) as c:
+        with api_client(svc) as c:
             yield c
     finally:
         svc.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import threading
 import time
@@ -20,13 +21,14 @@ from typer.testing import CliRunner
 
 from gpuplane.cli import deploy as deploy_cli
 from gpuplane.config import parse_settings
+from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 from tests.control.api_server import serving as control_serving
-from tests.control.svc_helpers import config, make_service
+from tests.control.svc_helpers import admin_token, config, make_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -44,8 +46,11 @@ SPEC = {
 
 
 @pytest.fixture
-def control(tmp_path: Path) -> Iterator[tuple[ControlService, str]]:
+def control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ControlService, str]]:
     service = make_service(config(str(tmp_path / "state")))
+    monkeypatch.setenv(TOKEN_ENV, admin_token(service))  # the CLI's, the API's and the gateway's
     stop = threading.Event()
 
     def tick() -> None:  # the service's background loop, as `control serve` runs it
@@ -61,6 +66,11 @@ def control(tmp_path: Path) -> Iterator[tuple[ControlService, str]]:
         stop.set()
         ticker.join(timeout=30)
         service.close()
+
+
+def auth() -> dict[str, str]:
+    """The control API's header for the service's local admin (`control` set its token)."""
+    return {"authorization": f"Bearer {os.environ[TOKEN_ENV]}"}
 
 
 def cli(url: str, *args: str) -> tuple[int, str]:
@@ -111,7 +121,7 @@ async def test_a_deployment_is_placed_discovered_served_and_drained(
     assert "deployment chat created" in out
 
     settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url)
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "two ready instances in the gateway",
@@ -179,10 +189,10 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
         "drain_timeout_s": 3600,  # the surplus stops once the gateway released it
     }
     spec.pop("replicas")
-    async with httpx.AsyncClient(timeout=60) as api:
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
     settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url)
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "one ready instance",
@@ -202,7 +212,7 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
             ),
             timeout_s=30,
         )
-    async with httpx.AsyncClient(timeout=60) as api:
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         events = (await api.get(url + "/deployments/chat")).json()["events"]
         await api.delete(url + "/deployments/chat")
     scaled = [e["message"] for e in events if e["message"].startswith("autoscaled")]
@@ -218,10 +228,10 @@ async def test_the_embedded_llama_cpp_is_deployed_and_answers(
     gateway that discovered it."""
     _, url = control
     spec = {"name": "smol", "model": "smollm2", "engine": "llamacpp", "team": "research"}
-    async with httpx.AsyncClient(timeout=60) as api:
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
     settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url)
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=120) as client:
         await wait_for(
             "llama.cpp ready",
@@ -232,7 +242,7 @@ async def test_the_embedded_llama_cpp_is_deployed_and_answers(
         answer = await client.post(gw_url + "/v1/chat/completions", json=body)
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["content"]
-        async with httpx.AsyncClient(timeout=60) as api:
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
             await api.delete(url + "/deployments/smol")
         await wait_for(
             "the deployment gone",
@@ -248,10 +258,10 @@ async def test_a_new_version_replaces_the_old_under_load_without_a_failed_reques
     throughout all finish."""
     _, url = control
     v1 = {**SPEC, "replicas": 1}
-    async with httpx.AsyncClient(timeout=60) as api:
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=v1)).status_code == 201
     settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url)
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "v1 ready",
@@ -265,7 +275,7 @@ async def test_a_new_version_replaces_the_old_under_load_without_a_failed_reques
                 answers.append(await chat(client, gw_url))
 
         workers = [asyncio.create_task(worker()) for _ in range(2)]
-        async with httpx.AsyncClient(timeout=60) as api:
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
             applied = await api.post(url + "/deployments", json={**v1, "version": "v2"})
         assert applied.json()["action"] == "configured"
         await wait_for(
@@ -277,5 +287,5 @@ async def test_a_new_version_replaces_the_old_under_load_without_a_failed_reques
     assert len(answers) >= 2
     assert [s for s, _ in answers] == [200] * len(answers)
     assert all(t.rstrip().endswith("data: [DONE]") for _, t in answers)
-    async with httpx.AsyncClient(timeout=60) as api:
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         await api.delete(url + "/deployments/chat")

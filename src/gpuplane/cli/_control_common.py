@@ -1,5 +1,5 @@
-"""What the control-plane CLI groups share: --server, -o table|wide|json|yaml, times (ISO-8601 in
-JSON and YAML, relative in tables), error exits, and shell completion of names."""
+"""What the control-plane CLI groups share: --server, --token, -o table|wide|json|yaml, times
+(ISO-8601 in JSON and YAML, relative in tables), error exits, and shell completion of names."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rich.table import Table
 from gpuplane.control.client import (
     DEFAULT_SERVER,
     SERVER_ENV,
+    TOKEN_ENV,
     ClientError,
     ControlClient,
     field_errors,
@@ -38,6 +39,13 @@ class Output(StrEnum):
 SERVER_OPTION = typer.Option(
     None, "--server", envvar=SERVER_ENV, help=f"control plane URL (default {DEFAULT_SERVER})"
 )
+TOKEN_OPTION = typer.Option(
+    None,
+    "--token",
+    envvar=TOKEN_ENV,
+    help="API token; default: the admin token a server on this machine wrote to .gpuplane/",
+    show_default=False,
+)
 OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, wide, json or yaml")
 
 console = Console(soft_wrap=True)
@@ -47,11 +55,13 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 @contextmanager
-def client(server: str | None, *, options: bool = False) -> Iterator[ControlClient]:
+def client(
+    server: str | None, token: str | None = None, *, options: bool = False
+) -> Iterator[ControlClient]:
     """A client; any gpuplane error inside exits non-zero with its message. With `options`, the
     fields the API names in a validation error are the command's options (`gpus` is `--gpus`)."""
     try:
-        with ControlClient(server) as c:
+        with ControlClient(server, token=token) as c:
             yield c
     except ClientError as exc:
         where = f" (HTTP {exc.status})" if exc.status else ""
@@ -113,14 +123,16 @@ def iso(ts: float) -> str:
 
 
 def iso_times(data: Any) -> Any:
-    """`data` with every time field (a key ending in `_at`, as the API's views name them) as
-    ISO-8601."""
+    """`data` with every time field (`at`, or a key ending in `_at`, as the API's views name
+    them) as ISO-8601."""
     if isinstance(data, list):
         return [iso_times(d) for d in data]
     if isinstance(data, dict):
         return {
             k: iso(v)
-            if k.endswith("_at") and isinstance(v, int | float) and not isinstance(v, bool)
+            if (k == "at" or k.endswith("_at"))
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
             else iso_times(v)
             for k, v in data.items()
         }
@@ -172,7 +184,8 @@ def _completer(
 
     def complete(ctx: typer.Context, incomplete: str) -> list[str]:
         try:
-            with ControlClient(ctx.params.get("server"), timeout_s=COMPLETION_TIMEOUT_S) as c:
+            server, token = ctx.params.get("server"), ctx.params.get("token")
+            with ControlClient(server, token=token, timeout_s=COMPLETION_TIMEOUT_S) as c:
                 return sorted({n for n in names(c) if n.startswith(incomplete)})
         except (GpuplaneError, ValueError):  # unreachable, refused, or not the API's JSON
             return []

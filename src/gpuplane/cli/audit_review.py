@@ -20,6 +20,7 @@ from gpuplane.audit.settings import AuditSettings
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     emit,
@@ -184,6 +185,7 @@ def apply(
     plan_id: str = typer.Argument(..., help="the id `gpuplane audit plan` printed"),
     plans: Path = PLANS,
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     yes: bool = typer.Option(False, "--yes", help="do not ask before moving"),
     jobs_only: bool = typer.Option(
         False, "--jobs-only", help="apply the job moves even though deployments' are skipped"
@@ -198,7 +200,7 @@ def apply(
         fail(str(exc))
         raise  # unreachable: fail exits
     moves = job_moves(data)
-    with client(server) as c:
+    with client(server, token) as c:
         live: dict[str, LiveJob | None] = {}
         for w in sorted({*data["placements"], *moves}):
             try:

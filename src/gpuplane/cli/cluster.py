@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     complete_clusters,
@@ -58,6 +59,7 @@ def add(
         None, "--sync-interval", help="seconds without an answer before it is unreachable"
     ),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Add a cluster to the pool (stored: it stays across restarts). Its backend must answer, on
@@ -79,7 +81,7 @@ def add(
         ClusterConfig.model_validate(body)
     except ValidationError as exc:
         fail("; ".join(_option_error(e) for e in exc.errors()))
-    with client(server, options=True) as c:
+    with client(server, token, options=True) as c:
         cluster = c.add_cluster(body)
     emit(cluster, output, _describe)
 
@@ -99,9 +101,13 @@ def _option_error(error: Any) -> str:
 
 
 @app.command("list")
-def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) -> None:
+def list_(
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
     """List clusters with their health, GPUs and what is free."""
-    with client(server) as c:
+    with client(server, token) as c:
         clusters = c.clusters()
 
     def table(data: list[dict[str, Any]]) -> None:
@@ -134,11 +140,14 @@ def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) ->
 
 @app.command()
 def describe(
-    name: str = CLUSTER, server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION
+    name: str = CLUSTER,
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show a cluster: adapter, version, health, last sync, cordon and drain, its stored
     settings, and each node's cards with their free memory and compute."""
-    with client(server) as c:
+    with client(server, token) as c:
         cluster = c.cluster(name)
     emit(cluster, output, _describe)
 
@@ -183,17 +192,21 @@ def _describe(x: dict[str, Any]) -> None:
 
 
 @app.command()
-def cordon(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+def cordon(
+    name: str = CLUSTER, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
+) -> None:
     """Place nothing new on a cluster; what runs there stays."""
-    with client(server) as c:
+    with client(server, token) as c:
         c.cluster_action(name, "cordon")
     console.print(f"cluster {name} cordoned: nothing new is placed there", highlight=False)
 
 
 @app.command()
-def uncordon(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+def uncordon(
+    name: str = CLUSTER, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
+) -> None:
     """Place work on a cluster again (ends a cordon or a drain)."""
-    with client(server) as c:
+    with client(server, token) as c:
         c.cluster_action(name, "uncordon")
     console.print(f"cluster {name} uncordoned: work is placed there again", highlight=False)
 
@@ -205,11 +218,12 @@ def drain(
         False, "--requeue", help="stop its running jobs now and requeue them elsewhere"
     ),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Cordon a cluster and move its waiting binds elsewhere; its running jobs finish there
     (`--requeue`: they are preempted and requeued). Then `cluster remove` it."""
-    with client(server) as c:
+    with client(server, token) as c:
         done = c.cluster_action(name, "drain", requeue=str(requeue).lower())
 
     def table(d: dict[str, Any]) -> None:
@@ -223,8 +237,10 @@ def drain(
 
 
 @app.command()
-def remove(name: str = CLUSTER, server: str | None = SERVER_OPTION) -> None:
+def remove(
+    name: str = CLUSTER, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
+) -> None:
     """Remove a cluster added with `cluster add` (refused while it holds jobs: drain it)."""
-    with client(server) as c:
+    with client(server, token) as c:
         c.remove_cluster(name)
     console.print(f"cluster {name} removed", highlight=False)

@@ -55,8 +55,12 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             continue
         item = (getattr(inner, "__args__", None) or (None,))[0]
         if isinstance(item, type) and issubclass(item, BaseModel):
-            rows.append(_row(f"`{key}`", "list", "`[]`", field.description))
-            rows += _rows(item, key + "[].")
+            if get_origin(inner) is list:
+                rows.append(_row(f"`{key}`", "list", "`[]`", field.description))
+                rows += _rows(item, key + "[].")
+            else:  # an optional section (`X | None`): its keys apply once it is set
+                rows.append(_row(f"`{key}`", "section or None", "", field.description))
+                rows += _rows(item, key + ".")
             continue
         if field.is_required():
             shown = "required"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuplane import logs
-from gpuplane.config import load_settings
+from gpuplane.config import load_settings, parse_settings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -36,6 +36,10 @@ def serve(
 ) -> None:
     """Serve the control plane (OpenAPI at /docs) on embedded defaults or a config file.
 
+    Every request but /healthz needs a bearer token. At start the service writes an admin token
+    to its state dir (0600) and prints where; the CLI on this machine reads it by itself.
+    Listening beyond loopback needs control.auth.allowed_hosts (refused at start otherwise).
+
     SIGTERM and SIGINT (Ctrl-C) stop the service, not its jobs: they keep running, and the
     service started again with the same control.instance (default host:port) takes them back,
     recording the exit code of any that ended meanwhile. With --stop-jobs, shutting down stops
@@ -49,13 +53,13 @@ def serve(
 
     logs.configure()
     try:
-        control = load_settings(config).control
-        updates = {
-            k: v
+        data = load_settings(config).model_dump(exclude_unset=True)
+        data.setdefault("control", {}).update(
+            (k, v)
             for k, v in (("port", port), ("host", host), ("database_url", database_url))
             if v is not None
-        }
-        control = control.model_copy(update=updates)
+        )
+        control = parse_settings(data, source=str(config or "defaults")).control
         service = ControlService(control)
         messages = service.start()
     except GpuplaneError as exc:

@@ -10,6 +10,7 @@ import typer
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     console,
@@ -34,13 +35,14 @@ def apply(
         False, "--dry-run", help="validate, and say where an instance would go; change nothing"
     ),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Create or change a deployment; a spec that can never be served is refused with why."""
     spec = load_spec(
         file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
     )
-    with client(server) as c:
+    with client(server, token) as c:
         out = c.apply_deployment(spec, dry_run=dry_run)
 
     def table(data: dict[str, Any]) -> None:
@@ -67,9 +69,13 @@ def _cards(devices: list[int]) -> str:
 
 
 @app.command("list")
-def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) -> None:
+def list_(
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
     """Deployments with their instances: running, pending, draining."""
-    with client(server) as c:
+    with client(server, token) as c:
         out = c.deployments()
 
     def table(rows: list[dict[str, Any]]) -> None:
@@ -108,10 +114,13 @@ def list_(server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION) ->
 
 @app.command()
 def describe(
-    name: str = NAME, server: str | None = SERVER_OPTION, output: Output = OUTPUT_OPTION
+    name: str = NAME,
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """A deployment's spec, its instances (state, cluster/node/cards, URL) and its events."""
-    with client(server) as c:
+    with client(server, token) as c:
         out = c.deployment(name)
     emit(out, output, _describe_table)
 
@@ -153,17 +162,20 @@ def scale(
     name: str = NAME,
     replicas: int = typer.Argument(..., min=0, help="instances of its current version"),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Set a deployment's replicas; surplus instances drain before they stop."""
-    with client(server) as c:
+    with client(server, token) as c:
         out = c.scale_deployment(name, replicas)
     emit(out, output, _describe_table)
 
 
 @app.command()
-def delete(name: str = NAME, server: str | None = SERVER_OPTION) -> None:
+def delete(
+    name: str = NAME, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
+) -> None:
     """Delete a deployment: its instances drain (no new requests), then stop."""
-    with client(server) as c:
+    with client(server, token) as c:
         c.delete_deployment(name)
     console.print(f"deployment {name} is deleting: its instances drain, then stop", highlight=False)

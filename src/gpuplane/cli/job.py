@@ -12,6 +12,7 @@ import typer
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     complete_jobs,
@@ -27,6 +28,7 @@ from gpuplane.cli._control_common import (
     print_table,
     relative,
 )
+from gpuplane.cli.events import timeline_rows
 from gpuplane.control.spec import format_duration
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
@@ -72,6 +74,7 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="say where it would go; change nothing"),
     wait: bool = typer.Option(False, "--wait", help="wait until it ends; exit with its code"),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Submit a job spec; an impossible request is refused with the reason."""
@@ -80,7 +83,7 @@ def submit(
     spec = load_spec(
         file, "job", "name, team, command, resources, ...", "examples/control/hello.yaml"
     )
-    with client(server) as c:
+    with client(server, token) as c:
         out = c.submit(spec, dry_run=dry_run)
 
     def table(data: dict[str, Any]) -> None:
@@ -106,13 +109,13 @@ def submit(
 
     emit(out, output, table)
     if wait:
-        _wait(server, out["id"])
+        _wait(server, token, out["id"])
 
 
-def _wait(server: str | None, job_id: str) -> None:
+def _wait(server: str | None, token: str | None, job_id: str) -> None:
     """Poll until the job ends, then exit with its exit code (1 for a job that failed without
     one, with why)."""
-    with client(server) as c:
+    with client(server, token) as c:
         job = c.job(job_id)
         while job["state"] not in FINAL:
             _pause(POLL_S)
@@ -137,10 +140,11 @@ def list_(
         2.0, "--interval", min=0.5, max=60, help="seconds between polls of --watch"
     ),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """List jobs, newest first."""
-    with client(server) as c:
+    with client(server, token) as c:
         jobs = c.jobs(team, state)
         if not watch:
             emit(jobs, output, lambda data: _jobs_table(data, output == Output.wide))
@@ -192,14 +196,25 @@ def _jobs_table(jobs: list[dict[str, Any]], wide: bool) -> None:
     print_table([*columns, "REASON"], rows)
 
 
+def _env(env: dict[str, Any]) -> str:
+    """Names and values, a reference as `secretRef:NAME` / `fromEnv:NAME` (never its value)."""
+    shown = []
+    for name, value in env.items():
+        if not isinstance(value, str):  # {secretRef: NAME} or {fromEnv: NAME}
+            value = "<{}:{}>".format(*next(iter(value.items())))
+        shown.append(f"{name}={value}")
+    return " ".join(shown) or "-"
+
+
 @app.command()
 def describe(
     ref: str = JOB_REF,
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show a job: spec, state, where it runs, and why it waits."""
-    with client(server) as c:
+    with client(server, token) as c:
         job = c.job(ref)
 
     def table(j: dict[str, Any]) -> None:
@@ -211,6 +226,7 @@ def describe(
             ("state", j["state"]),
             ("priority", j["priority"]),
             ("command", " ".join(j["command"])),
+            ("env", _env(j.get("env") or {})),
             ("resources", _slice(j["resources"])),
             ("where", _where(j)),
             ("gpu model", j.get("flavor") or "-"),
@@ -231,14 +247,20 @@ def describe(
             console.print("[bold]       waiting[/bold]  " + _reason(j["reason"]), highlight=False)
             console.print("[bold]   per cluster[/bold]")
             print_reasons(j["reasons"])
+        if j.get("timeline"):
+            console.print("[bold]      timeline[/bold]")
+            for line in timeline_rows(j["timeline"], now):
+                console.print(f"  {line}", highlight=False)
 
     emit(job, output, table)
 
 
 @app.command()
-def cancel(ref: str = JOB_REF, server: str | None = SERVER_OPTION) -> None:
+def cancel(
+    ref: str = JOB_REF, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
+) -> None:
     """Cancel a job; a running job's process is stopped."""
-    with client(server) as c:
+    with client(server, token) as c:
         job = c.cancel(ref)
     typer.echo(f"job {job['id']} {job['state']}")
 
@@ -249,9 +271,10 @@ def logs(
     tail: int | None = typer.Option(None, "--tail", help="only the last N lines"),
     follow: bool = typer.Option(False, "--follow", "-f", help="wait until the job ends"),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
 ) -> None:
     """Print a job's output (streamed: a large log is never held whole)."""
-    with client(server) as c:
+    with client(server, token) as c:
         if not follow:
             for chunk in c.logs(ref, tail):
                 typer.echo(chunk, nl=False)

@@ -6,7 +6,7 @@ import typer
 
 from gpuplane import __version__
 from gpuplane.cli import audit as audit_cli
-from gpuplane.cli import audit_review, engine, serve
+from gpuplane.cli import audit_review, engine, events, serve
 from gpuplane.cli import batch as batch_cli
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
@@ -14,7 +14,9 @@ from gpuplane.cli import control as control_cli
 from gpuplane.cli import deploy as deploy_cli
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
+from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import simulate as simulate_cli
+from gpuplane.cli import token as token_cli
 
 app = typer.Typer(
     name="gpuplane",
@@ -34,6 +36,9 @@ app.add_typer(deploy_cli.app, name="deploy")
 app.add_typer(cluster_cli.app, name="cluster")
 app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
+app.add_typer(token_cli.app, name="token")
+app.add_typer(secret_cli.app, name="secret")
+events.register(app)
 audit_review.register(audit_cli.app)
 app.add_typer(audit_cli.app, name="audit")
 

@@ -9,6 +9,7 @@ import typer
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
     SERVER_OPTION,
+    TOKEN_OPTION,
     Output,
     client,
     complete_teams,
@@ -48,6 +49,7 @@ def set_(
     cohort: str | None = typer.Option(None, "--cohort", help="share unused quota with this cohort"),
     weight: float | None = typer.Option(None, "--weight", help="fair-share weight"),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Change a team's quota on a GPU model, its cohort or its weight; what is not given keeps
@@ -60,7 +62,7 @@ def set_(
             "give what to change: --gpus, --gpu-mem-mib, a --borrowing-limit-* or "
             "--lending-limit-* option, --cohort or --weight"
         )
-    with client(server, options=True) as c:
+    with client(server, token, options=True) as c:
         current = _team_or_none(c, team)
         out = current or {}
         if team_fields:
@@ -112,10 +114,11 @@ def _quota_of(
 def show(
     team: str | None = typer.Argument(None, autocompletion=complete_teams),
     server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show quotas and usage of one team or of all."""
-    with client(server) as c:
+    with client(server, token) as c:
         data: Any = c.team(team) if team else c.teams()
     emit(data, output, lambda d: _teams_table([d] if isinstance(d, dict) else d))
 

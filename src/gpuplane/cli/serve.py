@@ -42,6 +42,14 @@ CONTROL_OPTION = typer.Option(
     "--control",
     help="a control plane's URL: serve its deployments, found by watching it",
 )
+CONTROL_TOKEN_OPTION = typer.Option(
+    None,
+    "--control-token",
+    envvar="GPUPLANE_TOKEN",
+    help="the control plane's API token (an admin's; $GPUPLANE_TOKEN); default: the local "
+    "admin token of a control plane on this machine",
+    show_default=False,
+)
 
 
 def _settings(config: Path | None, host: str | None, port: int | None) -> Settings:
@@ -68,6 +76,7 @@ def _gateway_group(
     host: str | None = HOST_OPTION,
     port: int | None = PORT_OPTION,
     control: str | None = CONTROL_OPTION,
+    control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
     """The OpenAI-compatible gateway: `serve` it, read its `status` and its tenants' `usage`,
     or create API keys (`key create`).
@@ -75,7 +84,7 @@ def _gateway_group(
     `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
     """
     if ctx.invoked_subcommand is None:
-        gateway(config, host, port, control)
+        gateway(config, host, port, control, control_token)
     elif any(v is not None for v in (config, host, port, control)):
         raise _fail(
             GpuplaneError(
@@ -91,6 +100,7 @@ def gateway(
     host: str | None = HOST_OPTION,
     port: int | None = PORT_OPTION,
     control: str | None = CONTROL_OPTION,
+    control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
     """Serve the OpenAI-compatible gateway in front of the configured engine instances, and
     (--control URL) the deployments of a control plane."""
@@ -112,12 +122,16 @@ def gateway(
             )
         gw = settings.gateway
         where = f"; serving the deployments of {control}" if control else ""
+        if control is not None and control_token is None:
+            from gpuplane.control.client import local_token
+
+            control_token = local_token(control)
 
         async def serve() -> None:  # the gateway is made on the loop that runs it
             await serve_until_signal(
                 settings,
                 lambda: err.print(f"gateway listening on http://{gw.host}:{gw.port}{where}"),
-                Gateway(settings, control=control),
+                Gateway(settings, control=control, control_token=control_token),
             )
 
         _loop.settle_gc()

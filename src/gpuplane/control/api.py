@@ -1,9 +1,15 @@
-"""The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas.
+"""The control plane's HTTP API (FastAPI; OpenAPI at /docs): clusters, nodes, jobs, teams, quotas,
+tokens, secrets, events and (`deployments/routes.py`) deployments.
 
 Handlers are thin: they call `ControlService` / `queries` and map the project's errors to HTTP
 once (422 for a spec or request that can never run, or a cluster that cannot be added; 404
-unknown, 409 wrong state). A background
-thread runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
+unknown, 409 wrong state, 401/403 from `auth`). Every route is a row of `auth.POLICY`, checked
+by one dependency before the handler runs (the app refuses to build with a route missing from
+it); a team-scoped handler passes the caller's teams to its query, so another team's objects
+answer as unknown ones. Only a bearer token authenticates (no cookie), so a cross-site form
+cannot act; a Host header not in `control.auth.allowed_hosts` (default: the loopback names) gets
+400. Every call that may change something is recorded in the store's trail (`_Trail`). A
+background thread runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
 from __future__ import annotations
@@ -12,31 +18,45 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from typing import Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
 from gpuplane.control import queries
 from gpuplane.control.adapters.base import AdapterError
+from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
+from gpuplane.control.spec import check_name, parse_duration
 from gpuplane.control.views import (
     ClusterAdd,
     ClusterDetail,
     ClusterView,
     Drain,
     DryRunView,
+    EventView,
     JobMove,
     JobView,
     NodeView,
     QuotaSet,
+    SecretSet,
+    SecretView,
     TeamSet,
     TeamView,
+    TokenCreate,
+    TokenCreated,
+    TokenView,
 )
 from gpuplane.errors import ConfigError, GpuplaneError, ResourceError
 
@@ -67,6 +87,44 @@ class _Ticker:
                 log.exception("control loop tick failed; retrying on the next tick")
 
 
+class _Trail:
+    """ASGI middleware: each call that may change something (POST, PUT, DELETE) goes into the
+    store's trail once answered, refused ones too: who (the caller `allow` left in the request's
+    state), what (method and path, never a body), from where, and the HTTP status."""
+
+    def __init__(self, app: ASGIApp, service: ControlService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        status = 500  # unless a response starts
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            who: Principal | None = scope.get("state", {}).get("principal")
+            client = scope.get("client")
+            call = f"{scope['method']} {scope['path']}" + (f" as {who.role}" if who else "")
+            await run_in_threadpool(
+                queries.record_call,
+                self.service,
+                call,
+                who.subject if who else None,
+                who.team if who else None,
+                client[0] if client else "unknown",
+                status,
+            )
+
+
 def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     """The API over a started `service`; `background` runs the admission loop while serving."""
 
@@ -81,12 +139,39 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             if ticker is not None:
                 ticker.stop()
 
+    bearer = HTTPBearer(auto_error=False, description="an API token (gpl_...) or an OIDC JWT")
+
+    def allow(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+    ) -> Principal | None:
+        """The route's row of the policy table, applied to the caller (every route)."""
+        route = request.scope["route"]
+        caller = service.authenticate(credentials.credentials) if credentials else None
+        request.state.principal = caller  # for the trail (`_Trail`), refused or not
+        decide(POLICY[(request.method, route.path)], caller)
+        return caller
+
+    def caller(who: Principal | None = Depends(allow)) -> Principal:
+        """The authenticated caller of a route that needs one (`allow` refused anyone else)."""
+        if who is None:
+            raise AuthError("this route needs a bearer token", 401)
+        return who
+
     app = FastAPI(
         title="gpuplane control plane",
         version=__version__,
-        description="One pool over many GPU clusters: inventory, team quotas, one queue.",
+        description="One pool over many GPU clusters: inventory, team quotas, one queue. "
+        "Every route but /healthz needs `Authorization: Bearer <token>`.",
         lifespan=lifespan,
+        dependencies=[Depends(allow)],
     )
+    app.add_middleware(_Trail, service=service)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
+
+    @app.exception_handler(AuthError)
+    async def _refused(_: Request, exc: AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(GpuplaneError)
     async def _errors(_: Request, exc: GpuplaneError) -> JSONResponse:
@@ -166,8 +251,9 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def submit(
         spec: dict[str, Any] = Body(..., description="a job spec, as in the YAML file"),
         dry_run: bool = Query(False, description="answer where it would go; change nothing"),
+        who: Principal = Depends(caller),
     ) -> JobView | DryRunView | JSONResponse:
-        out = service.submit(spec, dry_run=dry_run)
+        out = service.submit(_of_own_team(who, spec), dry_run=dry_run)
         if dry_run:
             view = DryRunView(**{**out, "reasons": [r.to_json() for r in out["reasons"]]})
             return JSONResponse(view.model_dump(mode="json"), status_code=200)
@@ -176,22 +262,26 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     @app.post("/jobs/batch", status_code=201)
     def submit_batch(
         specs: list[dict[str, Any]] = Body(..., description="job specs; all queued or none"),
+        who: Principal = Depends(caller),
     ) -> dict[str, list[str]]:
-        return {"ids": service.submit_many(specs)}
+        return {"ids": service.submit_many([_of_own_team(who, s) for s in specs])}
 
     @app.get("/jobs", response_model=list[JobView])
     def jobs(
-        team: str | None = None, state: str | None = None, limit: int = Query(500, ge=1, le=10000)
+        team: str | None = None,
+        state: str | None = None,
+        limit: int = Query(500, ge=1, le=10000),
+        who: Principal = Depends(caller),
     ) -> list[JobView]:
-        return queries.list_jobs(service, team, state, limit)
+        return queries.list_jobs(service, team, state, limit, who.teams())
 
     @app.get("/jobs/{ref}", response_model=JobView)
-    def job(ref: str) -> JobView:
-        return queries.get_job(service, ref)
+    def job(ref: str, who: Principal = Depends(caller)) -> JobView:
+        return queries.get_job(service, ref, who.teams())
 
     @app.post("/jobs/{ref}/cancel", response_model=JobView)
-    def cancel(ref: str) -> JobView:
-        return queries.get_job(service, service.cancel(ref))
+    def cancel(ref: str, who: Principal = Depends(caller)) -> JobView:
+        return queries.get_job(service, service.cancel(ref, who.teams()))
 
     @app.post("/jobs/{ref}/move", response_model=JobView)
     def move(ref: str, body: JobMove) -> JobView:
@@ -209,25 +299,27 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             le=2**62,
             description="from this byte on (a follower's count of bytes seen); not with tail",
         ),
+        who: Principal = Depends(caller),
     ) -> StreamingResponse:
         if tail is not None and since:
             raise ResourceError("give tail or since, not both: since counts bytes from the start")
         # streamed a block at a time: a log is never held whole, however large
         return StreamingResponse(
-            queries.job_logs(service, ref, tail, since), media_type="text/plain; charset=utf-8"
+            queries.job_logs(service, ref, tail, since, who.teams()),
+            media_type="text/plain; charset=utf-8",
         )
 
     @app.get("/teams", response_model=list[TeamView])
-    def teams() -> list[TeamView]:
-        return queries.list_teams(service)
+    def teams(who: Principal = Depends(caller)) -> list[TeamView]:
+        return queries.list_teams(service, who.teams())
 
     @app.get("/quotas", response_model=list[TeamView])
-    def quotas() -> list[TeamView]:
-        return queries.list_teams(service)
+    def quotas(who: Principal = Depends(caller)) -> list[TeamView]:
+        return queries.list_teams(service, who.teams())
 
     @app.get("/teams/{name}", response_model=TeamView)
-    def team(name: str) -> TeamView:
-        return queries.get_team(service, name)
+    def team(name: str, who: Principal = Depends(caller)) -> TeamView:
+        return queries.get_team(service, name, who.teams())
 
     @app.put("/teams/{name}", response_model=TeamView)
     def put_team(name: str, body: TeamSet) -> TeamView:
@@ -237,5 +329,85 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
         return queries.set_quota(service, name, flavor, body)
 
-    app.include_router(deployment_routes.router(service))
+    deployment_routes.add_routes(app, service)
+
+    @app.get("/teams/{name}/secrets", response_model=list[SecretView])
+    def secrets(name: str, who: Principal = Depends(caller)) -> list[SecretView]:
+        queries.get_team(service, name, who.teams())
+        return [SecretView(**asdict(s)) for s in service.vault.list(name)]
+
+    @app.put("/teams/{name}/secrets/{secret}", response_model=SecretView)
+    def put_secret(
+        name: str, secret: str, body: SecretSet, who: Principal = Depends(caller)
+    ) -> SecretView:
+        queries.get_team(service, name, who.teams())
+        check_name("secret", secret)
+        return SecretView(**asdict(service.vault.set(name, secret, body.value)))
+
+    @app.delete("/teams/{name}/secrets/{secret}", status_code=204)
+    def delete_secret(name: str, secret: str, who: Principal = Depends(caller)) -> Response:
+        queries.get_team(service, name, who.teams())
+        service.vault.delete(name, secret)
+        return Response(status_code=204)
+
+    @app.get("/events", response_model=list[EventView])
+    def events(
+        team: str | None = None,
+        since: str | None = Query(None, description="only the last 1h, 30m, 7d, ..."),
+        limit: int = Query(500, ge=1, le=10000),
+        who: Principal = Depends(caller),
+    ) -> list[EventView]:
+        try:
+            since_s = None if since is None else parse_duration(since)
+        except ValueError as exc:
+            raise ResourceError(f"since: {exc}") from None
+        return queries.list_events(service, team, since_s, limit, who.teams())
+
+    @app.get("/tokens", response_model=list[TokenView])
+    def tokens() -> list[TokenView]:
+        return [TokenView(**asdict(t)) for t in service.tokens.list()]
+
+    @app.post("/tokens", response_model=TokenCreated, status_code=201)
+    def create_token(body: TokenCreate) -> TokenCreated:
+        if body.team is not None:
+            queries.get_team(service, body.team)
+        elif body.role is not Role.admin:
+            raise ResourceError(
+                f"a {body.role} token is for one team: give --team (only admins act on all)"
+            )
+        info, token = service.tokens.create(body.name, body.role, body.team, body.expires_in_s)
+        return TokenCreated(**asdict(info), token=token)
+
+    @app.delete("/tokens/{token_id}", response_model=TokenView)
+    def revoke_token(token_id: str) -> TokenView:
+        return TokenView(**asdict(service.tokens.revoke(token_id)))
+
+    unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
+    if unlisted:
+        raise RuntimeError(f"routes missing from auth.POLICY: {unlisted}")
     return app
+
+
+def _endpoints(routes: list[BaseRoute]) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves (HEAD is GET's)."""
+    out = []
+    for route in routes:
+        methods = getattr(route, "methods", None) or set()
+        out += [(m, getattr(route, "path", "")) for m in sorted(methods) if m != "HEAD"]
+    return out
+
+
+def _of_own_team(who: Principal, spec: dict[str, Any]) -> dict[str, Any]:
+    """A member's or viewer's spec is their team's (one naming none becomes it); an admin's is
+    as written."""
+    if who.role is Role.admin or not isinstance(spec, dict):
+        return spec
+    if spec.get("team") is None:
+        return {**spec, "team": who.team}
+    if spec["team"] != who.team:
+        raise AuthError(
+            f"your token is for team {who.team}: submit jobs as team {who.team}, or ask an "
+            f"admin for a token of team {spec['team']}",
+            403,
+        )
+    return spec

@@ -1,6 +1,8 @@
 """A small HTTP client for the control plane's API, used by the CLI and end-to-end tests.
 
-Transport and HTTP errors become `ClientError` with a message that says what to do.
+Transport and HTTP errors become `ClientError` with a message that says what to do. The bearer
+token is the one given (`--token`, or `GPUPLANE_TOKEN`), else, for a server on this machine, the
+local admin token it wrote to its state dir (`local_token`), so a local CLI needs no set-up.
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from gpuplane.control.settings import LOOPBACK_HOSTS, ControlConfig
 from gpuplane.errors import GpuplaneError
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 SERVER_ENV = "GPUPLANE_SERVER"
+TOKEN_ENV = "GPUPLANE_TOKEN"
+ADMIN_TOKEN_FILE = "admin.token"  # in the state dir; the service writes it (`tokens.py`)
 
 
 class ClientError(GpuplaneError):
@@ -32,16 +39,32 @@ def server_url(explicit: str | None = None) -> str:
     return (explicit or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).rstrip("/")
 
 
+def local_token(server: str, state_dir: str = ControlConfig().state_dir) -> str | None:
+    """The admin token a server on this machine wrote to its state dir (the default one, under
+    the current directory), when `server` is on loopback and the file is readable."""
+    if urlsplit(server).hostname not in LOOPBACK_HOSTS:
+        return None
+    try:
+        return (Path(state_dir) / ADMIN_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
 class ControlClient:
     def __init__(
         self,
         server: str | None = None,
         *,
+        token: str | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 30.0,
     ) -> None:
         self.server = server_url(server)
-        self._http = httpx.Client(base_url=self.server, timeout=timeout_s, transport=transport)
+        token = token or os.environ.get(TOKEN_ENV) or local_token(self.server)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=self.server, timeout=timeout_s, transport=transport, headers=headers
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -169,6 +192,37 @@ class ControlClient:
     def delete_deployment(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = self.json("DELETE", f"/deployments/{name}")
         return out
+
+    def events(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The trail (`GET /events`): team, since (a duration) and limit as given."""
+        out: list[dict[str, Any]] = self.json("GET", "/events", params=params)
+        return out
+
+    def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A new API token; its secret is in `token`, this once."""
+        out: dict[str, Any] = self.json("POST", "/tokens", json=body)
+        return out
+
+    def tokens(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.json("GET", "/tokens")
+        return out
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("DELETE", f"/tokens/{token_id}")
+        return out
+
+    def set_secret(self, team: str, name: str, value: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.json(
+            "PUT", f"/teams/{team}/secrets/{name}", json={"value": value}
+        )
+        return out
+
+    def secrets(self, team: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.json("GET", f"/teams/{team}/secrets")
+        return out
+
+    def delete_secret(self, team: str, name: str) -> None:
+        self.request("DELETE", f"/teams/{team}/secrets/{name}")
 
 
 def _body(data: Any) -> dict[str, Any]:

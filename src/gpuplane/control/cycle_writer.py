@@ -27,7 +27,7 @@ from gpuplane.control.admission import (
 )
 from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import Allocation, Job
+from gpuplane.control.models import Allocation, Event, Job
 from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records
 from gpuplane.control.scheduler import Policy
@@ -214,11 +214,27 @@ class CycleWriter:
         if allocs:
             session.execute(insert(Allocation), allocs)
         teams = {job.job_id: job.team for job in pending}
+        reasons = {a.job_id: f"placed on {a.placement.node} ({a.flavor})" for a in result.admitted}
+        now = self.records.clock()
+        session.execute(  # the jobs' timelines: one row each, in one statement
+            insert(Event),
+            [
+                {
+                    "at": now,
+                    "kind": "admitted",
+                    "job_id": a.job_id,
+                    "cluster_name": a.placement.cluster,
+                    "message": reasons[a.job_id],
+                }
+                for a in result.admitted
+            ],
+        )
         events: list[_Event] = []
         for a in result.admitted:
             self._pending.pop(a.job_id, None)
-            reason = f"placed on {a.placement.node} ({a.flavor})"
-            events.append(("admitted", a.job_id, teams[a.job_id], a.placement.cluster, reason))
+            events.append(
+                ("admitted", a.job_id, teams[a.job_id], a.placement.cluster, reasons[a.job_id])
+            )
         return events
 
 

@@ -27,7 +27,7 @@ class Intake:
     """Submits jobs for the service: queued with an admission pass in the same transaction
     (`writer`), then bound at once when `bind_on_submit` (`binder`); a dry run asks `policy`
     on a copy of the estate. `new_id(name)` names a job; `default_team` takes a spec that names
-    none."""
+    none; `check_refs` refuses a spec whose env refers to what its job could not be given."""
 
     mirror: Mirror
     writer: CycleWriter
@@ -38,6 +38,7 @@ class Intake:
     new_id: Callable[[str], str]
     default_team: str | None
     bind_on_submit: bool
+    check_refs: Callable[[JobSpec], None]  # refuses env references that cannot be resolved
 
     def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Queue the job and run an admission pass; returns {"id": ...} or the dry-run answer
@@ -54,6 +55,8 @@ class Intake:
 
     def submit_many(self, items: list[dict[str, Any]], *, admit: bool = True) -> list[str]:
         """Validate every spec first (an error names the item), then queue them all at once."""
+        if not items:
+            return []  # nothing to queue: no pass, no empty INSERT
         jobs = []
         for k, data in enumerate(items):
             try:
@@ -77,7 +80,9 @@ class Intake:
         default = self.default_team
         if default is not None and isinstance(data, dict) and data.get("team") is None:
             data = {**data, "team": default}
-        return parse_spec(data)
+        spec = parse_spec(data)
+        self.check_refs(spec)
+        return spec
 
     def _queue_and_admit(self, jobs: list[tuple[JobSpec, Request]]) -> None:
         """Insert the jobs and run the admission pass in the same locked transaction."""

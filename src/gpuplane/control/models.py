@@ -2,7 +2,8 @@
 
 Clusters hold nodes, nodes hold devices (GPUs). Teams own Kueue-style quotas per flavor (GPU
 model). Jobs carry their spec, state and pending reasons; allocations bind a running job to the
-devices it holds; events are the audit trail. `scheduler_lock` is one row that every placement
+devices it holds; events are the audit trail. API tokens are kept as keyed hashes, a team's
+secrets encrypted. `scheduler_lock` is one row that every placement
 transaction updates first, which serialises commits on SQLite and PostgreSQL alike.
 Times are seconds since the epoch (float), from the service's injected clock.
 """
@@ -11,7 +12,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("pending", "admitted", "running", "succeeded", "failed", "cancelled")
@@ -159,14 +170,50 @@ class Allocation(Base):
 
 
 class Event(Base):
+    """One entry of the trail: a job's step (submitted, admitted, started, ...; its team is the
+    job's) or a call that changed something (kind `api`: who, from where, for which team, with
+    what HTTP status)."""
+
     __tablename__ = "events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float, index=True)
     kind: Mapped[str] = mapped_column(String(32))
     job_id: Mapped[str | None] = mapped_column(String(80), index=True, default=None)
     cluster_name: Mapped[str | None] = mapped_column(String(63), default=None)
     message: Mapped[str] = mapped_column(String(2000))
+    team_name: Mapped[str | None] = mapped_column(String(63), default=None)
+    actor: Mapped[str | None] = mapped_column(String(255), default=None)  # token id, JWT sub
+    source: Mapped[str | None] = mapped_column(String(255), default=None)  # client address
+    status: Mapped[int | None] = mapped_column(Integer, default=None)  # HTTP status
+
+
+class ApiToken(Base):
+    """An API token: its role and team, and an HMAC of the secret (never the secret itself)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # the token's public part
+    name: Mapped[str] = mapped_column(String(63))
+    team_name: Mapped[str | None] = mapped_column(String(63), default=None)  # None: admin
+    role: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float, default=None)
+    revoked_at: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class Secret(Base):
+    """A team's secret, encrypted with the service's key (Fernet); jobs refer to it by name."""
+
+    __tablename__ = "secrets"
+
+    team_name: Mapped[str] = mapped_column(
+        ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    ciphertext: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class SchedulerLock(Base):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +16,14 @@ from gpuplane.control.models import (
     JOB_STATES,
     Allocation,
     Cluster,
+    Event,
     Job,
     Node,
     Quota,
     Team,
 )
 from gpuplane.control.quota import dominant_share
-from gpuplane.control.records import job_row, quota_row
+from gpuplane.control.records import job_row, quota_row, team_row
 from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, check_name
@@ -30,6 +31,7 @@ from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
     DeviceView,
+    EventView,
     JobView,
     NodeView,
     QuotaSet,
@@ -111,6 +113,7 @@ def job_view(service: ControlService, job: Job, closed: Closed | None = None) ->
         state=state,
         priority=job.priority,
         command=spec.get("command", []),
+        env=spec.get("env", {}),
         resources=spec.get("resources", {}),
         selector=spec.get("selector", {}),
         cluster=job.cluster_name,
@@ -138,13 +141,84 @@ def closest_reason(reasons: list[ReasonView]) -> ReasonView | None:
     return None if primary is None else reasons[each.index(primary)]
 
 
-def get_job(service: ControlService, ref: str) -> JobView:
+# `teams` below: the teams whose objects the caller sees (`Principal.teams`); None: all. Another
+# team's object is answered as an unknown one.
+
+
+def get_job(service: ControlService, ref: str, teams: Collection[str] | None = None) -> JobView:
+    """One job, with its timeline."""
     with service.store.session() as session:
-        return job_view(service, job_row(session, ref))
+        job = job_row(session, ref, teams)
+        events = session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))
+        timeline = [_event_view(e, job.team_name) for e in events]
+        return job_view(service, job).model_copy(update={"timeline": timeline})
+
+
+def list_events(
+    service: ControlService,
+    team: str | None = None,
+    since_s: float | None = None,
+    limit: int = 500,
+    teams: Collection[str] | None = None,
+) -> list[EventView]:
+    """The newest events, oldest first: of one team if given (a job's events are its team's,
+    a call's the caller's), of the last `since_s` seconds if given."""
+    event_team = func.coalesce(Event.team_name, Job.team_name)
+    query = select(Event, event_team).outerjoin(Job, Job.id == Event.job_id)
+    if team:
+        query = query.where(event_team == team)
+    if teams is not None:
+        query = query.where(event_team.in_(teams))
+    if since_s is not None:
+        query = query.where(Event.at >= service.clock() - since_s)
+    with service.store.session() as session:
+        rows = session.execute(query.order_by(Event.id.desc()).limit(limit)).all()
+        return [_event_view(e, t) for e, t in reversed(rows)]
+
+
+def record_call(
+    service: ControlService,
+    call: str,
+    actor: str | None,
+    team: str | None,
+    source: str,
+    status: int,
+) -> None:
+    """Append an API call that changes something to the trail (`kind` api)."""
+    with service.store.session() as session, session.begin():
+        session.add(
+            Event(
+                at=service.clock(),
+                kind="api",
+                message=call[:2000],
+                team_name=team,
+                actor=actor or "anonymous",
+                source=source[:255],
+                status=status,
+            )
+        )
+
+
+def _event_view(e: Event, team: str | None) -> EventView:
+    return EventView(
+        at=e.at,
+        kind=e.kind,
+        message=e.message,
+        job_id=e.job_id,
+        cluster=e.cluster_name,
+        team=team,
+        actor=e.actor,
+        source=e.source,
+        status=e.status,
+    )
 
 
 def list_jobs(
-    service: ControlService, team: str | None = None, state: str | None = None, limit: int = 500
+    service: ControlService,
+    team: str | None = None,
+    state: str | None = None,
+    limit: int = 500,
+    teams: Collection[str] | None = None,
 ) -> list[JobView]:
     """The newest jobs, of one team and in one state if given (`unknown`: running on a cluster
     that does not answer); an unknown state or team is refused with the valid ones and the
@@ -152,12 +226,14 @@ def list_jobs(
     if state and state not in VIEW_STATES:
         raise ResourceError(unknown_name("job state", state, VIEW_STATES))
     with service.store.session() as session:
-        if team and session.get(Team, team) is None:
-            teams = session.scalars(select(Team.name))
-            raise NotFoundError(unknown_name("team", team, teams))
+        known = [t for t in session.scalars(select(Team.name)) if teams is None or t in teams]
+        if team and team not in known:
+            raise NotFoundError(unknown_name("team", team, known))
         query = select(Job).order_by(Job.created_at.desc()).limit(limit)
         if team:
             query = query.where(Job.team_name == team)
+        elif teams is not None:
+            query = query.where(Job.team_name.in_(teams))
         closed = Closed.read(session)
         if state == UNKNOWN:
             query = query.where(Job.state == "running", Job.cluster_name.in_(closed.down))
@@ -169,12 +245,16 @@ def list_jobs(
 
 
 def job_logs(
-    service: ControlService, ref: str, tail: int | None = None, since: int = 0
+    service: ControlService,
+    ref: str,
+    tail: int | None = None,
+    since: int = 0,
+    teams: Collection[str] | None = None,
 ) -> Iterator[bytes]:
     """The job's output in blocks from byte `since` (or only its last `tail` lines); an unknown
     job raises NotFoundError here, before anything is read."""
     with service.store.session() as session:
-        job = job_row(session, ref)
+        job = job_row(session, ref, teams)
         cluster = job.cluster_name
         job_id = job.id
     adapter = service.adapters.get(cluster or "")
@@ -324,21 +404,17 @@ def team_view(service: ControlService, session: Session, team: Team) -> TeamView
     )
 
 
-def list_teams(service: ControlService) -> list[TeamView]:
+def list_teams(service: ControlService, teams: Collection[str] | None = None) -> list[TeamView]:
     with service.store.session() as session:
-        teams = session.scalars(select(Team).options(selectinload(Team.quotas)).order_by(Team.name))
-        return [team_view(service, session, t) for t in teams]
+        query = select(Team).options(selectinload(Team.quotas)).order_by(Team.name)
+        if teams is not None:
+            query = query.where(Team.name.in_(teams))
+        return [team_view(service, session, t) for t in session.scalars(query)]
 
 
-def get_team(service: ControlService, name: str) -> TeamView:
+def get_team(service: ControlService, name: str, teams: Collection[str] | None = None) -> TeamView:
     with service.store.session() as session:
-        team = session.get(Team, name)
-        if team is None:
-            raise NotFoundError(
-                f"no team '{name}'; declare teams under control.teams in gpuplane.yaml or "
-                "with `gpuplane quota set`"
-            )
-        return team_view(service, session, team)
+        return team_view(service, session, team_row(session, name, teams))
 
 
 def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:

@@ -6,7 +6,7 @@ injected clock, so an event is stamped when it is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import Allocation, Event, Job, Quota
+from gpuplane.control.models import Allocation, Event, Job, Quota, Team
 from gpuplane.control.settings import QuotaConfig
 from gpuplane.control.views import QuotaSet
 
@@ -108,16 +108,30 @@ class Records:
         return [(r.id, r.cluster_name, r.team_name) for r in rows]
 
 
-def job_row(session: Session, ref: str) -> Job:
-    """A job by id, or by name (the newest of that name); NotFoundError says how to list."""
+def job_row(session: Session, ref: str, teams: Collection[str] | None = None) -> Job:
+    """A job by id, or by name (the newest of that name), among `teams`' (None: every team's);
+    NotFoundError says how to list, the same for another team's job as for an unknown one."""
     job = session.get(Job, ref)
-    if job is None:
-        job = session.scalars(
-            select(Job).where(Job.name == ref).order_by(Job.created_at.desc()).limit(1)
-        ).first()
+    if job is None or (teams is not None and job.team_name not in teams):
+        query = select(Job).where(Job.name == ref)
+        if teams is not None:
+            query = query.where(Job.team_name.in_(teams))
+        job = session.scalars(query.order_by(Job.created_at.desc()).limit(1)).first()
     if job is None:
         raise NotFoundError(f"no job '{ref}'; list jobs with `gpuplane job list`")
     return job
+
+
+def team_row(session: Session, name: str, teams: Collection[str] | None = None) -> Team:
+    """A team among `teams` (None: any); the same NotFoundError for another team as for an
+    unknown one."""
+    team = session.get(Team, name) if teams is None or name in teams else None
+    if team is None:
+        raise NotFoundError(
+            f"no team '{name}'; declare teams under control.teams in gpuplane.yaml or "
+            "with `gpuplane quota set`"
+        )
+    return team
 
 
 def quota_row(team: str, flavor: str, q: QuotaConfig | QuotaSet) -> Quota:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -33,7 +33,7 @@ from gpuplane.control.models import Job
 from gpuplane.control.oplog import job_event, log
 from gpuplane.control.records import Records
 from gpuplane.control.scheduler import Placement, wall_seconds
-from gpuplane.control.spec import SpecError, parse_spec
+from gpuplane.control.spec import EnvValue, SpecError, parse_spec
 
 T = TypeVar("T")
 
@@ -60,6 +60,8 @@ class Binder:
     records: Records
     clock: Callable[[], float]
     instance: str
+    # a job's env with its references resolved (team, spec env); called only to bind
+    env_of: Callable[[str, Mapping[str, EnvValue]], dict[str, str]]
     down: dict[str, str] = field(default_factory=dict)  # unreachable clusters, and why
     # bind and reconcile: one at a time per process
     lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -93,7 +95,7 @@ class Binder:
             teams[job.id], clusters[job.id] = job.team_name, cluster
             adapter = self.adapters[cluster]
             try:
-                workload = _workload(job, placement, estate)
+                workload = _workload(job, placement, estate, self.env_of)
                 adapter.bind(workload)
             except Exception as exc:  # whatever it is, it fails this job, not the round
                 if isinstance(exc, AdapterError) and not adapter.reachable()[0]:
@@ -280,9 +282,14 @@ def _ask(cluster: str, call: Callable[[], T]) -> T | None:
         return None
 
 
-def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:
+def _workload(
+    job: Job,
+    placement: Placement,
+    estate: Estate,
+    env_of: Callable[[str, Mapping[str, EnvValue]], dict[str, str]],
+) -> Workload:
     """What the adapter starts for `job`; raises SpecError if its stored spec is no longer valid
-    (one queued before a check that refuses it now)."""
+    (one queued before a check that refuses it now) or its env refers to a secret since gone."""
     spec = parse_spec(job.spec)
     limit = None
     if spec.time_limit is not None:  # stated for a card of speed 1.0: scaled to this node's
@@ -293,7 +300,7 @@ def _workload(job: Job, placement: Placement, estate: Estate) -> Workload:
         command=tuple(spec.command),
         node=split_qualified(placement.node)[1],
         devices=placement.devices,
-        env=spec.env,
+        env=env_of(job.team_name, spec.env),
         workdir=spec.workdir,
         cpu_millis=job.cpu_millis,
         memory_mib=job.memory_mib,

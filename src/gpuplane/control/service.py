@@ -5,7 +5,8 @@ its in-memory mirror (`mirror.py`: every change to allocations runs in one locke
 so commits never double-book a device, across threads or processes), intake (`intake.py`:
 submit), the cycle writer (`cycle_writer.py`: one admission pass, written), the binder
 (`runtime.py`: bind, reconcile, stop), the clusters with their lifecycle and health
-(`clusters.py`) and the records every writer shares (`records.py`).
+(`clusters.py`) and the records every writer shares (`records.py`); who may call it
+(`tokens.py`, `oidc.py`) and the teams' secrets jobs refer to (`vault.py`).
 Adapters are called outside the transaction, after the commit (bind) or after the release was
 recorded (stop).
 """
@@ -16,8 +17,9 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.adapters.base import ClusterAdapter
 from gpuplane.control.admission import Estate, NominationPolicy
+from gpuplane.control.auth import Principal
 from gpuplane.control.clusters import Clusters, Drained
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
 from gpuplane.control.deployments.controller import Deployments
@@ -36,6 +39,7 @@ from gpuplane.control.metrics import ControlMetrics
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job, Quota, Team
 from gpuplane.control.moves import move_job
+from gpuplane.control.oidc import OidcVerifier
 from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records, job_row, quota_row
 from gpuplane.control.runtime import Binder, Observed
@@ -43,6 +47,9 @@ from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
 from gpuplane.control.settings import ClusterConfig, ControlConfig, TeamConfig
 from gpuplane.control.statedir import secure_state_dir
 from gpuplane.control.store import Store
+from gpuplane.control.tokens import PREFIX as TOKEN_PREFIX
+from gpuplane.control.tokens import TokenBook, service_key
+from gpuplane.control.vault import Vault, vault_key
 
 log = logging.getLogger("gpuplane.control")
 
@@ -67,13 +74,19 @@ class ControlService:
             secure_state_dir(config.state_dir, config.resolved_database_url())
         self.store = store or Store.open(config.resolved_database_url())
         self.clock = clock
+        state_dir = Path(config.state_dir)
+        self.tokens = TokenBook(self.store, service_key(state_dir), clock)
+        self.vault = Vault(self.store, vault_key(state_dir), clock, config.auth.from_env)
+        self.oidc = OidcVerifier(config.auth.oidc) if config.auth.oidc else None
         self.rng = rng or np.random.default_rng(0)
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
         self.adapters: dict[str, ClusterAdapter] = {}
         self.metrics = ControlMetrics()
         self.mirror = Mirror(self.store)
         self.records = Records(clock)
-        self.binder = Binder(self.adapters, self.mirror, self.records, clock, self.instance)
+        self.binder = Binder(
+            self.adapters, self.mirror, self.records, clock, self.instance, self.vault.env_of
+        )
         # the adapters tell this instance's workloads from other instances' by its name
         control = config.model_copy(update={"instance": self.instance})
         self.clusters = Clusters(control, self.binder, self.mirror, self.records, clock)
@@ -102,6 +115,7 @@ class ControlService:
             new_id or (lambda name: f"{name}-{uuid.uuid4().hex[:8]}"),
             config.default_team,
             bind_on_submit,
+            self.vault.check_refs,
         )
         self.deployments = Deployments(self)  # their instances are jobs of this service
 
@@ -112,12 +126,14 @@ class ControlService:
         and the configured teams, then take back the jobs an earlier process
         of this instance left running (`Binder.reconcile`: still running, ended while it was
         down, or lost; logged), before any pass can place a job on their cards. Returns what
-        each inventory came from."""
+        each inventory came from, and where the local admin token is (made when missing)."""
         messages = self.clusters.start()
         with self.locked() as (session, _):
             for team in self.config.teams:
                 _apply_team_config(session, team)
             self.invalidate()
+        token = self.tokens.local_admin(Path(self.config.state_dir))
+        messages.append(f"admin token: {token} (the CLI reads it for a server on this machine)")
         seen = self.reconcile()
         summary = (
             f"reconciled on start: adopted {seen.running} running jobs, recorded {seen.exited} "
@@ -155,6 +171,12 @@ class ControlService:
                 extra={"event": "stopped", "left_running": left},
             )
         self.store.close()
+
+    def authenticate(self, bearer: str) -> Principal | None:
+        """The caller a bearer token stands for: an API token, else a JWT when OIDC is set."""
+        if bearer.startswith(TOKEN_PREFIX) or self.oidc is None:
+            return self.tokens.verify(bearer)
+        return self.oidc.verify(bearer)
 
     def tick(self) -> None:
         """One round of the background loop: check the clusters' health, observe, admit, bind,
@@ -231,11 +253,12 @@ class ControlService:
         """Record jobs that ended (or that the backend lost), releasing their devices."""
         return self.binder.reconcile()
 
-    def cancel(self, ref: str) -> str:
-        """Cancel a pending or active job (its process is stopped); returns its id."""
+    def cancel(self, ref: str, teams: Collection[str] | None = None) -> str:
+        """Cancel a pending or active job of `teams` (None: any team's; its process is
+        stopped); returns its id."""
         now = self.clock()
         with self.locked() as (session, estate):
-            job = job_row(session, ref)
+            job = job_row(session, ref, teams)
             if job.state in ("succeeded", "failed", "cancelled"):
                 raise ConflictError(f"job {job.id} already ended ({job.state}); nothing to cancel")
             cluster, team = job.cluster_name, job.team_name

@@ -181,6 +181,41 @@ class TeamConfig(Section):
     )
 
 
+class OidcConfig(Section):
+    """OpenID Connect: bearer JWTs signed by the issuer's keys (a JWKS file), mapped to a role."""
+
+    issuer: str = Field(description="the `iss` every token must carry")
+    audience: str = Field(description="the `aud` every token must carry (this service)")
+    jwks_file: str = Field(description="the issuer's signing keys (JWKS JSON), read at start")
+    team_claim: str = Field(default="team", description="the claim naming the caller's team")
+    role_claim: str = Field(
+        default="role", description="the claim naming the role: viewer, member or admin"
+    )
+    algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256"], description="signature algorithms accepted"
+    )
+
+
+class AuthConfig(Section):
+    """Who may call the API. There is no switch to turn it off: every route but /healthz and
+    the API docs needs a bearer token (an API token, or a JWT when `oidc` is set)."""
+
+    allowed_hosts: list[str] | None = Field(
+        default=None,
+        description="Host header values the API answers (others get 400); unset: the loopback "
+        "names when listening on loopback, and a required setting otherwise",
+    )
+    oidc: OidcConfig | None = Field(default=None, description="verify JWTs from this issuer")
+    from_env: list[str] = Field(
+        default_factory=list,
+        description="environment variables of the service a job spec may pass through by name "
+        "({fromEnv: NAME}); none by default",
+    )
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 def _default_clusters() -> list[ClusterConfig]:
     return [ClusterConfig(name="local")]
 
@@ -252,6 +287,7 @@ class ControlConfig(Section):
         description="local: a service running as root may run jobs as root (when job_user is "
         "unset); otherwise it refuses to start without an unprivileged user for them",
     )
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="tokens, hosts, OIDC")
     instance: str | None = Field(
         default=None,
         description="name of this service process: it observes the jobs it started; "
@@ -290,6 +326,26 @@ class ControlConfig(Section):
                 + "; declare it under control.teams (a team needs no quotas)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _hosts_beyond_loopback(self) -> ControlConfig:
+        if self.host not in LOOPBACK_HOSTS and self.auth.allowed_hosts is None:
+            raise ValueError(
+                f"host {self.host} listens beyond loopback, and no auth section says who may "
+                "call it: set control.auth.allowed_hosts to the names clients reach it by "
+                "(every request then needs a bearer token: the admin token the service writes "
+                "to its state dir, tokens from `gpuplane token create`, or control.auth.oidc)"
+            )
+        return self
+
+    def served_hosts(self) -> list[str]:
+        """The Host header values the API answers."""
+        if self.auth.allowed_hosts is not None:
+            return self.auth.allowed_hosts
+        return list(LOOPBACK_HOSTS)
+
+    def on_loopback(self) -> bool:
+        return self.host in LOOPBACK_HOSTS
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.state_dir}/control.db"

@@ -13,6 +13,11 @@ relative speed f (`gpu_speeds`, the `gpuplane.io/gpu-speed` label) it gets time_
 the limit is stated once for a card of speed 1.0. A job still running at its limit is stopped
 and fails with a message saying so. The scheduler uses limits to backfill around nominated
 nodes and to weigh slow cards (`docs/architecture.md`).
+
+An `env` value is a string, or a reference resolved only when the job starts, so no secret is
+stored in the job or shown by `describe`: `{secretRef: NAME}` (a secret of the job's team,
+`gpuplane secret set`) or `{fromEnv: NAME}` (the service's own variable, when
+`control.auth.from_env` lists it).
 """
 
 from __future__ import annotations
@@ -117,11 +122,26 @@ class SelectorSpec(_Spec):
     region: str | None = None
 
 
+class SecretRef(_Spec):
+    """An env value from a secret of the job's team."""
+
+    secretRef: str = Field(min_length=1, max_length=63)
+
+
+class FromEnv(_Spec):
+    """An env value from the service's environment (a name `control.auth.from_env` allows)."""
+
+    fromEnv: str = Field(min_length=1, max_length=255)
+
+
+EnvValue = str | SecretRef | FromEnv
+
+
 class JobSpec(_Spec):
     name: str
     team: str
     command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict)
     workdir: str | None = None
     priority: Annotated[
         int, bounded(INT32_MIN, INT32_MAX, "queue order: higher first (may be negative)")
@@ -149,8 +169,8 @@ class JobSpec(_Spec):
     @classmethod
     def _no_nul(cls, value: Any) -> Any:
         # a C string ends at NUL: no process can be given one, so refuse it here, not at start
-        if isinstance(value, dict):  # env: names and values
-            texts = [*value, *value.values()]
+        if isinstance(value, dict):  # env: names and values (a reference holds a name)
+            texts = [*value, *(v if isinstance(v, str) else _ref_name(v) for v in value.values())]
         else:  # command: a list; workdir: a string or None
             texts = [value] if isinstance(value, str) else value or []
         if any("\x00" in t for t in texts):
@@ -177,6 +197,17 @@ class JobSpec(_Spec):
     def to_request(self, job_id: str) -> Request:
         resources = self.to_resources()
         return Request.from_resources(job_id, resources, self.to_selector(), self.time_limit)
+
+
+def _ref_name(value: SecretRef | FromEnv) -> str:
+    return value.secretRef if isinstance(value, SecretRef) else value.fromEnv
+
+
+def env_refs(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """The secret names and the service's variable names `spec`'s env refers to."""
+    secrets = [v.secretRef for v in spec.env.values() if isinstance(v, SecretRef)]
+    names = [v.fromEnv for v in spec.env.values() if isinstance(v, FromEnv)]
+    return secrets, names
 
 
 def parse_spec(data: Any) -> JobSpec:

@@ -5,7 +5,7 @@ neither read the store nor raise its team's quota through it, nor touch another 
 `secure_state_dir` runs at service start: it creates the dir so, tightens whatever it finds
 looser (with a warning naming each path: something widened it) and creates an absent SQLite
 file 0600 before SQLite opens it (its -wal and -shm files take the database file's mode).
-`private_dir` creates the dirs the service adds later.
+`private_dir` creates the dirs the service adds later, `private_file` its key and token files.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -62,3 +63,18 @@ def _tighten(path: Path, mode: int) -> None:
         mode,
     )
     os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
+
+
+def private_file(path: Path, make: Callable[[], bytes]) -> bytes:
+    """The bytes of `path`, a file of the owner's only; created 0600 with `make()` when absent
+    (exclusively: of two processes starting at once, both read the one that won)."""
+    private_dir(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except FileExistsError:
+        _tighten(path, FILE_MODE)
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        data = make()
+        f.write(data)
+    return data

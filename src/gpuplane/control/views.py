@@ -1,4 +1,5 @@
-"""What the API returns (and the CLI prints): pydantic views of jobs, clusters, nodes and teams."""
+"""What the API returns (and the CLI prints): pydantic views of jobs, clusters, nodes, teams,
+tokens and secrets, and the bodies it takes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuplane.control.auth import Role
+from gpuplane.control.bounds import MAX_SECONDS, bounded
 from gpuplane.control.settings import TEAM_WEIGHT, ClusterConfig, QuotaValues
 
 
@@ -16,6 +19,20 @@ class ReasonView(BaseModel):
     numbers: dict[str, int] = Field(default_factory=dict)
 
 
+class EventView(BaseModel):
+    """An entry of the trail (`GET /events`, a job's `timeline`)."""
+
+    at: float
+    kind: str
+    message: str
+    job_id: str | None = None
+    cluster: str | None = None
+    team: str | None = None
+    actor: str | None = Field(default=None, description="a token's id or a JWT's subject")
+    source: str | None = Field(default=None, description="the caller's address")
+    status: int | None = Field(default=None, description="the HTTP status of the call")
+
+
 class JobView(BaseModel):
     id: str
     name: str
@@ -23,6 +40,9 @@ class JobView(BaseModel):
     state: str
     priority: int
     command: list[str]
+    env: dict[str, Any] = Field(
+        default_factory=dict, description="as submitted: a secret shows as its {secretRef: NAME}"
+    )
     resources: dict[str, Any]
     selector: dict[str, Any]
     cluster: str | None = None
@@ -49,6 +69,11 @@ class JobView(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    timeline: list[EventView] = Field(
+        default_factory=list,
+        description="one job only (not in lists): its events, oldest first: submitted, "
+        "admitted, started, preempted, moved, finished, with their reasons",
+    )
 
 
 class DryRunView(BaseModel):
@@ -183,3 +208,43 @@ class JobMove(BaseModel):
     gpu_mem_mib: Annotated[int, Field(ge=1)] | None = None
     gpu_cores_pct: Annotated[int, Field(ge=1, le=100)] | None = None
     reason: str = "moved by a user"
+
+
+class TokenCreate(BaseModel):
+    """Body of `POST /tokens`: a member's or viewer's token is for one team; an admin's may
+    name none (admins act on every team)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Role
+    team: str | None = Field(default=None, max_length=63)
+    name: str = Field(default="", max_length=63, description="what it is for (shown by list)")
+    expires_in_s: Annotated[
+        float | None, bounded(1, MAX_SECONDS, "seconds until it stops working")
+    ] = None
+
+
+class TokenView(BaseModel):
+    id: str
+    name: str
+    team: str | None
+    role: Role
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+
+
+class TokenCreated(TokenView):
+    token: str = Field(description="the secret: shown this once, stored only as a keyed hash")
+
+
+class SecretSet(BaseModel):
+    """Body of `PUT /teams/{team}/secrets/{name}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    value: str
+
+
+class SecretView(BaseModel):
+    team: str
+    name: str
+    updated_at: float

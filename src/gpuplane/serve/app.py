@@ -63,9 +63,10 @@ class Gateway:
         rng: random.Random | None = None,
         wall: Callable[[], float] = time.time,
         control: str | None = None,
+        control_token: str | None = None,
     ) -> None:
         """`control`: a control plane's URL, whose deployments add models and instances while
-        the gateway runs (`discovery.py`)."""
+        the gateway runs (`discovery.py`), called with `control_token` (its API routes need one)."""
         self.settings = settings
         self.cfg = settings.gateway
         self.wall = wall
@@ -86,7 +87,7 @@ class Gateway:
         self.upstream = Upstream(self.cfg)
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = leadership(self.cfg, self.routers, self.adapters)
-        self.discovery = None if control is None else Discovery(self, control)
+        self.discovery = None if control is None else Discovery(self, control, token=control_token)
 
     def add_model(self, model: ModelConfig) -> ModelRouter:
         """Route `model` from now on: its configured instances, and any added later."""

@@ -48,8 +48,10 @@ class Discovery:
         *,
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         report_s: float = REPORT_S,
+        token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """`token`: the control plane's API token (its deployment routes need an admin's)."""
         self.gateway = gateway
         self.control = control.rstrip("/")
         self.watch_timeout_s = watch_timeout_s
@@ -58,7 +60,9 @@ class Discovery:
         self.resource_version: str | None = None
         self.owned: set[str] = set()  # models this discovery made (not the config's)
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(watch_timeout_s + 10.0, connect=5.0), transport=transport
+            timeout=httpx.Timeout(watch_timeout_s + 10.0, connect=5.0),
+            transport=transport,
+            headers={"authorization": f"Bearer {token}"} if token else None,
         )
 
     async def run(self) -> None:

@@ -1,4 +1,7 @@
-"""The deployments API (`/deployments`), an APIRouter that `control/api.py` includes.
+"""The deployments API (`/deployments`), added to the control API's app by `control/api.py`.
+
+The routes are added to the app itself, not through an included APIRouter, so they are plain
+routes of the app: `auth.POLICY` and its check over every route see them like any other.
 
 Errors are the project's own and are mapped to HTTP by the app's handler (422 a spec that can
 never be served, 404 an unknown deployment, 409 one being deleted). `GET /deployments/watch` is
@@ -13,7 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -49,11 +52,10 @@ class ScaleBody(BaseModel):
     replicas: int = Field(ge=0, le=1000, description="instances of the current version")
 
 
-def router(service: ControlService) -> APIRouter:
+def add_routes(api: FastAPI, service: ControlService) -> None:
     deployments = service.deployments
-    api = APIRouter(tags=["deployments"])
 
-    @api.post("/deployments", status_code=201)
+    @api.post("/deployments", tags=["deployments"], status_code=201)
     def apply(
         spec: dict[str, Any] = Body(..., description="a deployment spec, as in the YAML file"),
         dry_run: bool = Query(False, description="validate and place one instance; change nothing"),
@@ -69,11 +71,11 @@ def router(service: ControlService) -> APIRouter:
             body, status_code=201 if out.action == "created" and not dry_run else 200
         )
 
-    @api.get("/deployments")
+    @api.get("/deployments", tags=["deployments"])
     def list_() -> list[dict[str, Any]]:
         return [_summary(d) for d in _describe_all(service)]
 
-    @api.get("/deployments/watch")
+    @api.get("/deployments/watch", tags=["deployments"])
     async def watch(
         request: Request,
         resource_version: str | None = Query(None, description="the version the caller has"),
@@ -87,26 +89,24 @@ def router(service: ControlService) -> APIRouter:
                 return out
             await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
 
-    @api.post("/deployments/load", status_code=204)
+    @api.post("/deployments/load", tags=["deployments"], status_code=204)
     def load(body: LoadReport) -> None:
         """A gateway's exact slot use per deployment, which the autoscaler acts on."""
         deployments.report(body.gateway, [m.model_dump() for m in body.models])
 
-    @api.get("/deployments/{name}")
+    @api.get("/deployments/{name}", tags=["deployments"])
     def describe(name: str) -> dict[str, Any]:
         return _describe(service, name)
 
-    @api.post("/deployments/{name}/scale")
+    @api.post("/deployments/{name}/scale", tags=["deployments"])
     def scale(name: str, body: ScaleBody) -> dict[str, Any]:
         deployments.scale(name, body.replicas)
         return _describe(service, name)
 
-    @api.delete("/deployments/{name}")
+    @api.delete("/deployments/{name}", tags=["deployments"])
     def delete(name: str) -> dict[str, Any]:
         deployments.delete(name)
         return {"name": name, "deleting": True}
-
-    return api
 
 
 def _describe_all(service: ControlService) -> list[dict[str, Any]]:
