@@ -18,6 +18,8 @@ import pytest
 
 from gpuplane.control.adapters import (
     AdapterError,
+    DiscoveredNode,
+    InventoryChange,
     Workload,
     WorkloadState,
     WorkloadStatus,
@@ -220,6 +222,39 @@ def test_the_watch_keeps_the_inventory_current(fake: tuple[FakeKubeApi, Cluster]
     )
 
 
+def test_the_watch_names_the_nodes_it_changed_and_asks_for_everything_after_a_relist(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    assert adapter.changes() is None  # the first sync writes everything
+    assert adapter.changes() == InventoryChange()
+    api.add_node("gpu-c", cards=[hami_card("GPU-c0", index=0)])
+    api.state.update("nodes", "", "gpu-a", lambda o: o["spec"].update(unschedulable=True))
+    nodes: dict[str, DiscoveredNode] = {}
+    gone: set[str] = set()
+
+    def both() -> bool | None:
+        change = adapter.changes()
+        assert change is not None
+        nodes.update((n.name, n) for n in change.nodes)
+        gone.update(change.gone)
+        return ("gpu-c" in nodes and "gpu-a" in gone) or None
+
+    wait_for(both, "the new node and the cordoned one")
+    assert [d.uuid for d in nodes["gpu-c"].devices] == ["GPU-c0"]
+    assert "gpu-b" not in {*nodes, *gone}  # untouched
+    assert adapter._nodes is not None
+    api.unreachable = True  # the watch ends, and while it is down ...
+    api.end_watches()
+    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
+    api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
+    api.compact()  # ... the server compacts past it: 410 Gone, a relist
+    api.unreachable = False
+    wait_for(lambda: adapter.changes() is None or None, "a relist to ask for everything")
+    assert adapter._nodes.relists == 1
+
+
 def test_a_watch_from_a_compacted_resource_version_lists_again(
     fake: tuple[FakeKubeApi, Cluster],
 ) -> None:
@@ -229,6 +264,7 @@ def test_a_watch_from_a_compacted_resource_version_lists_again(
     assert adapter._nodes is not None
     api.unreachable = True  # the server restarts: the watch ends and cannot reopen ...
     api.end_watches()
+    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
     api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
     api.compact()  # ... and compacts past the watch's resourceVersion: 410 Gone when it does
     api.unreachable = False

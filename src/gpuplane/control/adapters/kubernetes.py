@@ -27,6 +27,7 @@ from gpuplane.control.adapters.base import (
     AdapterError,
     ClusterAdapter,
     Inventory,
+    InventoryChange,
     Workload,
     WorkloadState,
     WorkloadStatus,
@@ -69,6 +70,8 @@ class KubernetesAdapter(ClusterAdapter):
         self._pods: Reflector[ObjectView] | None = None
         self._jobs: Reflector[ObjectView] | None = None
         self._listeners: list[Callable[[], None]] = []
+        # the nodes the watch changed since `changes()` was last asked; None: it listed since
+        self._changed: set[str] | None = None
         # bound here, with the uid of the object made (the watch may not show it yet, or may
         # still show the object of an earlier bind of that job: same name, another uid)
         self._bound: dict[str, tuple[Binding, str]] = {}
@@ -177,7 +180,12 @@ class KubernetesAdapter(ClusterAdapter):
         than every sync interval."""
         self._listeners.append(callback)
 
-    def _inventory_changed(self) -> None:
+    def _inventory_changed(self, key: tuple[str, str] | None) -> None:
+        with self._lock:
+            if key is None:  # listed: everything may have changed
+                self._changed = None
+            elif self._changed is not None:
+                self._changed.add(key[1])
         for callback in self._listeners:
             callback()
 
@@ -194,6 +202,21 @@ class KubernetesAdapter(ClusterAdapter):
             tuple(v.node for v in views),
             f"Kubernetes {self.profile.git_version} ({self.where}): {len(views)} Ready node(s), "
             f"{cards} HAMi card(s){left_out}",
+        )
+
+    def changes(self) -> InventoryChange | None:
+        """The nodes the watch changed since the last call, as `inventory()` now reports them;
+        None the first time and after a relist (a 410 Gone)."""
+        self._connect()
+        nodes = self._synced(self._nodes)
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        if changed is None:
+            return None
+        views = {name: nodes.view.get(("", name)) for name in sorted(changed)}
+        return InventoryChange(
+            tuple(v.node for v in views.values() if v is not None),
+            tuple(name for name, v in views.items() if v is None),
         )
 
     # -- workloads ---------------------------------------------------------------------------
