@@ -237,7 +237,7 @@ def test_a_bind_that_fails_half_way_leaves_nothing_that_blocks_a_retry(target: T
     adapter = target.make()
     bad = slice_of(target, "half", ("no-such-binary-xyz",))
     if target.kind == "local":  # it starts the process itself, so it knows at once
-        with pytest.raises(AdapterError, match="no-such-binary-xyz"):
+        with pytest.raises(AdapterError, match="cannot start 'no-such-binary-xyz'"):
             adapter.bind(bad)
     else:  # the backend starts it on the node and learns only then that it cannot run
         adapter.bind(bad)
