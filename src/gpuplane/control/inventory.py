@@ -116,8 +116,7 @@ def _write_nodes(
                 cpu_millis=seen.cpu_millis,
                 memory_mib=seen.memory_mib,
             )
-            session.add(node)
-            session.flush()
+            session.add(node)  # its cards join it through `node.devices`: one flush at commit
         else:
             node.labels, node.cpu_millis = node_labels, seen.cpu_millis
             node.memory_mib = seen.memory_mib
@@ -125,14 +124,8 @@ def _write_nodes(
         for dev in seen.devices:
             row = devices.pop(dev.index, None)
             if row is None:
-                session.add(
-                    Device(
-                        node_id=node.id,
-                        index=dev.index,
-                        model=dev.model,
-                        mem_mib=dev.mem_mib,
-                        uuid=dev.uuid,
-                    )
+                node.devices.append(
+                    Device(index=dev.index, model=dev.model, mem_mib=dev.mem_mib, uuid=dev.uuid)
                 )
             else:
                 row.model, row.mem_mib, row.uuid = dev.model, dev.mem_mib, dev.uuid
