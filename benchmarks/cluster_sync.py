@@ -12,9 +12,11 @@ in its config. Measured per seed, then the median and spread (min..max) over see
   paged list);
 - watch event -> store: `--events` node changes per cluster (a card turns unhealthy, as HAMi's
   device plugin re-registers it) paced at `--rate` per second per cluster, from the write in the
-  API server's process to (a) the adapter's inventory showing it and (b) that cluster's
-  inventory committed to the store by a syncer woken by `on_change` (changes coalesce);
-  p50 / p99 over all events;
+  API server's process to (a) the adapter's inventory showing it and (b) that node's rows
+  committed to the store by a syncer woken by `on_change` (changes coalesce): the syncer writes
+  what `adapter.changes()` answers with `sync_nodes`; side by side, a round in which it writes
+  the whole cluster with `sync_cluster` on each wake (as before `sync_nodes`); p50 / p99 over
+  all events;
 - binds/s: `--binds` Pods bound one after another through one adapter (create, 201 read), then
   released; the local adapter binds the same number of workloads (each a `sleep` process).
 
@@ -115,7 +117,7 @@ def serve_fake(conn: Connection, minor: int, specs: list[dict[str, Any]]) -> Non
 
             t0 = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process here
             api.state.update("nodes", "", spec["name"], change)
-            sent.append((seq, t0))
+            sent.append((seq, t0, spec["name"]))
         conn.send(sent)
     api.stop()
 
@@ -127,8 +129,8 @@ def percentile(values: list[float], q: float) -> float:
 def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
     from tests.control.k8s_fake import write_kubeconfig
 
-    from gpuplane.control.adapters import Workload, create_adapter
-    from gpuplane.control.inventory import sync_cluster
+    from gpuplane.control.adapters import Inventory, Workload, create_adapter
+    from gpuplane.control.inventory import sync_cluster, sync_nodes
     from gpuplane.control.scheduler import DeviceGrant
     from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
     from gpuplane.control.store import Store
@@ -166,6 +168,7 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
             adapters, inventories = [], []
             for cfg in configs:
                 adapter = create_adapter(cfg, control)
+                adapter.changes()  # None: this sync writes everything; later ones what changed
                 inventories.append(adapter.inventory())
                 adapters.append(adapter)
             listed = time.perf_counter() - t0
@@ -209,7 +212,8 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
 
         # -- watch event -> adapter view -> store -----------------------------------------------
         seen: dict[tuple[int, int], float] = {}
-        stored: dict[tuple[int, int], float] = {}
+        # per cluster: (commit time, {node: the seq label of the copy written}) per transaction
+        writes: list[list[tuple[float, dict[str, int]]]] = [[] for _ in adapters]
         stop = threading.Event()
 
         def highest_seq(adapter: Any) -> int:
@@ -217,22 +221,27 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
                 (int(v.node.labels.get(SEQ, 0)) for v in adapter._nodes.snapshot()), default=0
             )
 
-        def syncer(i: int, adapter: Any, wake: threading.Event) -> None:
-            done = 0
-            while not stop.is_set():
-                if not wake.wait(0.2):
-                    continue
-                wake.clear()
-                top = highest_seq(adapter)
-                inv = adapter.inventory()
-                with store.session() as session, session.begin():
+        def sync_once(i: int, adapter: Any, whole: bool) -> None:
+            """One syncer pass: what changed (`sync_nodes`), or everything (`sync_cluster`)."""
+            change = None if whole else adapter.changes()
+            with store.session() as session, session.begin():
+                if change is None:
+                    nodes = adapter.inventory().nodes
+                    inv = Inventory(nodes, "bench")
                     sync_cluster(
                         session, clusters[i].name, "kubernetes", {}, "local", inv, time.time()
                     )
-                t = time.monotonic()
-                for seq in range(done + 1, top + 1):
-                    stored[(i, seq)] = t
-                done = max(done, top)
+                else:
+                    nodes = change.nodes
+                    sync_nodes(session, clusters[i].name, change)
+            t = time.monotonic()
+            writes[i].append((t, {n.name: int(n.labels.get(SEQ, 0)) for n in nodes}))
+
+        def syncer(i: int, adapter: Any, wake: threading.Event, whole: bool) -> None:
+            while not stop.is_set():
+                if wake.wait(0.2):
+                    wake.clear()
+                    sync_once(i, adapter, whole)
 
         def on_change(i: int, adapter: Any, wake: threading.Event) -> Callable[[], None]:
             def changed() -> None:  # on the watch's thread: note when the view shows it
@@ -244,44 +253,73 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
 
             return changed
 
-        def events_round(round_: int, with_store: bool) -> tuple[list[float], list[float], int]:
+        def stored_at(i: int, node: str, seq: int) -> float | None:
+            """When a copy of `node` at least as new as event `seq` was first committed."""
+            return next((t for t, got in writes[i] if got.get(node, 0) >= seq), None)
+
+        def events_round(
+            round_: int, store_mode: str | None
+        ) -> tuple[list[float], list[float], int]:
             seen.clear()
-            stored.clear()
             stop.clear()
             threads = []
             for i, adapter in enumerate(adapters):
-                wake = wakes[i]
-                if with_store:
-                    th = threading.Thread(target=syncer, args=(i, adapter, wake), daemon=True)
+                if store_mode is not None:
+                    sync_once(i, adapter, whole=False)  # the earlier rounds' changes: not timed
+                    writes[i].clear()
+                    th = threading.Thread(
+                        target=syncer,
+                        args=(i, adapter, wakes[i], store_mode == "whole"),
+                        daemon=True,
+                    )
                     th.start()
                     threads.append(th)
             for i, pipe in enumerate(pipes):
                 pipe.send(("events", args.events, args.rate, [seed, round_, i]))
-            sent = {(i, seq): t0 for i, pipe in enumerate(pipes) for seq, t0 in pipe.recv()}
+            sent = {
+                (i, seq): (t0, node)
+                for i, pipe in enumerate(pipes)
+                for seq, t0, node in pipe.recv()
+            }
             deadline = time.monotonic() + 60
-            done = stored if with_store else seen
-            while not sent.keys() <= done.keys() and time.monotonic() < deadline:
+            stored: dict[tuple[int, int], float] = {}
+
+            def pending() -> bool:  # stops at the first event not there yet: cheap to poll
+                if store_mode is None:
+                    return not sent.keys() <= seen.keys()
+                for (i, seq), (_, node) in sent.items():
+                    if (i, seq) not in stored:
+                        if (t := stored_at(i, node, seq)) is None:
+                            return True
+                        stored[(i, seq)] = t
+                return False
+
+            while pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
             stop.set()
             for th in threads:
                 th.join()
-            to_view = [(seen[k] - t0) * 1000 for k, t0 in sent.items() if k in seen]
-            to_store = [(stored[k] - t0) * 1000 for k, t0 in sent.items() if k in stored]
+            to_view = [(seen[k] - t0) * 1000 for k, (t0, _) in sent.items() if k in seen]
+            to_store = [(stored[k] - t0) * 1000 for k, (t0, _) in sent.items() if k in stored]
             return to_view, to_store, len(sent)
 
         wakes = [threading.Event() for _ in adapters]
         for i, adapter in enumerate(adapters):
             adapter.on_change(on_change(i, adapter, wakes[i]))
-        to_view, _, sent_view = events_round(0, with_store=False)
-        _, to_store, sent_store = events_round(1, with_store=True)
+        to_view, _, sent_view = events_round(0, None)
+        _, to_store, sent_store = events_round(1, "changes")
+        _, to_store_whole, sent_whole = events_round(2, "whole")
         out["events"] = {
-            "sent": sent_view + sent_store,
+            "sent": sent_view + sent_store + sent_whole,
             "seen": len(to_view),
             "stored": len(to_store),
+            "stored_whole": len(to_store_whole),
             "view_p50_ms": percentile(to_view, 50),
             "view_p99_ms": percentile(to_view, 99),
             "store_p50_ms": percentile(to_store, 50),
             "store_p99_ms": percentile(to_store, 99),
+            "store_whole_p50_ms": percentile(to_store_whole, 50),
+            "store_whole_p99_ms": percentile(to_store_whole, 99),
         }
 
         # -- binds -----------------------------------------------------------------------------
@@ -369,7 +407,8 @@ def main() -> None:
                 f"(lists {s['kubernetes_list_s']:.2f}s; local {s['local_s']:.2f}s) | "
                 f"event->view p50 {e['view_p50_ms']:.1f} p99 "
                 f"{e['view_p99_ms']:.1f} ms, ->store p50 {e['store_p50_ms']:.1f} p99 "
-                f"{e['store_p99_ms']:.1f} ms | binds/s "
+                f"{e['store_p99_ms']:.1f} ms (whole-cluster writes: p99 "
+                f"{e['store_whole_p99_ms']:.0f} ms) | binds/s "
                 f"{b['kubernetes_per_s']:.0f} (local {b['local_per_s']:.0f})",
                 flush=True,
             )
@@ -381,12 +420,18 @@ def main() -> None:
         "event_to_view_p99_ms": ("events", "view_p99_ms"),
         "event_to_store_p50_ms": ("events", "store_p50_ms"),
         "event_to_store_p99_ms": ("events", "store_p99_ms"),
+        "event_to_store_whole_p50_ms": ("events", "store_whole_p50_ms"),
+        "event_to_store_whole_p99_ms": ("events", "store_whole_p99_ms"),
         "binds_per_s": ("binds", "kubernetes_per_s"),
         "releases_per_s": ("binds", "kubernetes_releases_per_s"),
         "local_binds_per_s": ("binds", "local_per_s"),
         "local_releases_per_s": ("binds", "local_releases_per_s"),
     }
     summary = {k: spread([r[a][b] for r in runs]) for k, (a, b) in keys.items()}
+    # per seed, side by side: whole-cluster writes over changed-nodes writes, event -> store p99
+    summary["store_p99_whole_over_changes"] = spread(
+        [r["events"]["store_whole_p99_ms"] / r["events"]["store_p99_ms"] for r in runs]
+    )
     out = {
         "benchmark": "cluster_sync",
         "params": {k: v for k, v in vars(args).items() if k != "json"},

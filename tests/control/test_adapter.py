@@ -1,12 +1,12 @@
-"""Cluster adapters with real workloads: one contract suite for every adapter that can run on
-this machine (bind, status, logs, exit codes, release), plus the local adapter's inventory."""
+"""The local adapter: its inventory (declared, or found with nvidia-smi) and the device limits a
+slice's process gets. What every adapter does alike (bind, status, exit codes, logs, release,
+time limits, a command that cannot start) is the contract suite's,
+`tests/control/adapters/test_contract.py`, which runs over every adapter."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +14,6 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.control.adapters import (
-    AdapterError,
     ClusterAdapter,
     Workload,
     WorkloadState,
@@ -27,18 +26,13 @@ from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION
 from tests.control.svc_helpers import wait_done
 
-# Kubernetes and Ray adapters join this list when they land (each with its own test backend).
-KINDS = ["local"]
 
-
-@pytest.fixture(params=KINDS)
-def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterAdapter]:
+@pytest.fixture
+def adapter(tmp_path: Path) -> Iterator[ClusterAdapter]:
     # jobs run the test interpreter, which nobody (a root service's default job user) may not
     # reach; tests/control/test_job_privilege.py covers the switch
     control = ControlConfig(state_dir=str(tmp_path), kill_grace_s=2.0, allow_root_jobs=True)
-    a = create_adapter(
-        ClusterConfig(name="test", adapter=request.param, discover_gpus=False), control
-    )
+    a = create_adapter(ClusterConfig(name="test", discover_gpus=False), control)
     yield a
     a.close()  # stops every workload (`no_job_outlives_the_test` checks)
 
@@ -129,68 +123,6 @@ def test_whole_cards_get_no_slice_limits(adapter: ClusterAdapter) -> None:
     wait_done(adapter, "j2")
     assert b"".join(adapter.logs("j2")).strip() == b"0,1 False"
     adapter.release("j2")
-
-
-def test_exit_code_and_log_tail(adapter: ClusterAdapter) -> None:
-    code = "import sys; print('a'); print('b'); print('c'); sys.exit(3)"
-    adapter.bind(Workload("j3", "fails", (sys.executable, "-c", code), "n"))
-    assert wait_done(adapter, "j3") == WorkloadState.FAILED
-    status = adapter.status(["j3"])["j3"]
-    assert status.exit_code == 3
-    assert "code 3" in status.message
-    assert b"".join(adapter.logs("j3", tail=2)) == b"b\nc\n"
-    adapter.release("j3")
-    assert adapter.status(["j3"])["j3"].state == WorkloadState.LOST
-    assert b"".join(adapter.logs("j3", tail=1)) == b"c\n"  # logs outlive the process
-
-
-def test_release_stops_a_running_workload_and_is_idempotent(
-    adapter: ClusterAdapter, tmp_path: Path
-) -> None:
-    pidfile = tmp_path / "pid"
-    command = ("sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
-    adapter.bind(Workload("j4", "sleeper", command, "n"))
-    adapter.bind(Workload("j4", "sleeper", ("ignored",), "n"))  # idempotent per job id
-    assert adapter.status(["j4"])["j4"].state == WorkloadState.RUNNING
-    assert adapter.workloads() == ["j4"]
-    for _ in range(2400):  # the workload has started once it wrote its pid
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        time.sleep(0.05)
-    pid = int(pidfile.read_text())
-    adapter.release("j4")
-    assert adapter.workloads() == []
-    assert adapter.status(["j4"])["j4"].state == WorkloadState.LOST
-    if adapter.kind == "local":
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    adapter.release("j4")
-    adapter.release("never-bound")
-
-
-def test_a_workload_past_its_time_limit_is_reported_timed_out_until_released(
-    adapter: ClusterAdapter, tmp_path: Path
-) -> None:
-    pidfile = tmp_path / "pid"
-    command = ("sh", "-c", f"echo $$ > {pidfile}; exec sleep 30")
-    adapter.bind(Workload("j6", "sleeper", command, "n", time_limit_s=1.0))
-    assert wait_done(adapter, "j6") == WorkloadState.TIMED_OUT
-    assert "exceeded its time limit" in adapter.status(["j6"])["j6"].message
-    for _ in range(2400):  # the workload has started once it wrote its pid
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        time.sleep(0.05)
-    pid = int(pidfile.read_text())
-    adapter.release("j6")  # what the service does once it recorded why the job ended
-    assert adapter.workloads() == []
-    if adapter.kind == "local":
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
-def test_a_missing_command_is_refused_with_the_reason(adapter: ClusterAdapter) -> None:
-    with pytest.raises(AdapterError, match="cannot start 'no-such-binary-xyz'"):
-        adapter.bind(Workload("j5", "bad", ("no-such-binary-xyz",), "n"))
 
 
 def test_unknown_adapter_kind_lists_the_valid_ones(tmp_path: Path) -> None:

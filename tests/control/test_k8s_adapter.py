@@ -18,6 +18,8 @@ import pytest
 
 from gpuplane.control.adapters import (
     AdapterError,
+    DiscoveredNode,
+    InventoryChange,
     Workload,
     WorkloadState,
     WorkloadStatus,
@@ -220,6 +222,39 @@ def test_the_watch_keeps_the_inventory_current(fake: tuple[FakeKubeApi, Cluster]
     )
 
 
+def test_the_watch_names_the_nodes_it_changed_and_asks_for_everything_after_a_relist(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    assert adapter.changes() is None  # the first sync writes everything
+    assert adapter.changes() == InventoryChange()
+    api.add_node("gpu-c", cards=[hami_card("GPU-c0", index=0)])
+    api.state.update("nodes", "", "gpu-a", lambda o: o["spec"].update(unschedulable=True))
+    nodes: dict[str, DiscoveredNode] = {}
+    gone: set[str] = set()
+
+    def both() -> bool | None:
+        change = adapter.changes()
+        assert change is not None
+        nodes.update((n.name, n) for n in change.nodes)
+        gone.update(change.gone)
+        return ("gpu-c" in nodes and "gpu-a" in gone) or None
+
+    wait_for(both, "the new node and the cordoned one")
+    assert [d.uuid for d in nodes["gpu-c"].devices] == ["GPU-c0"]
+    assert "gpu-b" not in {*nodes, *gone}  # untouched
+    assert adapter._nodes is not None
+    api.unreachable = True  # the watch ends, and while it is down ...
+    api.end_watches()
+    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
+    api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
+    api.compact()  # ... the server compacts past it: 410 Gone, a relist
+    api.unreachable = False
+    wait_for(lambda: adapter.changes() is None or None, "a relist to ask for everything")
+    assert adapter._nodes.relists == 1
+
+
 def test_a_watch_from_a_compacted_resource_version_lists_again(
     fake: tuple[FakeKubeApi, Cluster],
 ) -> None:
@@ -229,6 +264,7 @@ def test_a_watch_from_a_compacted_resource_version_lists_again(
     assert adapter._nodes is not None
     api.unreachable = True  # the server restarts: the watch ends and cannot reopen ...
     api.end_watches()
+    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
     api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
     api.compact()  # ... and compacts past the watch's resourceVersion: 410 Gone when it does
     api.unreachable = False
@@ -405,14 +441,50 @@ def test_a_job_survives_an_eviction_where_pod_failure_policy_is_served(
 def test_release_never_raises_when_the_api_server_is_down(
     fake: tuple[FakeKubeApi, Cluster],
 ) -> None:
+    """A release whose delete fails keeps the job bound, so the next release deletes it, even
+    when the watch has not shown its Pod yet."""
     api, cluster = fake
     adapter = cluster.adapter()
-    adapter.bind(workload(adapter, "stranded", "sleep 30"))
+    w = workload(adapter, "stranded", "sleep 30")
+    api.watch_lag_s = 1.0
+    adapter.bind(w)
     api.unreachable = True
     adapter.release("stranded")  # logged, not raised: the reconciler deletes it again
+    assert "stranded" in adapter.workloads()  # it still runs: the reconciler sees a stray
     api.unreachable = False
     adapter.release("stranded")
+    assert "stranded" not in adapter.workloads()
     wait_for(lambda: pods_of(api, "stranded") == [] or None, "the Pod to go")
+
+
+def test_a_job_bound_again_is_not_reported_with_its_earlier_pods_end_while_the_watch_lags(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    """The second Pod has the first one's name: until the watch shows it, the watch still shows
+    the first (ended) Pod, which must not pass for the second."""
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.bind(workload(adapter, "again", "echo first; exit 5"))
+    assert ended(adapter, "again").exit_code == 5
+    api.watch_lag_s = 1.0
+    adapter.release("again")
+    adapter.bind(workload(adapter, "again", "echo second; sleep 30"))
+    assert adapter.status(["again"])["again"].state == WorkloadState.RUNNING
+    wait_for(lambda: b"".join(adapter.logs("again")) or None, "the second Pod's output")
+    assert b"".join(adapter.logs("again")) == b"second\n"  # not the first Pod's
+
+
+def test_the_log_of_a_released_job_is_kept_while_the_watch_lags(
+    fake: tuple[FakeKubeApi, Cluster],
+) -> None:
+    api, cluster = fake
+    adapter = cluster.adapter()
+    adapter.bind(workload(adapter, "kept", "echo done"))
+    assert ended(adapter, "kept").state == WorkloadState.SUCCEEDED
+    api.watch_lag_s = 1.0
+    adapter.release("kept")  # the watch still shows the deleted Pod for a second
+    assert b"".join(adapter.logs("kept")) == b"done\n"
+    assert adapter.status(["kept"])["kept"].state == WorkloadState.LOST
 
 
 def test_an_api_server_silent_for_a_sync_interval_is_unreachable_until_it_answers(

@@ -54,7 +54,7 @@ def test_a_job_runs_as_a_pod_on_the_card_it_was_placed_on(
     uuid = pod["metadata"]["annotations"]["nvidia.com/use-gpuuuid"]
     assert (placed, uuid[:5]) in {("gpu-a", "GPU-a"), ("gpu-b", "GPU-b")}
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "8192"
-    assert cluster.fake.logs[("gpuplane-research", pod["metadata"]["name"])] == b"from a pod\n"
+    assert cluster.fake.logs[pod["metadata"]["uid"]] == b"from a pod\n"
     assert cluster.fake.state.select("pods", None)[0] == []  # released: deleted ...
     adapter = service.binder.adapters["kube"]
     assert b"".join(adapter.logs(job_id)) == b"from a pod\n"  # ... its log kept

@@ -1,9 +1,10 @@
 """Inventory: clusters, nodes and devices between adapters, the store and the scheduler snapshot.
 
 `sync_cluster` writes what an adapter reports into the store (upsert by name; a node or card that
-disappeared is removed unless a job still holds it). `load_estate` reads the store back into the
-scheduler's `Snapshot` (node names qualified as `cluster/node`), the quota book and the admitted
-jobs, which is what an admission pass works on.
+disappeared is removed unless a job still holds it); `sync_nodes` writes only the nodes a watch
+changed since (what `ClusterAdapter.changes()` answers), so one event costs one node's rows.
+`load_estate` reads the store back into the scheduler's `Snapshot` (node names qualified as
+`cluster/node`), the quota book and the admitted jobs, which is what an admission pass works on.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session, selectinload
 
-from gpuplane.control.adapters.base import Inventory
+from gpuplane.control.adapters.base import DiscoveredNode, Inventory, InventoryChange
 from gpuplane.control.admission import Estate, Running
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Cluster, Device, Job, Node, Team
 from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
@@ -60,7 +62,7 @@ def sync_cluster(
     inventory: Inventory,
     now: float,
 ) -> None:
-    """Upsert the cluster and its inventory; called inside a locked transaction."""
+    """Upsert the cluster and its whole inventory; called inside a locked transaction."""
     check_cluster_name(name)
     cluster = session.get(Cluster, name)
     merged = {**labels, LABEL_CLUSTER: name, LABEL_REGION: labels.get(LABEL_REGION, region)}
@@ -70,51 +72,75 @@ def sync_cluster(
     else:
         cluster.adapter, cluster.labels = adapter, merged
     session.flush()
-    existing = {
-        n.name: n
-        for n in session.scalars(
-            select(Node).where(Node.cluster_name == name).options(selectinload(Node.devices))
-        )
-    }
-    held = set(session.scalars(select(Allocation.device_id)))
-    seen = set()
-    for found in inventory.nodes:
-        seen.add(found.name)
-        node = existing.get(found.name)
-        node_labels = {**merged, **found.labels}
+    existing = _nodes(session, select(Node).where(Node.cluster_name == name))
+    _write_nodes(session, name, merged, existing, inventory.nodes)
+
+
+def sync_nodes(session: Session, name: str, change: InventoryChange) -> None:
+    """Write what a watch changed in cluster `name` since its last sync: the rows of the
+    changed nodes and their cards, and of the nodes gone, and no other; called inside a locked
+    transaction. The cluster must have had a full `sync_cluster` first (its labels are kept
+    on its row)."""
+    cluster = session.get(Cluster, name)
+    if cluster is None:
+        raise LookupError(f"cluster {name} is not in the store yet: sync it in full first")
+    names = [n.name for n in change.nodes] + list(change.gone)
+    existing = _nodes(session, select(Node).where(Node.cluster_name == name, Node.name.in_(names)))
+    _write_nodes(session, name, cluster.labels, existing, change.nodes)
+
+
+def _nodes(session: Session, query: Select[Node]) -> dict[str, Node]:
+    """The nodes `query` selects, by name, with their cards."""
+    return {n.name: n for n in session.scalars(query.options(selectinload(Node.devices)))}
+
+
+def _write_nodes(
+    session: Session,
+    cluster: str,
+    labels: dict[str, Any],
+    existing: dict[str, Node],
+    found: Iterable[DiscoveredNode],
+) -> None:
+    """Upsert each of `found`; remove the rest of `existing` (nodes gone), and the cards a node
+    no longer has, unless a job still holds them."""
+    existing = dict(existing)
+    cards_gone: list[Device] = []
+    for seen in found:
+        node = existing.pop(seen.name, None)
+        node_labels = {**labels, **seen.labels}
         if node is None:
             node = Node(
-                cluster_name=name,
-                name=found.name,
+                cluster_name=cluster,
+                name=seen.name,
                 labels=node_labels,
-                cpu_millis=found.cpu_millis,
-                memory_mib=found.memory_mib,
+                cpu_millis=seen.cpu_millis,
+                memory_mib=seen.memory_mib,
             )
-            session.add(node)
-            session.flush()
+            session.add(node)  # its cards join it through `node.devices`: one flush at commit
         else:
-            node.labels, node.cpu_millis = node_labels, found.cpu_millis
-            node.memory_mib = found.memory_mib
+            node.labels, node.cpu_millis = node_labels, seen.cpu_millis
+            node.memory_mib = seen.memory_mib
         devices = {d.index: d for d in node.devices}
-        for dev in found.devices:
+        for dev in seen.devices:
             row = devices.pop(dev.index, None)
             if row is None:
-                session.add(
-                    Device(
-                        node_id=node.id,
-                        index=dev.index,
-                        model=dev.model,
-                        mem_mib=dev.mem_mib,
-                        uuid=dev.uuid,
-                    )
+                node.devices.append(
+                    Device(index=dev.index, model=dev.model, mem_mib=dev.mem_mib, uuid=dev.uuid)
                 )
             else:
                 row.model, row.mem_mib, row.uuid = dev.model, dev.mem_mib, dev.uuid
-        for gone in devices.values():
-            if gone.id not in held:
-                session.delete(gone)
-    for node_name, node in existing.items():
-        if node_name not in seen and not any(d.id in held for d in node.devices):
+        cards_gone.extend(devices.values())
+    ids = [d.id for d in cards_gone] + [d.id for n in existing.values() for d in n.devices]
+    held: set[int] = set()
+    if ids:  # only the allocations of what would go: an event that removes nothing asks none
+        held = set(
+            session.scalars(select(Allocation.device_id).where(Allocation.device_id.in_(ids)))
+        )
+    for card in cards_gone:
+        if card.id not in held:
+            session.delete(card)
+    for node in existing.values():
+        if not any(d.id in held for d in node.devices):
             session.delete(node)
 
 

@@ -99,7 +99,7 @@ class FakeKubeApi:
     ) -> None:
         self.minor = minor
         self.state = State(history_limit=history_limit)
-        self.logs: dict[tuple[str, str], bytes] = {}
+        self.logs: dict[str, bytes] = {}  # by Pod uid: a new Pod of the same name starts empty
         self.requests: list[tuple[str, str]] = []
         self.bookmark_interval_s = bookmark_interval_s
         self.unreachable = False  # every request answered 503
@@ -232,8 +232,8 @@ class FakeKubeApi:
         """The kubelet stops a Pod at its activeDeadlineSeconds."""
         return self.kubelet.stop_at_deadline(ns, name)
 
-    def write_log(self, ns: str, name: str, data: bytes) -> None:
-        self.logs[(ns, name)] = self.logs.get((ns, name), b"") + data
+    def write_log(self, uid: str, data: bytes) -> None:
+        self.logs[uid] = self.logs.get(uid, b"") + data
 
     def delete(self, resource: str, ns: str, name: str, grace: Any, policy: Any) -> Obj:
         obj = self.state.get(resource, ns, name)

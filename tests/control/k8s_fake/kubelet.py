@@ -112,9 +112,9 @@ class Kubelet:
         if spec.get("activeDeadlineSeconds"):
             self._after(spec["activeDeadlineSeconds"], self._pod_deadline, ns, name)
         if self.run_commands:
-            self._run(ns, name, container)
+            self._run(ns, name, pod["metadata"]["uid"], container)
 
-    def _run(self, ns: str, name: str, container: Obj) -> None:
+    def _run(self, ns: str, name: str, uid: str, container: Obj) -> None:
         argv = [*container.get("command", []), *container.get("args", [])]
         env = {**os.environ, **{e["name"]: e.get("value", "") for e in container.get("env", [])}}
         cwd = container.get("workingDir")
@@ -129,18 +129,18 @@ class Kubelet:
                 start_new_session=True,
             )
         except OSError as exc:
-            self.fake.write_log(ns, name, f"exec: {exc}\n".encode())
+            self.fake.write_log(uid, f"exec: {exc}\n".encode())
             self.terminate(ns, name, 128, "StartError")
             return
         with self._lock:
             self.procs[(ns, name)] = proc
-        threading.Thread(target=self._reap, args=(ns, name, proc), daemon=True).start()
+        threading.Thread(target=self._reap, args=(ns, name, uid, proc), daemon=True).start()
 
-    def _reap(self, ns: str, name: str, proc: subprocess.Popen[bytes]) -> None:
+    def _reap(self, ns: str, name: str, uid: str, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         while chunk := os.read(fd, 65536):
-            self.fake.write_log(ns, name, chunk)
+            self.fake.write_log(uid, chunk)
         proc.stdout.close()
         code = proc.wait()
         with self._lock:

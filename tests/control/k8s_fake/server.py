@@ -7,7 +7,8 @@ field selectors, `limit`/`continue`), get, create (409 on an existing name, 404 
 namespace), delete (grace period, propagation), merge patch; watch (`resourceVersion`,
 `allowWatchBookmarks`, `timeoutSeconds`, 410 Gone as an ERROR event for a compacted
 resourceVersion, synthetic ADDED events for `resourceVersion=0` or none); Pod logs (`tailLines`,
-`limitBytes`, `follow`). Unlike a real server, `continue` pages the current objects rather than
+`limitBytes`, `follow`), each Pod's own: a new Pod of a deleted one's name starts
+empty. Unlike a real server, `continue` pages the current objects rather than
 the snapshot of the first page.
 """
 
@@ -386,7 +387,8 @@ class Handler(BaseHTTPRequestHandler):
                 "BadRequest",
                 f'container "main" in pod "{name}" is waiting to start: ContainerCreating',
             )
-        data = fake.logs.get((ns, name), b"")
+        uid = pod["metadata"]["uid"]
+        data = fake.logs.get(uid, b"")
         if q.get("tailLines"):
             lines = data.splitlines(keepends=True)
             data = b"".join(lines[-int(q["tailLines"]) :]) if int(q["tailLines"]) else b""
@@ -396,13 +398,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, data, "text/plain")
             return
         self._start_stream("text/plain")
-        sent = len(fake.logs.get((ns, name), b"")) - len(data)
+        sent = len(fake.logs.get(uid, b"")) - len(data)
         try:
             if data:
                 self._chunk(data)
             sent += len(data)
             while not fake.state.closed:
-                full = fake.logs.get((ns, name), b"")
+                full = fake.logs.get(uid, b"")
                 if len(full) > sent:
                     self._chunk(full[sent:])
                     sent = len(full)

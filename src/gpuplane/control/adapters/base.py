@@ -63,6 +63,15 @@ class Inventory:
 
 
 @dataclass(frozen=True, slots=True)
+class InventoryChange:
+    """What changed in a cluster's inventory since the adapter was last asked: each changed node
+    as it is now, and the names of the nodes gone (deleted, cordoned, not Ready)."""
+
+    nodes: tuple[DiscoveredNode, ...] = ()
+    gone: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """One admitted job, as an adapter starts it: what to run and the devices it holds.
     `time_limit_s`: wall-clock seconds it may run (the spec's limit at its node's GPU speed);
@@ -116,6 +125,13 @@ class ClusterAdapter:
     def inventory(self) -> Inventory:
         """Nodes and devices of the cluster now."""
         raise NotImplementedError
+
+    def changes(self) -> InventoryChange | None:
+        """What changed in `inventory()` since the last call, for a syncer to write only that
+        (`inventory.sync_nodes`); None when the whole inventory must be written (`sync_cluster`):
+        always, for an adapter that does not watch its cluster (the default); the first time,
+        and after each relist, for one that does."""
+        return None
 
     def bind(self, workload: Workload) -> None:
         """Start `workload` on its node and devices. Idempotent per job id, across restarts of

@@ -27,6 +27,7 @@ from gpuplane.control.adapters.base import (
     AdapterError,
     ClusterAdapter,
     Inventory,
+    InventoryChange,
     Workload,
     WorkloadState,
     WorkloadStatus,
@@ -69,7 +70,11 @@ class KubernetesAdapter(ClusterAdapter):
         self._pods: Reflector[ObjectView] | None = None
         self._jobs: Reflector[ObjectView] | None = None
         self._listeners: list[Callable[[], None]] = []
-        self._bound: dict[str, Binding] = {}  # bound here, perhaps not yet seen by the watch
+        # the nodes the watch changed since `changes()` was last asked; None: it listed since
+        self._changed: set[str] | None = None
+        # bound here, with the uid of the object made (the watch may not show it yet, or may
+        # still show the object of an earlier bind of that job: same name, another uid)
+        self._bound: dict[str, tuple[Binding, str]] = {}
         self._released: set[str] = set()  # deleted here, perhaps still shown by the watch
         self._lock = threading.Lock()
         self.timeout_s = min(10.0, self.cluster.sync_interval_s)
@@ -178,7 +183,12 @@ class KubernetesAdapter(ClusterAdapter):
         than every sync interval."""
         self._listeners.append(callback)
 
-    def _inventory_changed(self) -> None:
+    def _inventory_changed(self, key: tuple[str, str] | None) -> None:
+        with self._lock:
+            if key is None:  # listed: everything may have changed
+                self._changed = None
+            elif self._changed is not None:
+                self._changed.add(key[1])
         for callback in self._listeners:
             callback()
 
@@ -197,17 +207,39 @@ class KubernetesAdapter(ClusterAdapter):
             f"{cards} HAMi card(s){left_out}",
         )
 
+    def changes(self) -> InventoryChange | None:
+        """The nodes the watch changed since the last call, as `inventory()` now reports them;
+        None the first time and after a relist (a 410 Gone)."""
+        self._connect()
+        nodes = self._synced(self._nodes)
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        if changed is None:
+            return None
+        views = {name: nodes.view.get(("", name)) for name in sorted(changed)}
+        return InventoryChange(
+            tuple(v.node for v in views.values() if v is not None),
+            tuple(name for name, v in views.items() if v is None),
+        )
+
     # -- workloads ---------------------------------------------------------------------------
 
     def _views(self) -> tuple[dict[str, ObjectView], dict[str, list[ObjectView]]]:
-        """This instance's workloads by job id, and the Pods of each."""
+        """This instance's workloads by job id, and the Pods of each (of a Job, those of the
+        Job object the watch shows, not of an earlier one of the same name)."""
         self._connect()
         pods: dict[str, list[ObjectView]] = {}
         for view in self._synced(self._pods).snapshot():
             pods.setdefault(view.job_id, []).append(view)
         if self._jobs is None:
             return {j: max(ps, key=lambda p: p.created) for j, ps in pods.items()}, pods
-        return {v.job_id: v for v in self._synced(self._jobs).snapshot()}, pods
+        jobs = {v.job_id: v for v in self._synced(self._jobs).snapshot()}
+        return jobs, {
+            j: [p for p in ps if p.owner == jobs[j].uid] for j, ps in pods.items() if j in jobs
+        }
+
+    def _kind(self) -> str:
+        return "Job" if self.cluster.bind_kind == "job" else "Pod"
 
     def _binding(self, workload: Workload) -> Binding:
         assert self._nodes is not None
@@ -250,7 +282,7 @@ class KubernetesAdapter(ClusterAdapter):
         kind = body["kind"]
         for attempt in range(3):
             try:
-                api.create(binding, body)
+                uid = api.create(binding, body)["metadata"]["uid"]
                 break
             except api.exception as exc:
                 if exc.status != 409:
@@ -267,6 +299,7 @@ class KubernetesAdapter(ClusterAdapter):
                     ) from None
                 same = (existing.node, existing.uuids) == (workload.node, binding.uuids)
                 if same and not existing.terminating:
+                    uid = existing.uid
                     break  # ours, as asked: taken back
                 api.delete(binding, kind, grace=0)
             except api.transport_errors as exc:  # a timeout: the next try finds it by name
@@ -281,7 +314,7 @@ class KubernetesAdapter(ClusterAdapter):
                 "deleted; the job is bound on the next try"
             )
         with self._lock:
-            self._bound[workload.job_id] = binding
+            self._bound[workload.job_id] = (binding, uid)
             self._released.discard(workload.job_id)
 
     def _read(self, api: KubeApi, binding: Binding, kind: str) -> dict[str, Any]:
@@ -292,25 +325,32 @@ class KubernetesAdapter(ClusterAdapter):
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
         api = self._connect()
         views, pods = self._views()
+        with self._lock:
+            bound, released = dict(self._bound), set(self._released)
         out = {}
         for job_id in job_ids:
             view = views.get(job_id)
-            if view is None:
-                out[job_id] = self._unseen(api, job_id)
+            made = bound.get(job_id)
+            if job_id in released:
+                out[job_id] = WorkloadStatus(
+                    WorkloadState.LOST, None, f"released: its {self._kind()} was deleted"
+                )
+            elif view is None or (made is not None and view.uid != made[1]):
+                out[job_id] = self._unseen(api, job_id, made)
             elif view.kind == "Job":
                 out[job_id] = job_status(view.raw, pods.get(job_id, []))
             else:
                 out[job_id] = view.status
         return out
 
-    def _unseen(self, api: KubeApi, job_id: str) -> WorkloadStatus:
-        """A job the watch has not shown: just bound (the watch lags), or gone."""
-        with self._lock:
-            binding = self._bound.get(job_id)
-        if binding is not None:
-            kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
+    def _unseen(
+        self, api: KubeApi, job_id: str, made: tuple[Binding, str] | None
+    ) -> WorkloadStatus:
+        """A job whose object the watch has not shown: just bound (the watch lags; it may still
+        show the object of an earlier bind, deleted since), or gone. Read from the server."""
+        if made is not None:
             try:
-                view = object_view(self._read(api, binding, kind))
+                view = object_view(self._read(api, made[0], self._kind()))
             except AdapterError as exc:
                 if getattr(exc.__cause__, "status", None) != 404:
                     return WorkloadStatus(WorkloadState.RUNNING, None, str(exc))
@@ -324,9 +364,11 @@ class KubernetesAdapter(ClusterAdapter):
         )
 
     def release(self, job_id: str) -> None:
+        """Keep the log, then delete the object. Until the delete succeeds the job stays bound
+        here (`workloads` lists it), so the reconciler's next release tries again."""
         with self._lock:
-            binding = self._bound.pop(job_id, None)
-            self._released.add(job_id)
+            made = self._bound.get(job_id)
+        binding = None if made is None else made[0]
         try:
             api = self._connect()
             view = self._views()[0].get(job_id)
@@ -337,22 +379,26 @@ class KubernetesAdapter(ClusterAdapter):
             view = None
         if view is not None:
             binding = Binding(view.namespace, view.name, view.uuids)
-        if binding is None:
-            return
-        kind = "Job" if self.cluster.bind_kind == "job" else "Pod"
-        self._keep_log(api, job_id)
-        try:
-            api.delete(binding, kind, self.cluster.grace_period_s)
-        except Exception as exc:  # never raises: the reconciler deletes it again
-            log.warning(
-                "%s: could not delete %s %s/%s of job %s: %s",
-                self.where,
-                kind,
-                binding.namespace,
-                binding.name,
-                job_id,
-                describe_error(exc),
-            )
+        kind = self._kind()
+        if binding is not None:
+            self._keep_log(api, job_id)
+            try:
+                api.delete(binding, kind, self.cluster.grace_period_s)
+            except Exception as exc:  # never raises: the reconciler deletes it again
+                log.warning(
+                    "%s: could not delete %s %s/%s of job %s: %s; tried again on the next release",
+                    self.where,
+                    kind,
+                    binding.namespace,
+                    binding.name,
+                    job_id,
+                    describe_error(exc),
+                )
+                return
+        with self._lock:
+            if self._bound.get(job_id) == made:  # not bound again meanwhile
+                self._bound.pop(job_id, None)
+                self._released.add(job_id)
 
     def workloads(self) -> list[str]:
         """What the watch shows of this instance's, less what is on its way out, and what was
@@ -367,11 +413,25 @@ class KubernetesAdapter(ClusterAdapter):
 
     def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
         api = self._connect()
+        with self._lock:
+            released = job_id in self._released
+        pod = None if released else self._pod_of(job_id)
+        if pod is None:  # released: what was kept when its Pod was deleted, if anything
+            return read_log(self.log_path(job_id), tail, since=since)
+        return self._stream_log(api, *pod, tail, since)
+
+    def _pod_of(self, job_id: str) -> tuple[str, str] | None:
+        """The namespace and name of the job's latest Pod: as the watch shows it, or, for a
+        bare Pod the watch has not shown yet, the one bound here."""
         _, pods = self._views()
         latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
-        if latest is None:  # released: what was kept when its Pod was deleted, if anything
-            return read_log(self.log_path(job_id), tail, since=since)
-        return self._stream_log(api, latest, tail, since)
+        if latest is not None:
+            return latest.namespace, latest.name
+        with self._lock:
+            made = self._bound.get(job_id)
+        if made is None or self._kind() == "Job":
+            return None
+        return made[0].namespace, made[0].name
 
     def log_path(self, job_id: str) -> Path:
         return self.state_dir / "logs" / f"{job_id}.log"
@@ -380,16 +440,15 @@ class KubernetesAdapter(ClusterAdapter):
         """Copy the output of the job's latest Pod into the state dir before it is deleted, so
         `job logs` still answers for an ended or cancelled job (as the Pod API no longer will).
         A failure only loses the copy: it is logged, never raised."""
-        _, pods = self._views()
-        latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
-        if latest is None:
+        pod = self._pod_of(job_id)
+        if pod is None:
             return
         path = self.log_path(job_id)
         tmp = path.with_suffix(".tmp")
         try:
             private_dir(path.parent)  # 0700: jobs cannot read the state dir
             with tmp.open("wb") as f:
-                for block in self._stream_log(api, latest, None, 0):
+                for block in self._stream_log(api, *pod, None, 0):
                     f.write(block)
             tmp.replace(path)
         except Exception as exc:
@@ -397,13 +456,13 @@ class KubernetesAdapter(ClusterAdapter):
             tmp.unlink(missing_ok=True)
 
     def _stream_log(
-        self, api: KubeApi, pod: ObjectView, tail: int | None, since: int
+        self, api: KubeApi, namespace: str, name: str, tail: int | None, since: int
     ) -> Iterator[bytes]:
         try:
-            yield from api.pod_log(pod.namespace, pod.name, tail, since)
+            yield from api.pod_log(namespace, name, tail, since)
         except api.exception as exc:
             raise AdapterError(
-                f"{self.where}: could not read the log of Pod {pod.namespace}/{pod.name}: "
+                f"{self.where}: could not read the log of Pod {namespace}/{name}: "
                 f"{describe_error(exc)}"
             ) from exc
 

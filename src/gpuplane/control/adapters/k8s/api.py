@@ -50,15 +50,16 @@ class KubeApi:
             read_json(self.apis.get_api_versions(**t)),
         )
 
-    def create(self, binding: Binding, body: Obj) -> None:
-        """Create `body` (a Pod or Job) in its namespace, which is created first if missing."""
+    def create(self, binding: Binding, body: Obj) -> Obj:
+        """Create `body` (a Pod or Job) in its namespace, which is created first if missing;
+        the object as the server stored it (its uid)."""
         create = (
             self.batch.create_namespaced_job
             if body["kind"] == "Job"
             else self.core.create_namespaced_pod
         )
         try:
-            read_json(create(binding.namespace, body, **raw(self.timeout_s)))
+            return read_json(create(binding.namespace, body, **raw(self.timeout_s)))
         except self.exception as exc:
             if exc.status != 404:
                 raise
@@ -69,7 +70,7 @@ class KubeApi:
             except self.exception as again:
                 if again.status != 409:
                     raise
-            read_json(create(binding.namespace, body, **raw(self.timeout_s)))
+            return read_json(create(binding.namespace, body, **raw(self.timeout_s)))
 
     def read(self, binding: Binding, kind: str) -> Obj:
         read = self.batch.read_namespaced_job if kind == "Job" else self.core.read_namespaced_pod

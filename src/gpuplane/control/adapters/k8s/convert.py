@@ -84,12 +84,15 @@ def node_view(obj: Obj) -> NodeView | None:
 
 @dataclass(frozen=True, slots=True)
 class ObjectView:
-    """One Pod or Job the adapter bound: whose it is, where it runs, how it is doing."""
+    """One Pod or Job the adapter bound: whose it is, which object it is (its uid; a Job's Pod
+    also names its Job's, `owner`), where it runs, how it is doing."""
 
     job_id: str
     kind: str  # "Pod" | "Job"
     namespace: str
     name: str
+    uid: str
+    owner: str | None
     node: str
     uuids: tuple[str, ...]
     terminating: bool
@@ -108,11 +111,16 @@ def object_view(obj: Obj) -> ObjectView | None:
     pod_meta = template.get("metadata", meta)
     pod_spec = template.get("spec", {})
     uuids = (pod_meta.get("annotations") or {}).get(USE_UUID_ANNOTATION, "")
+    owner = next(
+        (o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None
+    )
     return ObjectView(
         job_id=job_id,
         kind=kind,
         namespace=meta.get("namespace", ""),
         name=meta["name"],
+        uid=meta.get("uid", ""),
+        owner=owner,
         node=pod_spec.get("nodeSelector", {}).get("kubernetes.io/hostname", ""),
         uuids=tuple(u for u in uuids.split(",") if u),
         terminating=bool(meta.get("deletionTimestamp")),

@@ -7,8 +7,10 @@ resourceVersion on and a reconnect resumes where it left; it is reopened every s
 same resourceVersion; only a 410 Gone (the server compacted past it) lists afresh.
 Objects are kept as the JSON the server sent (plain dicts, not the client's models: a
 1,000-node list parses in milliseconds) and handed to `convert` as they change, so readers
-get an already-converted view. `last_contact` is when the server last answered: a watch that
-hears nothing, not even a bookmark, for longer than the sync interval means it is unreachable.
+get an already-converted view; `on_change` hears the key of each object an event changed, or
+None after a list (everything may have changed). `last_contact` is when the server last
+answered: a watch that hears nothing, not even a bookmark, for longer than the sync interval
+means it is unreachable.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Reflector(Generic[T]):
         interval_s: float,
         label_selector: str | None = None,
         clock: Callable[[], float] = time.monotonic,
-        on_change: Callable[[], None] | None = None,
+        on_change: Callable[[tuple[str, str] | None], None] | None = None,
     ) -> None:
         self._list_fn = list_fn
         self._convert = convert
@@ -143,9 +145,9 @@ class Reflector(Generic[T]):
         self.view = items
         self.resource_version = body["metadata"]["resourceVersion"]
         self._contact()
+        if self._on_change is not None:  # before `synced`: a reader that waited on it hears it
+            self._on_change(None)
         self.synced.set()
-        if self._on_change is not None:
-            self._on_change()
 
     def _watch(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -193,7 +195,7 @@ class Reflector(Generic[T]):
             else:
                 self.view[key] = converted
         if self._on_change is not None:
-            self._on_change()
+            self._on_change(key)
 
     def _contact(self) -> None:
         self.last_contact = self._clock()
