@@ -4,6 +4,7 @@ Pod in its team's namespace, its exit code, and its log after the Pod is gone.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from gpuplane.control import queries
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig
+from tests.control.k8s_fake import hami_card
 from tests.control.k8s_fake.clusters import KubeCluster, kube_cluster
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
@@ -59,3 +61,33 @@ def test_a_job_runs_as_a_pod_on_the_card_it_was_placed_on(
     adapter = service.binder.adapters["kube"]
     assert b"".join(adapter.logs(job_id)) == b"from a pod\n"  # ... its log kept
     assert b"".join(adapter.logs(job_id, since=5)) == b"a pod\n"
+
+
+def test_a_node_the_watch_sees_join_is_in_the_store_before_the_next_full_sync(
+    tmp_path: Path,
+) -> None:
+    """The service writes what the adapter's watch changed at its next tick (`changes()`,
+    `sync_nodes`), not once a sync interval with the whole inventory."""
+    with kube_cluster("fake", tmp_path) as cluster:
+        assert cluster.fake is not None
+        kube = ClusterConfig(
+            name="kube", adapter="kubernetes", kubeconfig=cluster.kubeconfig, sync_interval_s=3600
+        )
+        service = make_service(config(str(tmp_path / "svc"), clusters=[kube]))
+        try:
+            service.tick()  # the first changes() after the full sync at start
+            cluster.fake.add_node("gpu-c", cards=[hami_card("GPU-c0", index=0)])
+            deadline = time.monotonic() + 30
+            while "gpu-c" not in {n.name for n in queries.list_nodes(service)}:
+                assert time.monotonic() < deadline, "the new node never reached the store"
+                service.tick()
+                time.sleep(0.05)
+            (node,) = [n for n in queries.list_nodes(service) if n.name == "gpu-c"]
+            assert [d.uuid for d in node.devices] == ["GPU-c0"]
+            cluster.fake.remove_node("gpu-c")
+            while "gpu-c" in {n.name for n in queries.list_nodes(service)}:
+                assert time.monotonic() < deadline, "the removed node stayed in the store"
+                service.tick()
+                time.sleep(0.05)
+        finally:
+            service.close()

@@ -10,9 +10,11 @@ Nothing new is placed on a cluster that is cordoned, draining or unreachable: it
 the estate, with their jobs, but unschedulable (`inventory.load_estate`). Health is checked on
 every tick: `adapter.reachable()` (the Kubernetes watch heard nothing for a sync interval), and
 once a sync interval `adapter.inventory()` (an AdapterError: unreachable; a changed answer is
-written to the store). A cluster that stops answering is marked unreachable: its jobs admitted
-but not yet bound are re-placed elsewhere, its running jobs are left alone (shown `unknown`) and
-the binder neither binds nor observes there. When it answers again its inventory is synced and
+written to the store); between those, the nodes a watching adapter (Kubernetes) saw change are
+written at each tick, and only they (`adapter.changes()`, `inventory.sync_nodes`). A cluster
+that stops answering is marked unreachable: its jobs admitted but not yet bound are re-placed
+elsewhere, its running jobs are left alone (shown `unknown`) and the binder neither binds nor
+observes there. When it answers again its inventory is synced and
 the next reconcile records what its jobs did meanwhile, and stops any copy of a job that was
 re-placed elsewhere; nothing is run twice.
 """
@@ -35,7 +37,12 @@ from gpuplane.control.adapters.base import (
     create_adapter,
 )
 from gpuplane.control.errors import ConflictError, NotFoundError
-from gpuplane.control.inventory import check_cluster_name, remove_clusters_except, sync_cluster
+from gpuplane.control.inventory import (
+    check_cluster_name,
+    remove_clusters_except,
+    sync_cluster,
+    sync_nodes,
+)
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import ACTIVE_STATES, Cluster, Job
 from gpuplane.control.oplog import job_event
@@ -303,6 +310,23 @@ class Clusters:
                     session.execute(
                         update(Cluster).where(Cluster.name == name).values(last_sync_at=now)
                     )
+            elif name not in self.down:
+                self._apply_changes(name, adapter)
+
+    def _apply_changes(self, name: str, adapter: ClusterAdapter) -> None:
+        """Write the nodes a watching adapter saw change since the last tick (`changes()`),
+        and only those; None (an adapter that does not watch, or one that relisted) leaves it to
+        the whole-inventory probe once a sync interval."""
+        try:
+            change = adapter.changes()
+        except AdapterError as exc:  # the next reachable() or probe says so
+            log.debug("cluster %s: no changes read: %s", name, exc)
+            return
+        if change is None or not (change.nodes or change.gone):
+            return
+        with self.mirror.locked() as (session, _):
+            sync_nodes(session, name, change)
+            self.mirror.invalidate()
 
     def _follow_store(self) -> None:
         with self.mirror.store.session() as session:
