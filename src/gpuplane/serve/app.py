@@ -60,10 +60,10 @@ class Gateway:
         events = replace(self.metrics.router_events(), health_changed=self.oplog.health_changed)
         self.health_paths: dict[str, str] = {}
         rng = rng or random.Random()
-        self.shared = shared_slots(self.cfg)
-        adapters: dict[str, EngineAdapter] = {}
+        adapters = {model.name: get_adapter(model.engine) for model in settings.models}
+        self.shared = shared_slots(self.cfg, adapters)
         for model in settings.models:
-            adapter = adapters[model.name] = get_adapter(model.engine)
+            adapter = adapters[model.name]
             capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
             self.routers[model.name] = ModelRouter(
                 model,
@@ -88,6 +88,10 @@ class Gateway:
         self.upstream = Upstream(self.cfg)
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = leadership(self.cfg, self.routers, adapters)
+        if self.leadership is not None or self.shared is not None:
+            from gpuplane.serve.ha import metrics as ha_metrics
+
+            ha_metrics.register(self.metrics.registry, self.leadership, self.shared)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -175,6 +179,8 @@ class Gateway:
         state: dict[str, Any] = {"instances": instances, "models": models}
         if self.leadership is not None:
             state["ha"] = self.leadership.state()
+        elif self.shared is not None:
+            state["ha"] = self.shared.report()
         return state
 
     def resolve_tenant(self, headers: Mapping[str, str]) -> Tenant | None:
@@ -225,11 +231,15 @@ def leadership(
     return Leadership(cfg.ha, routers, adapters, forward_timeout=timeout)
 
 
-def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
-    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then)."""
+def shared_slots(
+    cfg: GatewayConfig, adapters: Mapping[str, EngineAdapter]
+) -> RedisSlotTable | None:
+    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then),
+    reading the engines' loads while Redis is out."""
     ha = cfg.ha
     if ha.mode != "shared":
         return None
+    from gpuplane.serve.ha.loads import EngineLoads
     from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
 
     assert ha.url is not None  # the settings require it in mode shared
@@ -242,7 +252,7 @@ def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
         timeout_s=ha.shared_timeout_s,
         prefix=ha.key,
     )
-    return RedisSlotTable(options)
+    return RedisSlotTable(options, loads=EngineLoads(adapters, ha.shared_timeout_s))
 
 
 def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:
