@@ -214,8 +214,8 @@ def status(
         DEFAULT_GATEWAY, "--gateway", envvar=GATEWAY_ENV, help=f"gateway URL (${GATEWAY_ENV})"
     ),
 ) -> None:
-    """Show the gateway's instances (model, state, in flight, capacity, last error) and each
-    model's queue, from its /admin/state."""
+    """Show the gateway's role in HA (mode, role, epoch), its instances (model, state, in
+    flight, capacity, last error) and each model's queue, from its /admin/state."""
     url = server.rstrip("/") + "/admin/state"
     try:
         response = httpx.get(url, timeout=10)
@@ -233,7 +233,19 @@ def status(
         raise _fail(exc) from None
 
 
+def _ha_row(ha: dict[str, Any]) -> tuple[object, ...]:
+    """This gateway's part in HA: its mode, role and epoch, and who else is there."""
+    if ha["mode"] == "shared":
+        others = f"gateways {', '.join(ha['gateways']) or '-'}"
+        return ha["mode"], ha["role"], ha["epoch"], f"{ha['gateway_id']}; {others}"
+    leader = ha["leader"] or "-"
+    at = f" at {ha['leader_url']}" if ha["leader_url"] else ""
+    return ha["mode"], ha["role"], ha["epoch"] or "-", f"{ha['holder']}; leader {leader}{at}"
+
+
 def _state_tables(state: dict[str, Any]) -> None:
+    if "ha" in state:
+        print_table(["HA MODE", "ROLE", "EPOCH", "THIS GATEWAY; OTHERS"], [_ha_row(state["ha"])])
     print_table(
         ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "LAST ERROR"],
         [
