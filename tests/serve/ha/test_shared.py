@@ -379,6 +379,21 @@ async def test_resync_after_redis_paused_keeps_the_same_leases() -> None:
         await stop([a, b], held)
 
 
+async def test_a_gateway_back_from_a_blip_in_which_it_admitted_nothing_disturbs_no_other(
+    redis_server: str,
+) -> None:
+    a, b = await gateways(redis_server, 2, [2])
+    held = [(a, await a.acquire({}))]
+    incarnation = table(b).incarnation
+    table(a)._unreachable(OSError("a timeout under load"))  # as if one call had timed out
+    assert table(a).state is Share.LOCAL
+    await until(lambda: table(a).state is Share.SHARED, 5 * TTL_S + 2)
+    assert table(b).incarnation == incarnation  # b went on admitting through Redis throughout
+    assert table(b).entered[Share.RESYNC] == 1  # only when it started
+    assert await in_redis(redis_server, a) == 1
+    await stop([a, b], held)
+
+
 async def test_metrics_and_state_show_how_the_gateway_admits_and_redis_round_trips() -> None:
     with killable_redis() as server:
         routers = await gateways(server.url, 2, [2])

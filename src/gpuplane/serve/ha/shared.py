@@ -37,10 +37,12 @@ engine runs at most Σ Q_g ≤ C. Otherwise each g in A has Q_g ≤ share_g - bo
 excess) and runs at most share_g - bound_g ≤ share_g - Σ e; every other runs Q_g ≤ share_g +
 e_g; the total is at most Σ share - |A| Σ e + Σ e ≤ C.
 
-When Redis returns the gateway starts a new incarnation of the table, so every gateway
-registers its leases again (the same ids: nothing is counted twice). Until all the live ones
-have, and for one TTL (every live one has sent a heartbeat by then), an admission needs both
-the rule above and Redis; then Redis counts every lease, and decides alone again.
+When Redis returns, a gateway that admitted while it was out (or finds that Redis lost its
+data) starts a new incarnation of the table, so every gateway registers its leases again (the
+same ids: nothing is counted twice); one that admitted nothing (a blip) only re-syncs itself.
+Until all the live ones have, and for one TTL (every live one has sent a heartbeat by then), an
+admission needs both the rule above and Redis; then Redis counts every lease, and decides alone
+again.
 
 Limit: a gateway cut off from Redis while the others still reach it (a partition) admits on its
 share while the others, seeing its heartbeat and leases expire after one TTL, admit the whole
@@ -184,6 +186,7 @@ class RedisSlotTable:
         self._joined_ms: int | None = None  # Redis time of this process's first heartbeat
         self._beat_ms = 0  # and of its latest
         self._left_at = 0.0  # loop time the table last stopped being whole
+        self._took_locally = False  # admitted while Redis was unreachable, since last back
         self._synced_with: frozenset[str] = frozenset()  # live ones registered anew
         self.incarnation = ""  # the one this gateway's leases are registered under
         self._synced = False
@@ -270,6 +273,7 @@ class RedisSlotTable:
         """Admit on the local allowance alone (registered in Redis on its return)."""
         if self._within_allowance(inst):
             inst.held.add(lease_id)
+            self._took_locally = self._took_locally or self.state is Share.LOCAL
             self._unreleased.discard((inst.key, lease_id))
             return True
         self._show(inst)
@@ -464,11 +468,14 @@ class RedisSlotTable:
             self.epoch = int(await self.client.hincrby(self._keys["epochs"], gateway, 1))
         k = self._keys
         was_local = self.state is Share.LOCAL and bool(self.incarnation)
+        # back with leases Redis never saw: every gateway registers its own again (else, back
+        # from a blip in which it admitted nothing, its leases are all in Redis already)
+        fresh = was_local and self._took_locally
         synced = self.incarnation if self._synced else ""
         answer = await self._timed(
             "heartbeat",
             [k["incarnation"], k["born"], k["live"], k["synced"]],
-            [gateway, self._ttl_ms, synced, secrets.token_hex(8), "1" if was_local else "0"],
+            [gateway, self._ttl_ms, synced, secrets.token_hex(8), "1" if fresh else "0"],
         )
         incarnation, age_ms, now_ms = answer[0].decode(), int(answer[1]), int(answer[2])
         n = int(answer[3])
@@ -481,7 +488,7 @@ class RedisSlotTable:
         if self.state is Share.SHARED:
             self.members = self._counted()
         if incarnation != self.incarnation or was_local:
-            self.incarnation, self._synced = incarnation, False
+            self.incarnation, self._synced, self._took_locally = incarnation, False, False
             self._set_state(Share.RESYNC)
         now = asyncio.get_running_loop().time()
         renew = not self._synced or now - self._renewed_at >= self.options.renew_s
