@@ -436,7 +436,10 @@ class RedisSlotTable:
         ]
         if not open_:
             return
+        left = self._left_at
         read = await self.loads.read([(model, inst.id, inst.url) for (model, _), inst in open_])
+        if self._left_at != left:  # the table was whole again and lost since: too early a reading
+            return
         for key, inst in open_:
             n = read.get(key)
             if n is not None and (inst.bound is None or n < inst.bound):
