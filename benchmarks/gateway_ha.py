@@ -38,8 +38,11 @@ from _results import save  # noqa: E402
 async def run(args: argparse.Namespace, tmp: Path, ha: dict[str, Any] | None) -> dict[str, Any]:
     async with drill(tmp, instances=args.instances, ha=ha) as d:
         d.max_tokens = args.max_tokens
-        total_s = args.settle_s + args.kills * args.every_s + args.settle_s
-        load = asyncio.create_task(d.load(args.rate, total_s))
+        # the load runs until the last kill has been measured: a restart on a busy machine can
+        # take longer than `every_s`, and a kill after the load's end would go unmeasured
+        stop = asyncio.Event()
+        bound_s = 4 * (args.settle_s + args.kills * args.every_s + args.settle_s)
+        load = asyncio.create_task(d.load(args.rate, bound_s, stop))
         await asyncio.sleep(args.settle_s)
         failovers: list[float | None] = []
         for _ in range(args.kills):
@@ -58,6 +61,8 @@ async def run(args: argparse.Namespace, tmp: Path, ha: dict[str, Any] | None) ->
                 if o.served_by == new.name and o.first_byte_at and o.first_byte_at > killed_at
             ]
             failovers.append(min(served) - killed_at if served else None)
+        await asyncio.sleep(args.settle_s)
+        stop.set()
         outcomes = await load
         max_running = await d.max_running()
     # the rate the client kept up: arrivals over the time it took to send them all

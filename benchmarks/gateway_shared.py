@@ -16,7 +16,7 @@ Redis against the same router in local mode, in one process, alternating blocks 
 `--acquires` per mode, one round per seed; added latency = shared minus local at p50 and p99,
 the median (and range) over seeds. The release of each lease is awaited outside the timing.
 
-    python benchmarks/gateway_shared.py [--requests 10000] [--seeds 5] [--json]
+    python benchmarks/gateway_shared.py [--requests 10000] [--seeds 5] [--drill-seeds 3] [--json]
 """
 
 from __future__ import annotations
@@ -104,10 +104,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             out["acquire"] = {"acquires_per_mode": args.acquires, "seeds": args.seeds}
             out["acquire"] |= {"per_seed": rounds, "summary": summary(rounds)}
         if args.part in ("all", "drill"):
-            d = Drill(
-                args.requests, kills=args.kills, kill_redis=not args.no_redis_kill, seed=args.seed
-            )
-            out["drill"] = await drill(d, redis)
+            out["drills"] = []
+            for seed in range(args.seed, args.seed + args.drill_seeds):
+                d = Drill(
+                    args.requests, kills=args.kills, kill_redis=not args.no_redis_kill, seed=seed
+                )
+                out["drills"].append(await drill(d, redis))
     out["load_average_at_start_and_end"] = [load, os.getloadavg()[0]]
     return out
 
@@ -124,10 +126,10 @@ def table(res: dict[str, Any]) -> str:
             lines.append(
                 f"{key:16} {s[key]['median']:.3f} ({s[key]['min']:.3f}-{s[key]['max']:.3f})"
             )
-    if "drill" in res:
-        d = res["drill"]
+    for d in res.get("drills", []):
         lines.append(
-            f"drill: {d['requests']} requests ({d['ok']} ok, {d['failed']} failed) in "
+            f"drill, seed {d['config']['seed']}: {d['requests']} requests ({d['ok']} ok, "
+            f"{d['failed']} failed) in "
             f"{d['wall_s']} s, {d['gateway_kills']} gateway kills, redis killed: "
             f"{d['redis_killed']}; max in flight per engine {max(d['max_in_flight_seen'])} "
             f"(over-admitted instances {d['over_admitted_instances']}); leases in Redis right "
@@ -141,7 +143,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "acquire", "drill"], default="all")
     parser.add_argument("--requests", type=int, default=10_000, help="requests in the drill")
-    parser.add_argument("--seed", type=int, default=0, help="the drill's seed")
+    parser.add_argument("--seed", type=int, default=0, help="the first drill's seed")
+    parser.add_argument("--drill-seeds", type=int, default=1, help="drills, one per seed")
     parser.add_argument("--kills", type=int, default=10, help="gateway kills in the drill")
     parser.add_argument("--no-redis-kill", action="store_true", help="keep Redis up in the drill")
     parser.add_argument("--acquires", type=int, default=5_000, help="acquires per mode and seed")

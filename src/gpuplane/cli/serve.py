@@ -257,8 +257,8 @@ def status(
     server: str = SERVER_OPTION,
     admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
-    """Show the gateway's instances (model, state, in flight, capacity, last error) and each
-    model's queue, from its /admin/state."""
+    """Show the gateway's role in HA (mode, role, epoch), its instances (model, state, in
+    flight, capacity, last error) and each model's queue, from its /admin/state."""
     emit(_admin_get(server, "/admin/state", admin_key), output, _state_tables)
 
 
@@ -363,7 +363,19 @@ def key_create(
     )
 
 
+def _ha_row(ha: dict[str, Any]) -> tuple[object, ...]:
+    """This gateway's part in HA: its mode, role and epoch, and who else is there."""
+    if ha["mode"] == "shared":
+        others = f"gateways {', '.join(ha['gateways']) or '-'}"
+        return ha["mode"], ha["role"], ha["epoch"], f"{ha['gateway_id']}; {others}"
+    leader = ha["leader"] or "-"
+    at = f" at {ha['leader_url']}" if ha["leader_url"] else ""
+    return ha["mode"], ha["role"], ha["epoch"] or "-", f"{ha['holder']}; leader {leader}{at}"
+
+
 def _state_tables(state: dict[str, Any]) -> None:
+    if "ha" in state:
+        print_table(["HA MODE", "ROLE", "EPOCH", "THIS GATEWAY; OTHERS"], [_ha_row(state["ha"])])
     print_table(
         ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "LAST ERROR"],
         [

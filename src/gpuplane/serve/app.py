@@ -79,8 +79,8 @@ class Gateway:
         )
         self.health_paths: dict[str, str] = {}
         self._rng = rng or random.Random()
-        self.shared = shared_slots(self.cfg)
-        self.adapters: dict[str, EngineAdapter] = {}
+        self.adapters: dict[str, EngineAdapter] = {}  # filled by add_model, read by HA lazily
+        self.shared = shared_slots(self.cfg, self.adapters)
         self.upstream_names: dict[str, str | None] = {}
         for model in settings.models:
             self.add_model(model)
@@ -88,6 +88,10 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = leadership(self.cfg, self.routers, self.adapters)
         self.discovery = None if control is None else Discovery(self, control, token=control_token)
+        if self.leadership is not None or self.shared is not None:
+            from gpuplane.serve.ha import metrics as ha_metrics
+
+            ha_metrics.register(self.metrics.registry, self.leadership, self.shared)
 
     def add_model(self, model: ModelConfig) -> ModelRouter:
         """Route `model` from now on: its configured instances, and any added later."""
@@ -197,6 +201,8 @@ class Gateway:
         state: dict[str, Any] = {"instances": instances, "models": models}
         if self.leadership is not None:
             state["ha"] = self.leadership.state()
+        elif self.shared is not None:
+            state["ha"] = self.shared.report()
         return state
 
     def usage(self) -> dict[str, Any]:
@@ -244,11 +250,15 @@ def leadership(
     return Leadership(cfg.ha, routers, adapters, forward_timeout=timeout)
 
 
-def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
-    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then)."""
+def shared_slots(
+    cfg: GatewayConfig, adapters: Mapping[str, EngineAdapter]
+) -> RedisSlotTable | None:
+    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then),
+    reading the engines' loads while Redis is out."""
     ha = cfg.ha
     if ha.mode != "shared":
         return None
+    from gpuplane.serve.ha.loads import EngineLoads
     from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
 
     assert ha.url is not None  # the settings require it in mode shared
@@ -261,7 +271,7 @@ def shared_slots(cfg: GatewayConfig) -> RedisSlotTable | None:
         timeout_s=ha.shared_timeout_s,
         prefix=ha.key,
     )
-    return RedisSlotTable(options)
+    return RedisSlotTable(options, loads=EngineLoads(adapters, ha.shared_timeout_s))
 
 
 def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:

@@ -186,12 +186,17 @@ class Drill:
         out.done_at = time.monotonic()
         return out
 
-    async def load(self, rate: float, seconds: float) -> list[Outcome]:
-        """Open-loop arrivals at `rate` per second for `seconds`, spread over both gateways."""
+    async def load(
+        self, rate: float, seconds: float, stop: asyncio.Event | None = None
+    ) -> list[Outcome]:
+        """Open-loop arrivals at `rate` per second for `seconds` (or until `stop` is set),
+        spread over both gateways."""
         tasks = []
         start = time.monotonic()
         n = int(rate * seconds)
         for k in range(n):
+            if stop is not None and stop.is_set():
+                break
             await asyncio.sleep(max(0.0, start + k / rate - time.monotonic()))
             tasks.append(asyncio.create_task(self.request()))
         return list(await asyncio.gather(*tasks))

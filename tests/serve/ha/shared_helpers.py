@@ -1,15 +1,18 @@
-"""Helpers of the shared-mode tests: routers over one slot table in Redis, and a Redis server
-that a test may kill, pause and restart on the same port (`conftest.redis_server` is one per
-session and never dies; this one is the drill's, `shared_drill.py`)."""
+"""Helpers of the shared-mode tests: routers over one slot table in Redis, the engines' loads
+they would read, and a Redis server that a test may kill, pause and restart on the same port
+(`conftest.redis_server` is one per session and never dies; this one is the drill's,
+`shared_drill.py`)."""
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from gpuplane.config import parse_settings
+from gpuplane.serve.ha.loads import Instance, Key
 from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
 from gpuplane.serve.router import ModelRouter
 from tests.serve.ha.conftest import REDIS, require
@@ -45,3 +48,22 @@ def killable_redis() -> Iterator[RedisProcess]:
     require(REDIS, "redis-server")
     with redis_process() as server:
         yield server
+
+
+@dataclass
+class Engines:
+    """What the instances' engines report: every lease the tables hold on each, as engines
+    running exactly the requests their gateways admitted (none in transit)."""
+
+    tables: list[RedisSlotTable] = field(default_factory=list)
+    reads: int = 0
+
+    async def read(self, instances: Sequence[Instance]) -> dict[Key, int | None]:
+        self.reads += 1
+        return {
+            (model, iid): sum(len(t._instances[model, iid].held) for t in self.tables)
+            for model, iid, _ in instances
+        }
+
+    async def aclose(self) -> None:
+        pass

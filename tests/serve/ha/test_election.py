@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,7 +99,8 @@ class Gateway:
             self.elected += 1
             assert self.election.epoch is not None
             self.election.rebuilt(self.election.epoch)
-        sim.at(sim.now + CFG.renew_s + self.delay(), self.claim)
+        next_at = self.election.next_claim_at(sent, CFG.renew_s)
+        sim.at(max(sim.now, next_at) + self.delay(), self.claim)
 
 
 def _starved(rng: random.Random) -> Callable[[], float]:
@@ -197,3 +199,31 @@ def test_the_epoch_grows_on_every_change_of_holder_and_an_older_write_is_refused
     check_epoch(r3.epoch, r3.epoch)
     with pytest.raises(Fenced, match=f"epoch {r.epoch} was refused"):
         check_epoch(r3.epoch, r.epoch)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_standby_claims_the_moment_a_dead_leaders_lease_runs_out(seed: int) -> None:
+    """Not on its next tick: it leads within a round trip of the dead leader's lease running
+    out by the store's clock (the ticks alone would add up to `renew_s`)."""
+    rng = random.Random(seed)
+    sim = Sim(rng, latency_s=0.02)
+    a = Gateway("a", sim, lambda: 0.0)
+    b = Gateway("b", sim, lambda: 0.0)
+    a.start()
+    sim.run(0.5, lambda: None)
+    b.start()
+    sim.run(3.0 + rng.random(), _never_two([a, b]))
+    a.paused_until = math.inf  # SIGKILL
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        _never_two([a, b])()
+        if sim.record is not None and sim.record.holder == "a":
+            seen["a_runs_out"] = sim.record.expires_at
+        if b.admits():
+            seen.setdefault("b_leads", sim.now)
+
+    sim.run(sim.now + 3 * CFG.lease_ttl_s, watch)
+    # the claim leaves when the answer's ttl is up, goes and comes back: three one-way trips of
+    # at most 0.75 of the latency each
+    assert seen["b_leads"] - seen["a_runs_out"] <= 3 * 0.75 * sim.latency_s

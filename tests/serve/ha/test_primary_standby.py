@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.sim import SimFleet, start_sim
@@ -193,3 +196,44 @@ async def test_a_standby_that_proxies_forwards_to_the_leader_once(
 
 async def _ready_at(client: httpx.AsyncClient, url: str) -> bool:
     return (await client.get(url + "/readyz")).status_code == 200
+
+
+async def test_metrics_and_status_show_each_gateways_role(fleet: SimFleet, tmp_path: Path) -> None:
+    settings = _settings(fleet.urls, tmp_path / "lease")
+    ha = settings.gateway.ha
+    gws = []
+    for gid in ("a", "b"):
+        cfg = settings.gateway.model_copy(update={"ha": ha.model_copy(update={"gateway_id": gid})})
+        gws.append(Gateway(settings.model_copy(update={"gateway": cfg})))
+    gw_a, gw_b = gws
+
+    async def status(url: str, *args: str) -> str:
+        cli = ["gateway", "status", "--gateway", url, *args]
+        result = await asyncio.to_thread(CliRunner().invoke, app, cli)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    async with AsyncExitStack() as stack:
+        url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
+        await _until(lambda: _ready_at(client, url_a))
+        url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
+        await _until(lambda: gw_b.state()["ha"]["leader"] is not None)
+        page_a = (await client.get(url_a + "/metrics")).text
+        page_b = (await client.get(url_b + "/metrics")).text
+        assert "gpuplane_ha_leader 1.0" in page_a
+        assert 'gpuplane_ha_leader_changes_total{change="elected"} 1.0' in page_a
+        assert f"gpuplane_ha_epoch {float(gw_a.state()['ha']['epoch'])}" in page_a
+        assert "gpuplane_ha_leader 0.0" in page_b
+        assert "gpuplane_ha_epoch 0.0" in page_b
+        head, row = (await status(url_b)).splitlines()[:2]
+        assert head.split()[:3] == ["HA", "MODE", "ROLE"]
+        assert row.split()[:3] == ["primary_standby", "standby", "-"]
+
+        await gw_a.step_down()
+        await _until(lambda: _ready_at(client, url_b), timeout_s=3.0)
+        page_a = (await client.get(url_a + "/metrics")).text
+        assert 'gpuplane_ha_leader_changes_total{change="lost"} 1.0' in page_a
+        assert "gpuplane_ha_leader 1.0" in (await client.get(url_b + "/metrics")).text
+        assert (await status(url_b)).splitlines()[1].split()[:2] == ["primary_standby", "leader"]
+        assert json.loads(await status(url_b, "-o", "json"))["ha"]["role"] == "leader"

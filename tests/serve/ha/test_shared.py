@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, generate_latest
 from redis.commands.core import AsyncScript
 
 from gpuplane.serve.errors import Rejected
+from gpuplane.serve.ha import metrics as ha_metrics
 from gpuplane.serve.ha.shared import RedisSlotTable, Share, load_scripts
 from gpuplane.serve.router import Admission, ModelRouter
 from tests.serve.ha.shared_helpers import (
     TTL_S,
+    Engines,
     killable_redis,
     options,
     prefix,
@@ -148,14 +152,36 @@ async def test_another_incarnation_is_refused(
 
 
 async def gateways(url: str, n: int, capacities: list[int], **kw: float) -> list[ModelRouter]:
-    """`n` gateways' routers of model m on one table, once all of them admit through Redis."""
+    """`n` gateways' routers of model m on one table, over engines that report what they hold,
+    once all of them admit through Redis and each counts every other for the local shares."""
     key = prefix()
-    tables = [RedisSlotTable(options(url, f"gw{i}", key, **kw)) for i in range(n)]
+    engines = Engines()
+    tables = [RedisSlotTable(options(url, f"gw{i}", key, **kw), loads=engines) for i in range(n)]
+    engines.tables = tables
     routers = [shared_router(t, capacities) for t in tables]
     for t in tables:
         await t.start()
-    await until(lambda: all(t.state is Share.SHARED for t in tables), 5 * TTL_S + 2)
+    ids = {t.options.gateway_id for t in tables}
+    await until(
+        lambda: all(t.state is Share.SHARED and set(t.members) == ids for t in tables),
+        5 * TTL_S + 2,
+    )
     return routers
+
+
+def bounds(routers: list[ModelRouter]) -> list[int | None]:
+    """Each gateway's bound on every instance: the least load it has read since Redis went."""
+    return [inst.bound for r in routers for inst in table(r)._instances.values()]
+
+
+def engine_load(routers: list[ModelRouter], instance: str = "http://i0") -> int:
+    """The instance's engine's load: the leases every gateway holds on it."""
+    return sum(
+        len(inst.held)
+        for r in routers
+        for (_, iid), inst in table(r)._instances.items()
+        if iid == instance
+    )
 
 
 def table(router: ModelRouter) -> RedisSlotTable:
@@ -232,44 +258,60 @@ async def test_leases_of_long_generations_are_renewed_and_a_dead_gateways_expire
     await stop([a, b], [*held, (b, got)])
 
 
+async def take_all(router: ModelRouter, timeout_s: float = 0.1) -> list[Admission]:
+    """Every slot the router admits now, until it refuses."""
+    taken = []
+    while True:
+        try:
+            taken.append(await router.acquire({}, timeout_s=timeout_s))
+        except Rejected:
+            return taken
+
+
 async def test_redis_down_fails_closed_to_local_shares() -> None:
     with killable_redis() as server:
         routers = await gateways(server.url, 2, [3, 3])
         server.kill()
         await until(lambda: all(table(r).state is Share.LOCAL for r in routers), 2.0)
-        held: list[tuple[ModelRouter, Admission]] = []
-        for router in routers:  # each admits its share of each instance, no more
-            while True:
-                try:
-                    held.append((router, await router.acquire({}, timeout_s=0.1)))
-                except Rejected:
-                    break
+        await until(lambda: bounds(routers) == [0] * 4, 2.0)  # each has seen the engines idle
+        # each admits its share of each instance, no more: 3 // 2, the remainder unused
+        held = [(r, a) for r in routers for a in await take_all(r, timeout_s=1.0)]
         per_instance = [sum(a.lease.instance_id == f"http://i{i}" for _, a in held) for i in (0, 1)]
-        assert per_instance == [3, 3]
-        shares = sorted(sum(r is router for r, _ in held) for router in routers)
-        assert shares == [3, 3]  # 3 // 2 each, the remainder to a different gateway per instance
+        assert per_instance == [2, 2]
+        assert sorted(sum(r is router for r, _ in held) for router in routers) == [2, 2]
         await stop(routers, held)
 
 
-async def test_redis_down_counts_what_a_gateway_held_beyond_its_share() -> None:
+async def test_redis_lost_right_after_another_gateway_filled_up_never_over_admits() -> None:
+    """The drills' over-admission: b fills the instance after a's last look at the table, then
+    Redis goes. a's stale view says 2 are free; the engine says none is."""
     with killable_redis() as server:
         a, b = await gateways(server.url, 2, [4])
-        held = [(a, await a.acquire({})) for _ in range(4)]  # a holds the whole instance
-        await asyncio.sleep(0.2)  # b has looked since
+        held = [(a, await a.acquire({})), (b, await b.acquire({}))]
+        await until(lambda: table(a)._instances["m", "http://i0"].seen == 2, 2.0)
+        loop = table(a)._loop
+        assert loop is not None
+        loop.cancel()  # a looks no more
+        held += [(b, await b.acquire({})), (b, await b.acquire({}))]  # b holds 3 of 4, past its 2
         server.kill()
-        await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
-        with pytest.raises(Rejected):  # b's share (2) is taken by a's two beyond its own
-            await b.acquire({}, timeout_s=0.1)
-        for _ in range(2):  # a drains down to its share, and admits again only below it
-            router, admission = held.pop()
-            router.finish(admission)
-        with pytest.raises(Rejected):
+        await until(lambda: table(b).state is Share.LOCAL, 2.0)
+        with pytest.raises(Rejected):  # a finds Redis gone as it asks
             await a.acquire({}, timeout_s=0.1)
-        router, admission = held.pop()
-        router.finish(admission)
-        held.append((a, await a.acquire({}, timeout_s=0.1)))
-        with pytest.raises(Rejected):
-            await b.acquire({}, timeout_s=0.1)
+        assert table(a).state is Share.LOCAL
+        await asyncio.sleep(table(a).settle_s)
+        await table(a).sync()  # a reads the engine: 4 running
+        for router in (a, b):
+            with pytest.raises(Rejected):
+                await router.acquire({}, timeout_s=0.1)
+        assert engine_load([a, b]) == 4
+        for router, admission in [h for h in held if h[0] is b]:  # b's requests end
+            router.finish(admission)
+        held = [h for h in held if h[0] is a]
+        await table(a).sync()  # the engine runs a's 1: neither holds more than 1 past its share
+        more = [(r, x) for r in (a, b) for x in await take_all(r, timeout_s=1.0)]
+        assert sorted(r is a for r, _ in more) == [False]  # b takes 1 of its 2, a none
+        held += more
+        assert engine_load([a, b]) == 2
         await stop([a, b], held)
 
 
@@ -278,7 +320,8 @@ async def test_resync_holds_room_for_a_gateway_that_has_not_registered_again() -
         a, b = await gateways(server.url, 2, [4])
         server.kill()
         await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
-        held = [(r, await r.acquire({}, timeout_s=0.1)) for r in (a, a, b, b)]  # 2 shares of 2
+        await until(lambda: bounds([a, b]) == [0, 0], 2.0)
+        held = [(r, await r.acquire({}, timeout_s=1.0)) for r in (a, a, b, b)]  # 2 shares of 2
         loop = table(b)._loop
         assert loop is not None
         loop.cancel()  # b does not see Redis return: its two leases stay unregistered
@@ -295,23 +338,24 @@ async def test_resync_after_redis_lost_its_data_counts_every_lease_once() -> Non
         a, b = await gateways(server.url, 2, [4])
         held = [(a, await a.acquire({})), (a, await a.acquire({})), (b, await b.acquire({}))]
         server.kill()  # its data is gone
-        await until(lambda: table(a).state is Share.LOCAL, 2.0)
-        with pytest.raises(Rejected):  # a holds its share (2) already
-            await a.acquire({}, timeout_s=0.1)
-        held.append((b, await b.acquire({})))  # b had 1 of its 2
+        await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
+        await until(lambda: bounds([a, b]) == [3, 3], 2.0)
+        for router in (a, b):  # with 3 running, either may be the one past its share
+            with pytest.raises(Rejected):
+                await router.acquire({}, timeout_s=0.1)
         server.start()
         await until(lambda: table(a).state is Share.RESYNC and table(b).state is Share.RESYNC, 3)
         # re-syncing: both registered again, exactly once each; nobody admits past the total
         await until(lambda: table(a)._synced and table(b)._synced, 3)
-        assert await in_redis(server.url, a) == 4
+        assert await in_redis(server.url, a) == 3
         for router in (a, b):
             with pytest.raises(Rejected):
                 await router.acquire({}, timeout_s=0.1)
         await until(lambda: table(a).state is Share.SHARED, 5 * TTL_S + 2)
-        assert await in_redis(server.url, a) == 4
-        router, admission = held.pop(0)
-        router.finish(admission)
-        held.append((b, await b.acquire({}, timeout_s=2)))  # the freed slot, from b
+        assert await in_redis(server.url, a) == 3
+        held.append((b, await b.acquire({}, timeout_s=2)))  # Redis decides alone again
+        with pytest.raises(Rejected):
+            await a.acquire({}, timeout_s=0.1)
         assert await in_redis(server.url, a) == 4
         await stop([a, b], held)
 
@@ -319,17 +363,57 @@ async def test_resync_after_redis_lost_its_data_counts_every_lease_once() -> Non
 async def test_resync_after_redis_paused_keeps_the_same_leases() -> None:
     with killable_redis() as server:
         a, b = await gateways(server.url, 2, [4])
-        held = [(a, await a.acquire({})), (b, await b.acquire({}))]
+        held = [(a, await a.acquire({}))]
         server.pause()  # calls time out; what Redis holds stays
         await until(lambda: all(table(r).state is Share.LOCAL for r in (a, b)), 2.0)
-        held.append((a, await a.acquire({})))  # a's share is 2: it had 1
-        server.resume()
-        await until(lambda: all(table(r).state is Share.SHARED for r in (a, b)), 5 * TTL_S + 2)
-        assert await in_redis(server.url, a) == 3  # the two from before once, the new one too
-        held.append((b, await b.acquire({}, timeout_s=1)))
+        # the engine runs 1: each may hold its share (2) less 1
+        held.append((b, await b.acquire({}, timeout_s=2)))
         with pytest.raises(Rejected):
             await a.acquire({}, timeout_s=0.1)
+        server.resume()
+        await until(lambda: all(table(r).state is Share.SHARED for r in (a, b)), 5 * TTL_S + 2)
+        assert await in_redis(server.url, a) == 2  # the one from before once, the new one too
+        held += [(a, await a.acquire({}, timeout_s=1)), (a, await a.acquire({}, timeout_s=1))]
+        with pytest.raises(Rejected):
+            await b.acquire({}, timeout_s=0.1)
         await stop([a, b], held)
+
+
+async def test_a_gateway_back_from_a_blip_in_which_it_admitted_nothing_disturbs_no_other(
+    redis_server: str,
+) -> None:
+    a, b = await gateways(redis_server, 2, [2])
+    held = [(a, await a.acquire({}))]
+    incarnation = table(b).incarnation
+    table(a)._unreachable(OSError("a timeout under load"))  # as if one call had timed out
+    assert table(a).state is Share.LOCAL
+    await until(lambda: table(a).state is Share.SHARED, 5 * TTL_S + 2)
+    assert table(b).incarnation == incarnation  # b went on admitting through Redis throughout
+    assert table(b).entered[Share.RESYNC] == 1  # only when it started
+    assert await in_redis(redis_server, a) == 1
+    await stop([a, b], held)
+
+
+async def test_metrics_and_state_show_how_the_gateway_admits_and_redis_round_trips() -> None:
+    with killable_redis() as server:
+        routers = await gateways(server.url, 2, [2])
+        registry = CollectorRegistry()
+        ha_metrics.register(registry, None, table(routers[0]))
+        held = [(routers[0], await routers[0].acquire({}))]
+        page = generate_latest(registry).decode()
+        assert 'gpuplane_ha_shared_state{state="shared"} 1.0' in page
+        trips = re.search(r"gpuplane_ha_redis_round_trip_seconds_count ([0-9.]+)", page)
+        assert trips is not None
+        assert float(trips[1]) >= 1  # the acquire, and the heartbeats since
+        server.kill()
+        await until(lambda: table(routers[0]).state is Share.LOCAL, 2.0)
+        page = generate_latest(registry).decode()
+        assert 'gpuplane_ha_shared_state{state="local"} 1.0' in page
+        assert 'gpuplane_ha_shared_state{state="shared"} 0.0' in page
+        assert 'gpuplane_ha_shared_state_changes_total{state="local"} 1.0' in page
+        report = table(routers[0]).report()
+        assert (report["mode"], report["role"], report["gateway_id"]) == ("shared", "local", "gw0")
+        await stop(routers, held)
 
 
 async def test_a_process_under_a_newer_epoch_fences_the_old_one(redis_server: str) -> None:
@@ -342,6 +426,7 @@ async def test_a_process_under_a_newer_epoch_fences_the_old_one(redis_server: st
     new = RedisSlotTable(options(redis_server, "gw", key))  # the same gateway id, restarted
     await new.start()
     await until(lambda: old.state is Share.FENCED, 2.0)
+    assert old.fenced_writes >= 1  # on /metrics as gpuplane_ha_fenced_writes_total
     with pytest.raises(Rejected):
         await router.acquire({}, timeout_s=0.1)
     router.finish(admission)

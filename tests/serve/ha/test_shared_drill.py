@@ -1,8 +1,8 @@
-"""The multi-active drill, bounded: 3 gateway processes in mode shared over 8 simulated
-instances of capacity 4, 1,500 streamed requests, random SIGKILLs and restarts of gateways. The
-engines' own counts are the truth. (Redis killed mid-run is in the benchmark: there, gateways
-can still over-admit by one slot, see benchmarks/gateway_shared.py; the fail-closed and re-sync
-rules are tested scenario by scenario in test_shared.py.)"""
+"""The multi-active drills, bounded: 3 gateway processes in mode shared over 8 simulated
+instances of capacity 4, 1,500 streamed requests, with random SIGKILLs and restarts of
+gateways, or with Redis SIGKILLed (its data lost) at a third of the run and started again 1 s
+later. The engines' own counts are the truth. (The fail-closed and re-sync rules are tested
+scenario by scenario in test_shared.py.)"""
 
 from __future__ import annotations
 
@@ -22,3 +22,13 @@ async def test_gateways_killed_and_restarted_never_over_admit_nor_leak() -> None
     assert max(result["max_running_seen"]) == 4
     assert result["leases_in_redis_after_one_ttl"] == 0
     assert result["ok"] >= 0.9 * result["requests"]  # what fails was on a killed gateway
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_redis_killed_mid_run_never_runs_an_engine_past_its_capacity(seed: int) -> None:
+    with killable_redis() as redis:
+        result = await drill(Drill(requests=1_500, kills=0, seed=seed), redis)
+    assert result["redis_killed"]
+    assert max(result["max_in_flight_seen"]) <= 4, result["over_capacity_at"]
+    assert result["leases_in_redis_after_one_ttl"] == 0
+    assert result["failed"] == 0  # fail closed: requests wait in the gateways' queues

@@ -1,12 +1,13 @@
 """Primary/standby for one gateway process: the lease loop, and what a change of role does.
 
-Every `renew_s` the loop claims the leader lease. A standby keeps probing its instances (the
-gateway's prober runs in every role) and admits nothing: `refusal()` tells the routers why,
-so a request gets 503 with `Retry-After`. On winning the lease it rebuilds before admitting:
-the previous leader's journal and each engine's running count (`rebuild.py`) become slots held
-by others; only then does `/readyz` answer 200. While it leads it writes its journal after each
-renewal and lowers the inherited slots as the engines finish them. It stops admitting on its
-own at the election's deadline, and when the store refuses a write as fenced.
+Every `renew_s` the loop claims the leader lease, and a standby also the moment the leader's
+lease runs out by the store's clock (`Election.next_claim_at`). A standby keeps probing its
+instances (the gateway's prober runs in every role) and admits nothing: `refusal()` tells the
+routers why, so a request gets 503 with `Retry-After`. On winning the lease it rebuilds before
+admitting: the previous leader's journal and each engine's running count (`rebuild.py`) become
+slots held by others; only then does `/readyz` answer 200. While it leads it writes its journal
+after each renewal and lowers the inherited slots as the engines finish them. It stops
+admitting on its own at the election's deadline, and when the store refuses a write as fenced.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuplane.serve.engines.base import EngineAdapter
 from gpuplane.serve.errors import Rejection
 from gpuplane.serve.ha.forward import FORWARDED, ForwardToLeader
 from gpuplane.serve.ha.lease import Change, Election, Fenced, NotAdmitting, StoreUnavailable
+from gpuplane.serve.ha.loads import EngineLoads, Key
 from gpuplane.serve.ha.rebuild import (
     Counts,
     decode_journal,
@@ -72,7 +74,6 @@ class Leadership:
     ) -> None:
         self.cfg = cfg
         self.routers = routers
-        self.adapters = adapters
         self.store = store or make_store(cfg)
         self.clock = clock
         self.holder = holder_name(cfg)
@@ -80,7 +81,7 @@ class Leadership:
         self.election = Election(self.holder, cfg.stop_margin_s)
         self.stats = HaStats()
         self.inherited: Counts = {}
-        self._metrics = httpx.AsyncClient(timeout=metrics_timeout_s)
+        self.loads = EngineLoads(adapters, metrics_timeout_s)
         # a standby's client to the leader, when it forwards (gateway.ha.proxy_to_leader)
         self.forwarder = (
             httpx.AsyncClient(timeout=forward_timeout or httpx.Timeout(600.0, connect=5.0))
@@ -128,6 +129,7 @@ class Leadership:
         why = self.election.can_admit(now)
         leader = self.election.leader
         return {
+            "mode": "primary_standby",
             "role": "leader" if why is None else why.value,
             "holder": self.holder,
             "epoch": self.election.epoch,
@@ -168,7 +170,7 @@ class Leadership:
         for router in self.routers.values():
             for inst in router.instances:
                 router.set_others(inst.id, 0)
-        await self._metrics.aclose()
+        await self.loads.aclose()
         if self.forwarder is not None:
             await self.forwarder.aclose()
         await self.store.aclose()
@@ -179,7 +181,8 @@ class Leadership:
         while True:
             began = self.clock()
             await self.tick()
-            await asyncio.sleep(max(0.0, self.cfg.renew_s - (self.clock() - began)))
+            next_at = self.election.next_claim_at(began, self.cfg.renew_s)
+            await asyncio.sleep(max(0.0, next_at - self.clock()))
 
     async def tick(self) -> None:
         """One claim and what follows from its answer (the loop calls it every `renew_s`)."""
@@ -273,31 +276,16 @@ class Leadership:
             else:
                 del self.inherited[key]
 
-    async def _running(
-        self, only: set[tuple[str, str]] | None = None
-    ) -> dict[tuple[str, str], int | None]:
-        """Requests each engine holds (running + waiting) from its metrics; None when it does
-        not say (no such metric, no answer)."""
-        keys = [
-            (model, inst.id, inst.url)
-            for model, router in self.routers.items()
-            for inst in router.instances
-            if only is None or (model, inst.id) in only
-        ]
-        loads = await asyncio.gather(*(self._load(model, url) for model, _, url in keys))
-        return {(model, iid): n for (model, iid, _), n in zip(keys, loads, strict=True)}
-
-    async def _load(self, model: str, url: str) -> int | None:
-        adapter = self.adapters[model]
-        try:
-            resp = await self._metrics.get(url + adapter.metrics_path)
-            resp.raise_for_status()
-            load = adapter.parse_load(resp.text)
-        except (httpx.HTTPError, ValueError):
-            return None
-        if load.running is None:
-            return None
-        return load.running + (load.waiting or 0)
+    async def _running(self, only: set[Key] | None = None) -> dict[Key, int | None]:
+        """Requests each engine holds (running + waiting); None when it does not say."""
+        return await self.loads.read(
+            [
+                (model, inst.id, inst.url)
+                for model, router in self.routers.items()
+                for inst in router.instances
+                if only is None or (model, inst.id) in only
+            ]
+        )
 
     def _arm_watchdog(self) -> None:
         """Act on the deadline when it passes, even if the store has not answered by then."""

@@ -117,6 +117,9 @@ class Election:
     deadline: float = -math.inf  # local time this gateway stops admitting unless renewed
     rebuilt_epoch: int | None = None
     leader: LeaderLease | None = None  # the latest lease the store answered
+    # local time another holder's lease has run out by, at the latest (its ttl counted from
+    # when the answer arrived, which is after the store counted it)
+    leader_until: float = -math.inf
 
     def leading(self, now: float) -> bool:
         return self.epoch is not None and now < self.deadline
@@ -133,7 +136,7 @@ class Election:
         """The store answered a claim sent at `sent_at` with `lease` (None: no answer)."""
         if lease is None:  # nothing learnt: lead on until the deadline at most
             return self.expire(now)
-        self.leader = lease
+        self.leader, self.leader_until = lease, now + lease.ttl_s
         if lease.holder == self.holder:
             deadline = sent_at + lease.ttl_s - self.stop_margin_s
             if now < deadline:
@@ -144,6 +147,15 @@ class Election:
         lost = self.epoch is not None
         self.epoch, self.deadline = None, -math.inf
         return Change.LOST if lost else Change.NONE
+
+    def next_claim_at(self, sent_at: float, renew_s: float) -> float:
+        """When to claim next after the claim sent at `sent_at`: `renew_s` later, and a standby
+        no later than the moment the leader's lease runs out by the store's clock, so that it
+        takes over then rather than on its next tick (a claim there never comes early: the
+        lease is counted from when its answer arrived)."""
+        if self.leader is None or self.leader.holder == self.holder:
+            return sent_at + renew_s
+        return min(sent_at + renew_s, self.leader_until)
 
     def expire(self, now: float) -> Change:
         """Past the deadline with no renewal: this gateway no longer leads (idempotent)."""

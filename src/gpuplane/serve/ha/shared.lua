@@ -74,7 +74,8 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
 -- KEYS: incarnation, its birth (server ms), live gateways (sorted set gateway -> expiry), their
 -- incarnations (hash)
 -- ARGV: gateway, ttl_ms, synced incarnation, fresh incarnation, '1' to start a new one
--- Answers {incarnation, its age in ms, n, the n live gateways, then those synced to it}
+-- Answers {incarnation, its age in ms, the server's time in ms, n, the n live gateways, then
+-- those synced to it}
 local now = now_ms()
 if ARGV[5] == '1' or not redis.call('GET', KEYS[1]) then
   redis.call('SET', KEYS[1], ARGV[4])
@@ -89,7 +90,7 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
   redis.call('HDEL', KEYS[4], gone)
 end
 local live = redis.call('ZRANGE', KEYS[3], 0, -1)
-local answer = {incarnation, now - born, #live}
+local answer = {incarnation, now - born, now, #live}
 for _, gateway in ipairs(live) do answer[#answer + 1] = gateway end
 for _, gateway in ipairs(live) do
   if redis.call('HGET', KEYS[4], gateway) == incarnation then answer[#answer + 1] = gateway end

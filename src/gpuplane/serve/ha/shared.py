@@ -12,13 +12,42 @@ gateway, and a request asks Redis only for the instance placement chose (`commit
 queue stays per gateway: tenants are served fairly among the requests that reached the same
 gateway, and a freed slot goes to whichever gateway asks first.
 
-When Redis is unreachable the table fails closed: each gateway admits on its local share of
-every instance (`local_share`: capacity // live gateways, the remainder spread by rank), counting
-the leases it already holds. On its return the gateway starts a new incarnation of the table, so
-every gateway registers its leases again (the same ids: nothing is counted twice); until all the
-live gateways have, and for one TTL (every live one has sent a heartbeat by then), admissions
-need both Redis and the local share. Limit: a gateway cut off from Redis while the others still
-reach it may exceed its share's worth of what the others admit, for as long as the cut lasts.
+**Without Redis** (unreachable: LOCAL; back, but not every live gateway has registered its
+leases again: RESYNC) a gateway fails closed. It admits on an instance only while the leases it
+holds there are fewer than `share - bound`:
+
+- `share` = capacity // the live gateways when the table was last whole (`local_share`; 0 for
+  a gateway that joined less than `sync_s + timeout_s` before, which some may not have counted);
+- `bound` = the least load (running + waiting) the instance's engine has reported since this
+  gateway left the shared table, counting only readings taken `sync_s + timeout_s` after it
+  left (`settle_s`); before the first, nothing is admitted; an engine that reports no load
+  keeps its instance closed until Redis is back.
+
+Why that never runs an engine past its capacity C, when Redis is lost at t0: every lease held
+at t0 was granted by Redis, so they number at most C; call Q_g(t) those of gateway g still
+running at t, and e_g(t) = max(0, Q_g(t) - share_g) its excess. Q_g only falls, so e_g does
+too. (1) A gateway that has admitted since t0 holds at most its current `share - bound`: it
+admitted only below it and `bound` only falls; so it runs at most max(share_g - bound_g, Q_g).
+(2) A reading E at t ≥ t0 + settle counts every request admitted before t0 that still runs
+(assumption: an admitted request reaches its engine within `sync_s + timeout_s`), so E ≥ Σ Q_g(t)
+≥ Σ e_g(t) ≥ Σ e_g(t') for every t' ≥ t. (3) The shares sum to at most C: each gateway that
+takes one counted every gateway that takes one (the age rule), and floor(C / n) falls as n
+grows. Now let A be the gateways running more than their pre-t0 leases. If A is empty the
+engine runs at most Σ Q_g ≤ C. Otherwise each g in A has Q_g ≤ share_g - bound_g ≤ share_g (no
+excess) and runs at most share_g - bound_g ≤ share_g - Σ e; every other runs Q_g ≤ share_g +
+e_g; the total is at most Σ share - |A| Σ e + Σ e ≤ C.
+
+When Redis returns, a gateway that admitted while it was out (or finds that Redis lost its
+data) starts a new incarnation of the table, so every gateway registers its leases again (the
+same ids: nothing is counted twice); one that admitted nothing (a blip) only re-syncs itself.
+Until all the live ones have, and for one TTL (every live one has sent a heartbeat by then), an
+admission needs both the rule above and Redis; then Redis counts every lease, and decides alone
+again.
+
+Limit: a gateway cut off from Redis while the others still reach it (a partition) admits on its
+share while the others, seeing its heartbeat and leases expire after one TTL, admit the whole
+capacity: an engine may then run up to that gateway's share over its capacity, for as long as
+the cut lasts. Only the engines see both sides; shared-mode admission does not read them.
 """
 
 from __future__ import annotations
@@ -27,6 +56,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +69,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
+from gpuplane.serve.ha.loads import LoadReader
 from gpuplane.serve.slots import Lease, SlotTable
 
 log = logging.getLogger("gpuplane.gateway")
@@ -52,24 +83,18 @@ class Share(StrEnum):
     """How this gateway admits now."""
 
     SHARED = "shared"  # Redis decides every admission
-    RESYNC = "resync"  # Redis is back: leases are registered again; Redis and the local share
-    LOCAL = "local"  # Redis is unreachable: the local share alone (fail closed)
+    RESYNC = "resync"  # Redis is back: leases are registered again; Redis and the allowance
+    LOCAL = "local"  # Redis is unreachable: the local allowance alone (fail closed)
     FENCED = "fenced"  # a newer process runs under this gateway id: admits nothing
 
 
-def local_share(capacity: int, gateways: Sequence[str], me: str, offset: int) -> int:
-    """This gateway's part of an instance's `capacity` while the table is unreachable: the
-    same cut every gateway makes from the same list, summing to exactly `capacity`.
-
-    `capacity // len(gateways)` each, and one more to the `capacity % len(gateways)` gateways
-    after `offset` in id order (`offset`: the instance's index, so that with fewer slots than
-    gateways each gateway gets some instance); 0 for a gateway not in the list (one that never
-    reached Redis does not know who else admits)."""
-    if me not in gateways:
-        return 0
-    ranked = sorted(gateways)
-    base, extra = divmod(capacity, len(ranked))
-    return base + ((ranked.index(me) - offset) % len(ranked) < extra)
+def local_share(capacity: int, gateways: Sequence[str], me: str) -> int:
+    """This gateway's part of an instance's `capacity` while the table is not whole:
+    `capacity // len(gateways)`, and 0 for a gateway not in the list (one that never reached
+    Redis, or joined too recently to be counted by all). The remainder is left unused: a share
+    that only falls as the list grows keeps the sum within `capacity` even when the gateways'
+    lists differ by a gateway that has just joined or died."""
+    return capacity // len(gateways) if me in gateways else 0
 
 
 def load_scripts() -> dict[str, str]:
@@ -111,15 +136,15 @@ class SharedRouter(Protocol):
 class _Instance:
     router: SharedRouter
     id: str
+    url: str
     key: str
     capacity: int
-    offset: int
     held: set[str] = field(default_factory=set)  # this gateway's leases (their ids in Redis)
+    pending: int = 0  # acquires sent to Redis and not yet answered
     seen: int = 0  # the set's size, as last answered
-    by_gateway: Counter[str] = field(default_factory=Counter)  # its leases per gateway, then
-    # `by_gateway` when the table was last whole: until it is again, a gateway that has not yet
-    # registered its leases anew (Redis lost them) is counted as holding at least those
-    before: Counter[str] = field(default_factory=Counter)
+    # the least load its engine reported since the table stopped being whole (None: no
+    # reading yet): the most the other gateways can hold beyond their shares from then on
+    bound: int | None = None
 
 
 class RedisSlotTable:
@@ -129,8 +154,14 @@ class RedisSlotTable:
     once per lease on every path (idempotent, never fails, never waits). `start` before the
     first request; `stop` at shutdown."""
 
-    def __init__(self, options: SharedOptions, client: aioredis.Redis | None = None) -> None:
+    def __init__(
+        self,
+        options: SharedOptions,
+        client: aioredis.Redis | None = None,
+        loads: LoadReader | None = None,
+    ) -> None:
         self.options = options
+        self.loads = loads  # the engines' own counts (None: none is read, no local admission)
         self.client = client or aioredis.from_url(
             options.url,
             socket_timeout=options.timeout_s,
@@ -149,9 +180,13 @@ class RedisSlotTable:
         self.state = Share.LOCAL  # until the first heartbeat: no membership, a share of 0
         self.epoch = 0
         self.gateways: tuple[str, ...] = ()  # live now, as the last heartbeat answered
-        # the live gateways while the table was last whole: the shares are cut among these, the
-        # same cut every gateway makes after an outage
+        # the live gateways while the table was last whole (without this one while it is too
+        # new to be counted by all): the shares are cut among these
         self.members: tuple[str, ...] = ()
+        self._joined_ms: int | None = None  # Redis time of this process's first heartbeat
+        self._beat_ms = 0  # and of its latest
+        self._left_at = 0.0  # loop time the table last stopped being whole
+        self._took_locally = False  # admitted while Redis was unreachable, since last back
         self._synced_with: frozenset[str] = frozenset()  # live ones registered anew
         self.incarnation = ""  # the one this gateway's leases are registered under
         self._synced = False
@@ -160,6 +195,11 @@ class RedisSlotTable:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._renewed_at = 0.0
+        # for /metrics: times each state was entered, refusals for an older epoch, and a hook
+        # that gets the seconds of each acquire and heartbeat
+        self.entered: Counter[Share] = Counter()
+        self.fenced_writes = 0
+        self.on_round_trip: Callable[[float], None] = lambda seconds: None
 
     @property
     def _ttl_ms(self) -> int:
@@ -167,10 +207,10 @@ class RedisSlotTable:
 
     def attach(self, router: SharedRouter) -> None:
         """Count the router's instances in this table (the router calls it when made)."""
-        for offset, inst in enumerate(router.slots.instances):
+        for inst in router.slots.instances:
             key = f"{self.options.prefix}:slots:{router.name}:{inst.id}"
             self._instances[router.name, inst.id] = _Instance(
-                router, inst.id, key, inst.capacity, offset
+                router, inst.id, inst.url, key, inst.capacity
             )
         self._show_all()
 
@@ -178,32 +218,40 @@ class RedisSlotTable:
 
     async def commit(self, model: str, lease: Lease) -> bool:
         """Is the slot the router's view granted `lease` free in the shared table (and within
-        this gateway's local share while the table is not whole)? True: the lease is held."""
+        this gateway's local allowance while the table is not whole)? True: the lease is held."""
         inst = self._instances[model, lease.instance_id]
         lease_id = self._lease_id(lease)
-        if self.state is Share.LOCAL or self.state is Share.FENCED:
+        if self.state is not Share.SHARED and self.state is not Share.RESYNC:
             return self._take_locally(inst, lease_id)
-        capacity = inst.capacity - self._unregistered(inst)
+        if self.state is Share.RESYNC and not self._within_allowance(inst):
+            self._show(inst)
+            return False
         keys = [self._keys["incarnation"], self._keys["epochs"], inst.key]
         args: list[str | int] = [self.incarnation, self.options.gateway_id, self.epoch]
+        inst.pending += 1
         try:
             status, _, *holders = await self._once_more(
-                lambda: self._scripts["acquire"](keys, [*args, lease_id, capacity, self._ttl_ms])
+                lambda: self._timed("acquire", keys, [*args, lease_id, inst.capacity, self._ttl_ms])
             )
         except _UNREACHABLE as exc:
+            inst.pending -= 1
             self._unreachable(exc)
             self._unreleased.add((inst.key, lease_id))  # it may have landed before the error
             return self._take_locally(inst, lease_id)
         except asyncio.CancelledError:  # the caller left; the script may have run
+            inst.pending -= 1
             self._forget(inst, lease_id)
             raise
+        inst.pending -= 1
         if status == -3:
             self._fence()
         elif status == -2:
-            self._set_state(Share.RESYNC)
-            return self._take_locally(inst, lease_id)
+            self._set_state(Share.RESYNC)  # the acquire did not land
+            return False
         self._observe(inst, holders)
         if status == 1 and (self.state is Share.SHARED or self.state is Share.RESYNC):
+            # granted by Redis in the incarnation it named (held before the table stopped being
+            # whole, or within the allowance checked above)
             inst.held.add(lease_id)
             self._show(inst)
             return True
@@ -219,13 +267,13 @@ class RedisSlotTable:
         if lease_id in inst.held:
             inst.held.discard(lease_id)
             inst.seen = max(0, inst.seen - 1)
-            inst.by_gateway[self.options.gateway_id] -= 1
             self._forget(inst, lease_id)
 
     def _take_locally(self, inst: _Instance, lease_id: str) -> bool:
-        """Admit on the local share alone (registered in Redis on its return)."""
-        if len(inst.held) < self._allowance(inst):
+        """Admit on the local allowance alone (registered in Redis on its return)."""
+        if self._within_allowance(inst):
             inst.held.add(lease_id)
+            self._took_locally = self._took_locally or self.state is Share.LOCAL
             self._unreleased.discard((inst.key, lease_id))
             return True
         self._show(inst)
@@ -251,49 +299,27 @@ class RedisSlotTable:
 
     def _allowance(self, inst: _Instance) -> int:
         """How many leases this gateway may hold on the instance while the table is not whole:
-        its local share, less what the other gateways held beyond theirs when it last looked
-        (they only drain those, and admit again only within their own shares; a gateway that
-        is not live has a share of 0)."""
-        if self.state is Share.FENCED:
+        its local share less the most the others may hold beyond theirs (see the module)."""
+        if self.state is Share.FENCED or inst.bound is None:
             return 0
-        me, live = self.options.gateway_id, self.members
-        beyond = sum(
-            max(0, n - local_share(inst.capacity, live, gateway, inst.offset))
-            for gateway, n in (inst.by_gateway | inst.before).items()
-            if gateway != me
-        )
-        return max(0, local_share(inst.capacity, live, me, inst.offset) - beyond)
+        share = local_share(inst.capacity, self.members, self.options.gateway_id)
+        return max(0, share - inst.bound)
 
-    def _unregistered(self, inst: _Instance) -> int:
-        """While re-syncing: the most leases on the instance that gateways which have not yet
-        registered theirs anew may hold beyond what Redis shows of them (what they held when
-        the table was last whole, or their local share if more: they may have admitted on it)."""
-        if self.state is not Share.RESYNC:
-            return 0
-        me, members = self.options.gateway_id, self.members
-        suspects = set(members) | set(inst.before) | set(self.gateways)
-        return sum(
-            max(
-                0,
-                max(inst.before[g], local_share(inst.capacity, members, g, inst.offset))
-                - inst.by_gateway[g],
-            )
-            for g in suspects - self._synced_with - {me}
-        )
+    def _within_allowance(self, inst: _Instance) -> bool:
+        """May one more lease be taken on the instance without Redis's word alone?"""
+        return len(inst.held) + inst.pending < self._allowance(inst)
 
     def _observe(self, inst: _Instance, holders: Sequence[bytes]) -> None:
         """The instance's set holds these lease ids now."""
         inst.seen = len(holders)
-        inst.by_gateway = Counter(lease.rsplit(b"|", 2)[0].decode() for lease in holders)
 
     def _others(self, inst: _Instance) -> int:
         """Slots of the instance this gateway may not take, beyond its own leases."""
         shared = max(0, inst.seen - len(inst.held))
         if self.state is Share.SHARED:
             return shared
-        if self.state is Share.RESYNC:
-            return shared + self._unregistered(inst)
-        return inst.capacity - self._allowance(inst)
+        local = inst.capacity - self._allowance(inst)
+        return max(shared, local) if self.state is Share.RESYNC else local
 
     def _show(self, inst: _Instance) -> None:
         inst.router.set_others(inst.id, self._others(inst))
@@ -306,13 +332,13 @@ class RedisSlotTable:
         if self.state is Share.FENCED or state is self.state:
             return
         log.warning("shared slot table: %s -> %s", self.state.value, state.value)
+        self.entered[state] += 1
         if state is not Share.SHARED:
             self._synced = False
-        for inst in self._instances.values():  # what the others held when it was last whole
-            if self.state is Share.SHARED:
-                inst.before = inst.by_gateway.copy()
-            elif state is Share.SHARED:
-                inst.before = Counter()
+        if self.state is Share.SHARED:  # the engines' readings from now on decide
+            self._left_at = asyncio.get_running_loop().time()
+            for inst in self._instances.values():
+                inst.bound = None
         self.state = state
         self._show_all()
 
@@ -327,6 +353,9 @@ class RedisSlotTable:
         self._set_state(Share.LOCAL)
 
     def _fence(self) -> None:
+        self.fenced_writes += 1
+        if self.state is not Share.FENCED:
+            self.entered[Share.FENCED] += 1
         log.error(
             "another gateway process runs under the id '%s' with a newer epoch; this one "
             "admits nothing: give every gateway its own gateway.ha.gateway_id",
@@ -337,6 +366,18 @@ class RedisSlotTable:
 
     def _lease_id(self, lease: Lease) -> str:
         return f"{self.options.gateway_id}|{self.epoch}|{lease.id}"
+
+    def report(self) -> dict[str, object]:
+        """`/admin/state`'s `ha` part."""
+        return {
+            "mode": "shared",
+            "role": self.state.value,
+            "gateway_id": self.options.gateway_id,
+            "epoch": self.epoch,
+            "gateways": list(self.gateways),
+            "members": list(self.members),
+            "fenced_writes": self.fenced_writes,
+        }
 
     # -- the background sync ----------------------------------------------------------------
 
@@ -355,6 +396,8 @@ class RedisSlotTable:
                 [self._keys["live"], self._keys["synced"]], [self.options.gateway_id]
             )
         await self.client.aclose()
+        if self.loads is not None:
+            await self.loads.aclose()
 
     async def drained(self) -> None:
         """Wait until the releases sent so far have reached Redis (or failed)."""
@@ -367,11 +410,48 @@ class RedisSlotTable:
 
     async def sync(self) -> None:
         """One round: heartbeat, renew (or register again) this gateway's leases, read every
-        instance's count, then update the routers' views and the state."""
+        instance's count, then update the routers' views and the state; while the table is not
+        whole, read the engines' loads too."""
         try:
             await self._once_more(self._sync)
         except _UNREACHABLE as exc:
             self._unreachable(exc)
+        if self.state is Share.LOCAL or self.state is Share.RESYNC:
+            await self._read_engines()
+
+    @property
+    def settle_s(self) -> float:
+        """How long after leaving the shared table an engine's reading counts: by then every
+        request admitted before has reached its engine (the module's assumption)."""
+        return self.options.sync_s + self.options.timeout_s
+
+    async def _read_engines(self) -> None:
+        """Lower each instance's `bound` to its engine's load now, once readings count."""
+        if self.loads is None or asyncio.get_running_loop().time() < self._left_at + self.settle_s:
+            return
+        open_ = [
+            (key, inst)
+            for key, inst in self._instances.items()
+            if inst.bound is None or inst.bound > 0
+        ]
+        if not open_:
+            return
+        left = self._left_at
+        read = await self.loads.read([(model, inst.id, inst.url) for (model, _), inst in open_])
+        if self._left_at != left:  # the table was whole again and lost since: too early a reading
+            return
+        for key, inst in open_:
+            n = read.get(key)
+            if n is not None and (inst.bound is None or n < inst.bound):
+                inst.bound = n
+        self._show_all()
+
+    async def _timed(self, script: str, keys: list[str], args: list[str | int]) -> Any:
+        """Run one script, and tell `on_round_trip` how long it took."""
+        began = time.perf_counter()
+        answer = await self._scripts[script](keys, args)
+        self.on_round_trip(time.perf_counter() - began)
+        return answer
 
     async def _once_more(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call`, and once more on fresh connections if the connection broke: pooled ones to
@@ -391,19 +471,27 @@ class RedisSlotTable:
             self.epoch = int(await self.client.hincrby(self._keys["epochs"], gateway, 1))
         k = self._keys
         was_local = self.state is Share.LOCAL and bool(self.incarnation)
+        # back with leases Redis never saw: every gateway registers its own again (else, back
+        # from a blip in which it admitted nothing, its leases are all in Redis already)
+        fresh = was_local and self._took_locally
         synced = self.incarnation if self._synced else ""
-        answer = await self._scripts["heartbeat"](
+        answer = await self._timed(
+            "heartbeat",
             [k["incarnation"], k["born"], k["live"], k["synced"]],
-            [gateway, self._ttl_ms, synced, secrets.token_hex(8), "1" if was_local else "0"],
+            [gateway, self._ttl_ms, synced, secrets.token_hex(8), "1" if fresh else "0"],
         )
-        incarnation, age_ms, n = answer[0].decode(), int(answer[1]), int(answer[2])
-        self.gateways = tuple(g.decode() for g in answer[3 : 3 + n])
-        self._synced_with = frozenset(g.decode() for g in answer[3 + n :])
+        incarnation, age_ms, now_ms = answer[0].decode(), int(answer[1]), int(answer[2])
+        n = int(answer[3])
+        self.gateways = tuple(g.decode() for g in answer[4 : 4 + n])
+        self._synced_with = frozenset(g.decode() for g in answer[4 + n :])
         all_synced = len(self._synced_with) == n
+        if self._joined_ms is None or now_ms - self._beat_ms > self._ttl_ms:
+            self._joined_ms = now_ms  # (again: its heartbeat ran out, the others dropped it)
+        self._beat_ms = now_ms
         if self.state is Share.SHARED:
-            self.members = self.gateways
+            self.members = self._counted()
         if incarnation != self.incarnation or was_local:
-            self.incarnation, self._synced = incarnation, False
+            self.incarnation, self._synced, self._took_locally = incarnation, False, False
             self._set_state(Share.RESYNC)
         now = asyncio.get_running_loop().time()
         renew = not self._synced or now - self._renewed_at >= self.options.renew_s
@@ -411,9 +499,19 @@ class RedisSlotTable:
         if renew:
             self._renewed_at = now
         if self.state is Share.RESYNC and self._synced and all_synced and age_ms >= self._ttl_ms:
-            self.members = self.gateways
+            self.members = self._counted()
             self._set_state(Share.SHARED)
         self._show_all()
+
+    def _counted(self) -> tuple[str, ...]:
+        """The live gateways to cut the local shares among: this one only once it has been
+        live for `settle_s` (every other live gateway has seen its heartbeat by then, so every
+        gateway that takes a share counts it)."""
+        me = self.options.gateway_id
+        assert self._joined_ms is not None
+        if self._beat_ms - self._joined_ms >= self.settle_s * 1000:
+            return self.gateways
+        return tuple(g for g in self.gateways if g != me)
 
     async def _renew(self, renew: bool) -> None:
         """Renew every held lease (`renew`), else only count; drop what Redis has released."""
