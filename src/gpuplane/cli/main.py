@@ -14,6 +14,7 @@ from gpuplane.cli import control as control_cli
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import simulate as simulate_cli
+from gpuplane.cli import usage as usage_cli
 
 app = typer.Typer(
     name="gpuplane",
@@ -34,6 +35,7 @@ app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")
 audit_review.register(audit_cli.app)
 app.add_typer(audit_cli.app, name="audit")
+app.command()(usage_cli.usage)
 
 
 @app.command()
