@@ -149,6 +149,12 @@ def test_a_wrong_window_or_store_says_what_to_do(svc: ControlService, tmp_path: 
     missing = runner.invoke(app, ["usage", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
     assert missing.exit_code == 1
     assert "cannot read the control plane's store" in missing.output
+    too_long = runner.invoke(app, [*base, "--since", "3000d", "--step", "1s"])
+    assert too_long.exit_code == 1
+    assert "a longer --step" in too_long.output
+    ahead = runner.invoke(app, [*base, "--since", "1h", "--until", "2999-01-01", "-o", "json"])
+    assert ahead.exit_code == 0, ahead.output
+    assert datetime.fromisoformat(json.loads(ahead.stdout)["until"]) <= datetime.now(UTC)
     table = runner.invoke(app, [*base, "--since", "1h"])
     assert table.exit_code == 0, table.output
     assert "TEAM" in table.output

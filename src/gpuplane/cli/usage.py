@@ -15,6 +15,9 @@ from gpuplane.cli.serve import ADMIN_KEY_ENV
 from gpuplane.control.spec import parse_duration
 from gpuplane.errors import GpuplaneError
 
+# One row per card per step is built in memory: a year at one a minute fits, a century does not.
+MAX_STEPS = 1_000_000
+
 
 def usage(
     team: str | None = typer.Option(None, "--team", help="show this team only (default: all)"),
@@ -62,10 +65,18 @@ def usage(
     from gpuplane.config import load_settings
 
     now = datetime.now(UTC)
-    lo, hi = _when(since, now, "--since"), _when(until, now, "--until") if until else now
+    # nothing is known past now: a running job is counted up to now, not to a later --until
+    lo, hi = _when(since, now, "--since"), min(_when(until, now, "--until"), now) if until else now
     if lo >= hi:
         fail(f"--since {since} is not before --until {until or 'now'}: give an earlier --since")
     step_s = _seconds(step, "--step")
+    if step_s <= 0:
+        fail(f"--step {step} is not a positive duration: give e.g. 60s")
+    if (steps := (hi - lo).total_seconds() / step_s) > MAX_STEPS:
+        fail(
+            f"--since {since} with --step {step} is {steps:,.0f} steps a card (at most "
+            f"{MAX_STEPS:,}): give a shorter window or a longer --step"
+        )
     try:
         settings = load_settings(config)
         url = db or settings.control.resolved_database_url()
