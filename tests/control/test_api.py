@@ -149,6 +149,7 @@ def test_metrics_say_how_full_each_cluster_is_and_why_jobs_wait(client: TestClie
     assert 'gpuplane_control_jobs{state="running"} 1.0' in text
     assert 'gpuplane_control_jobs{state="pending"} 1.0' in text
     assert 'gpuplane_control_gpu_allocated_ratio{cluster="local"} 1.0' in text
+    assert f'gpuplane_control_gpus_allocated{{cluster="local",gpu_model="{A100}"}} 2.0' in text
     assert (
         'gpuplane_control_pending_reasons_jobs{cluster="local",reason="InsufficientGpus"} 1.0'
         in text

@@ -28,6 +28,7 @@ from gpuplane.cli._control_common import (
     mib,
     print_table,
 )
+from gpuplane.cli.usage import print_usage
 from gpuplane.control.client import ClientError
 from gpuplane.errors import GpuplaneError
 
@@ -279,45 +280,7 @@ def usage(
     source, tr = _inputs(store, traffic, fleet)
     a = _audit(source, tr, cfg)
     u = team_usage(source, a.stats.window, cfg)
-    data = {
-        "teams": [
-            {
-                "team": t.team,
-                "gpu_model": t.gpu_model,
-                "gpu_hours": round(t.gpu_hours, 3),
-                "slice_hours": round(t.slice_hours, 3),
-                "used_gpu_hours": round(t.used_gpu_hours, 3),
-                "idle_gpu_hours": round(t.idle_gpu_hours, 3),
-                "cost": None if t.cost is None else round(t.cost, 2),
-            }
-            for t in u.teams
-        ],
-        "free_gpu_hours": round(u.free_gpu_hours, 3),
-        "physical_gpu_hours": round(u.physical_gpu_hours, 3),
-        "reconciled": u.reconciled,
-        "gap": round(u.gap, 6),
-        "unpriced": list(u.unpriced),
-    }
-
-    def table(d: dict[str, Any]) -> None:
-        print_table(
-            ["TEAM", "MODEL", "GPU-HOURS", "SLICE-HOURS", "USED", "IDLE", "COST"],
-            [
-                [t["team"], t["gpu_model"], f"{t['gpu_hours']:.1f}", f"{t['slice_hours']:.1f}",
-                 f"{t['used_gpu_hours']:.1f}", f"{t['idle_gpu_hours']:.1f}",
-                 "-" if t["cost"] is None else f"{t['cost']:.2f}"]
-                for t in d["teams"]
-            ],
-        )  # fmt: skip
-        state = "reconciled" if d["reconciled"] else "NOT reconciled: samples missing?"
-        typer.echo(
-            f"free {d['free_gpu_hours']:.1f} GPU-hours; physical {d['physical_gpu_hours']:.1f} "
-            f"GPU-hours ({state}, gap {d['gap']:.2%})"
-        )
-        if d["unpriced"]:
-            typer.echo(f"no price for {', '.join(d['unpriced'])}: set audit.prices", err=True)
-
-    emit(data, output, table)
+    emit(u.to_json(), output, print_usage)
 
 
 def report(

@@ -29,8 +29,9 @@ from rich.text import Text
 
 from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
-from gpuplane.batch.driver import Driver, RunOptions
+from gpuplane.batch.driver import Driver, Observer, RunOptions
 from gpuplane.batch.errors import BatchError
+from gpuplane.batch.exporter import BatchExporter
 from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import Device, Plan, declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
@@ -166,6 +167,9 @@ def run(
     verify_clips: bool | None = VERIFY_OPTION,
     report: bool | None = typer.Option(None, help=key_help("report")),
     progress: bool | None = typer.Option(None, help=key_help("progress")),
+    metrics_port: int | None = typer.Option(
+        None, help="serve the run's Prometheus metrics at 127.0.0.1:PORT/metrics while it runs"
+    ),
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
@@ -209,13 +213,28 @@ def run(
         )
         console = Console(stderr=True)
         shown = cfg.progress and output is Output.table and console.is_terminal
-        obs = RichObserver(console, shown)
+        bars = RichObserver(console, shown)
+        obs: Observer = bars
+        if metrics_port is not None:
+            exporter = BatchExporter(pipe.name, bars)
+            try:
+                server, thread = exporter.serve(metrics_port)
+            except OSError as exc:
+                raise BatchError(
+                    f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1 ({exc}); "
+                    "pick a free port"
+                ) from None
+            obs = exporter
         try:
             summary = Driver(pipe, spec, make_runner(cfg.runner, **options), run_opts, obs).run(
                 refs, total=len(refs)
             )
         finally:
-            obs.stop()
+            bars.stop()
+            if metrics_port is not None:
+                server.shutdown()
+                server.server_close()
+                thread.join()
         if cfg.report:
             summary["report"] = str(write_report(summary, out_dir))
         summary["out_dir"] = str(out_dir)

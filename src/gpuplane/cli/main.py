@@ -17,6 +17,7 @@ from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import simulate as simulate_cli
 from gpuplane.cli import token as token_cli
+from gpuplane.cli import usage as usage_cli
 
 app = typer.Typer(
     name="gpuplane",
@@ -41,6 +42,7 @@ app.add_typer(secret_cli.app, name="secret")
 events.register(app)
 audit_review.register(audit_cli.app)
 app.add_typer(audit_cli.app, name="audit")
+app.command()(usage_cli.usage)
 
 
 @app.command()

@@ -42,6 +42,14 @@ class _StateCollector(Collector):
         for cluster, (cards, ratio) in sorted(s["clusters"].items()):
             gpus.add_metric([cluster], cards)
             used.add_metric([cluster], ratio)
+        allocated = GaugeMetricFamily(
+            "gpuplane_control_gpus_allocated",
+            "GPUs held by placed jobs (a slice counts its share of a card), per cluster and "
+            "GPU model",
+            labels=["cluster", "gpu_model"],
+        )
+        for (cluster, model), n in sorted(s["allocated"].items()):
+            allocated.add_metric([cluster, model], n)
         share = GaugeMetricFamily(
             "gpuplane_control_team_dominant_share_ratio",
             "Dominant-resource share of each team (over its weight)",
@@ -62,7 +70,7 @@ class _StateCollector(Collector):
             "(1 until 8 jobs with a limit completed)",
             value=limit_fill,
         )
-        yield from (jobs, waiting, gpus, used, share, work, fill)
+        yield from (jobs, waiting, gpus, used, allocated, share, work, fill)
 
 
 class ControlMetrics:

@@ -24,7 +24,7 @@ from gpuplane.control.models import (
 )
 from gpuplane.control.quota import dominant_share
 from gpuplane.control.records import job_row, quota_row, team_row
-from gpuplane.control.scheduler import ClusterReason, Decision, ReasonCode
+from gpuplane.control.scheduler import MILLI_PER_GPU, ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService
 from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (
@@ -464,10 +464,16 @@ def metrics_state(service: ControlService) -> dict[str, Any]:
         cap = int(snap.dev_milli_cap[mask].sum())
         free = int(snap.dev_milli_free[mask].sum())
         clusters[c] = (int(snap.n_devices[mask].sum()), (cap - free) / cap if cap else 0.0)
+    held = (snap.dev_milli_cap - snap.dev_milli_free).sum(axis=1)  # milli-GPUs per node
+    allocated: dict[tuple[str, str], float] = {}
+    for node, milli in zip(snap.nodes, held.tolist(), strict=True):
+        key = (node.cluster, node.gpu_model)
+        allocated[key] = allocated.get(key, 0.0) + milli / MILLI_PER_GPU
     return {
         "jobs": {str(state): int(n) for state, n in rows},
         "reasons": dict(service.waiting),
         "clusters": clusters,
+        "allocated": allocated,
         "shares": {t: estate.share(t) for t in estate.book.teams},
         "work": (estate.work.mean_s, estate.work.limit_fill()),
     }

@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import SAMPLE_SCHEMA, coerce, validate
+from gpuplane.audit.stats import Window
 from gpuplane.control.models import Device, Job, Node
 from gpuplane.control.store import Store
 
@@ -66,8 +67,7 @@ def allocation_samples(
 ) -> pa.Table:
     """One sample per card per step in `[since, until)` (times on multiples of `step_s`, epoch
     seconds): a row per job holding the card then, or one with no workload."""
-    start = math.ceil(since / step_s) * step_s
-    times = np.arange(start, until, step_s, dtype=np.float64)
+    times = _times(since, until, step_s)
     by_card: dict[tuple[str, str, int], list[Holding]] = {}
     for h in holdings:
         by_card.setdefault((h.cluster, h.node, h.index), []).append(h)
@@ -119,6 +119,18 @@ def allocation_samples(
     table = coerce(table, SAMPLE_SCHEMA)
     validate(table)
     return table
+
+
+def _times(since: float, until: float, step_s: float) -> np.ndarray:
+    return np.arange(math.ceil(since / step_s) * step_s, until, step_s, dtype=np.float64)
+
+
+def window_of(since: float, until: float, step_s: float) -> Window:
+    """The window `allocation_samples` covers for the same arguments: its first sample time to
+    its last plus one step, so physical GPU-hours count exactly the steps it samples."""
+    times = _times(since, until, step_s)
+    start = int(times[0]) if len(times) else int(since)
+    return Window(start, start + len(times) * int(step_s), int(step_s))
 
 
 def read_holdings(store: Store, since: float, until: float) -> tuple[list[Card], list[Holding]]:
@@ -188,4 +200,4 @@ def collect(url: str, since: datetime, until: datetime, step_s: float = 60.0) ->
     return allocation_samples(cards, holdings, since.timestamp(), until.timestamp(), step_s)
 
 
-__all__ = ["Card", "Holding", "allocation_samples", "collect", "read_holdings"]
+__all__ = ["Card", "Holding", "allocation_samples", "collect", "read_holdings", "window_of"]

@@ -1,0 +1,161 @@
+"""`gpuplane usage`: GPU-hours per team from the allocations in a live control plane's store,
+reconciled with them (a slice counts its share of a card), idle apart where audit samples exist."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from typer.testing import CliRunner
+
+from gpuplane.audit.samples import SampleStore
+from gpuplane.cli.main import app
+from gpuplane.control.models import Job
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import TeamConfig
+from tests.audit.audit_helpers import T0, concat, series
+from tests.control.svc_helpers import SLEEP, config, job, make_service, wait_state
+
+HOUR = 3600
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[ControlService]:
+    teams = (TeamConfig(name="research"), TeamConfig(name="vision"))
+    service = make_service(config(str(tmp_path), gpus=2, teams=teams))
+    yield service
+    service.close()
+
+
+def held(service: ControlService, spans: list[tuple[str, dict[str, Any], float, float]]) -> None:
+    """Run one job per span until it is placed, end it, then set the store's start and end to
+    the span's: what a control plane that ran them then would hold."""
+    ids = []
+    for i, (team, resources, _, _) in enumerate(spans):
+        ids.append(service.submit(job(f"j{i}", team=team, command=SLEEP, **resources))["id"])
+    for job_id in ids:
+        wait_state(service, job_id, "running")
+        service.cancel(job_id)
+        wait_state(service, job_id, "cancelled", "failed")
+    with service.store.session() as session:
+        for job_id, (_, _, start, end) in zip(ids, spans, strict=True):
+            session.execute(
+                update(Job).where(Job.id == job_id).values(started_at=start, finished_at=end)
+            )
+        session.commit()
+
+
+def report(service: ControlService, tmp_path: Path, *args: str) -> dict[str, Any]:
+    cfg = tmp_path / "gpuplane.yaml"
+    cfg.write_text("audit:\n  prices: {A100-80GB: 2.0}\n")
+    result = CliRunner().invoke(
+        app, ["usage", "--db", service.store.url, "--config", str(cfg), "-o", "json", *args]
+    )
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+QUARTER = {"gpu_mem_mib": 20480, "gpu_cores_pct": 25}
+
+
+def test_four_quarter_slices_for_an_hour_are_one_gpu_hour(
+    svc: ControlService, tmp_path: Path
+) -> None:
+    teams = ["research", "vision", "research", "vision"]
+    held(svc, [(t, QUARTER, T0, T0 + HOUR) for t in teams])
+    window = ["--since", iso(T0 - HOUR), "--until", iso(T0 + 2 * HOUR)]
+    data = report(svc, tmp_path, *window)
+    by_team = {t["team"]: t for t in data["teams"]}
+    assert by_team["research"]["gpu_hours"] == pytest.approx(0.5)
+    assert by_team["vision"]["gpu_hours"] == pytest.approx(0.5)
+    assert by_team["research"]["slice_hours"] == pytest.approx(4.0)  # 8 slices a card
+    assert by_team["research"]["cost"] == pytest.approx(1.0)  # 0.5 GPU-hour at 2.0
+    # no audit samples: what the jobs used is unknown, not zero
+    assert by_team["research"]["idle_gpu_hours"] is None
+    assert data["physical_gpu_hours"] == pytest.approx(6.0)  # 2 cards x 3 hours
+    assert data["free_gpu_hours"] == pytest.approx(5.0)
+    assert data["reconciled"]
+    only = report(svc, tmp_path, *window, "--team", "vision")
+    assert [t["team"] for t in only["teams"]] == ["vision"]
+
+
+def test_the_report_reconciles_with_the_store_for_uneven_spans(
+    svc: ControlService, tmp_path: Path
+) -> None:
+    rng = random.Random(0)
+    spans = []
+    for i in range(6):
+        start = T0 + rng.uniform(0, HOUR)
+        resources = QUARTER if i % 3 else {"gpu_mem_mib": 40960, "gpu_cores_pct": 50}
+        spans.append(("research", resources, start, start + rng.uniform(HOUR, 3 * HOUR)))
+    held(svc, spans)
+    # the allocations as the store holds them, in exact interval arithmetic
+    since, until = T0, T0 + 3 * HOUR
+    expected = sum(
+        (min(end, until) - max(start, since))
+        / HOUR
+        * max(r["gpu_mem_mib"] / 81920, r["gpu_cores_pct"] / 100)
+        for _, r, start, end in spans
+    )
+    data = report(svc, tmp_path, "--since", iso(since), "--until", iso(until), "--step", "10s")
+    got = sum(t["gpu_hours"] for t in data["teams"])
+    assert got == pytest.approx(expected, rel=0.01)
+    assert data["reconciled"]
+
+
+def test_audit_samples_add_used_and_idle_apart(svc: ControlService, tmp_path: Path) -> None:
+    held(svc, [("research", QUARTER, T0, T0 + HOUR), ("vision", QUARTER, T0, T0 + HOUR)])
+    with svc.store.session() as session:
+        research, vision = session.query(Job.id).order_by(Job.name).all()
+    minutes = HOUR // 60
+    SampleStore(tmp_path / "samples").append(
+        concat(
+            series(research[0], [1000.0] * minutes, [0.0] * minutes, start=T0),  # held, idle
+            series(vision[0], [1000.0] * minutes, [0.2] * minutes, start=T0),
+        )
+    )
+    data = report(
+        svc, tmp_path, "--since", iso(T0), "--until", iso(T0 + HOUR),
+        "--samples", str(tmp_path / "samples"),
+    )  # fmt: skip
+    by_team = {t["team"]: t for t in data["teams"]}
+    assert by_team["research"]["idle_gpu_hours"] == pytest.approx(0.25)
+    assert by_team["research"]["used_gpu_hours"] == pytest.approx(0.0)
+    assert by_team["vision"]["idle_gpu_hours"] == pytest.approx(0.0)
+    assert by_team["vision"]["used_gpu_hours"] == pytest.approx(0.2)
+    assert by_team["vision"]["measured_gpu_hours"] == pytest.approx(0.25)
+
+
+def test_a_wrong_window_or_store_says_what_to_do(svc: ControlService, tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["usage", "--db", svc.store.url]
+    backwards = runner.invoke(app, [*base, "--since", "1h", "--until", "2h"])
+    assert backwards.exit_code == 1
+    assert "is not before --until" in backwards.output
+    garbled = runner.invoke(app, [*base, "--since", "last week"])
+    assert garbled.exit_code == 1
+    assert "neither a duration" in garbled.output
+    missing = runner.invoke(app, ["usage", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert missing.exit_code == 1
+    assert "cannot read the control plane's store" in missing.output
+    too_long = runner.invoke(app, [*base, "--since", "3000d", "--step", "1s"])
+    assert too_long.exit_code == 1
+    assert "a longer --step" in too_long.output
+    ahead = runner.invoke(app, [*base, "--since", "1h", "--until", "2999-01-01", "-o", "json"])
+    assert ahead.exit_code == 0, ahead.output
+    assert datetime.fromisoformat(json.loads(ahead.stdout)["until"]) <= datetime.now(UTC)
+    table = runner.invoke(app, [*base, "--since", "1h"])
+    assert table.exit_code == 0, table.output
+    assert "TEAM" in table.output
+    assert "physical" in table.output
