@@ -188,7 +188,7 @@ def card_map(
             if (cluster, name) == (node.cluster, node.name) and index in cards:
                 hidden = shown is not None and team not in shown
                 cards[index].slices.append(
-                    Slice(None, "another team's job", s.gpu_milli, s.mem_mib) if hidden else s
+                    Slice(None, "held by another team", s.gpu_milli, s.mem_mib) if hidden else s
                 )
         out.append((node, [cards[i] for i in sorted(cards)]))
     return out
