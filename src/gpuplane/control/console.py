@@ -60,7 +60,8 @@ def error_page(request: Request, status: int, message: str) -> Response:
     """A console answer to a refused or failed call: to the login page when not logged in."""
     if status == 401:
         return RedirectResponse("/ui/login", status_code=303)
-    return _render(request, "error.html", None, status=status, status_code=status, message=message)
+    who = getattr(request.state, "principal", None)  # `api.allow`'s, when it got that far
+    return _render(request, "error.html", who, status=status, status_code=status, message=message)
 
 
 def _render(
