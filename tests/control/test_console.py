@@ -92,6 +92,20 @@ def test_a_cancel_without_the_sessions_csrf_token_is_refused(plane: Plane) -> No
     assert 'id="cancel"' not in page  # nothing left to cancel
 
 
+def test_a_form_posted_from_another_site_is_refused_even_with_a_valid_token(plane: Plane) -> None:
+    browser, csrf = console_client(plane.http, plane.member)
+    evil = {"origin": "http://evil.example"}
+    refused = browser.post("/ui/login", data={"token": plane.other}, headers=evil)
+    assert refused.status_code == 403
+    assert "posted from http://evil.example" in refused.text
+    assert "set-cookie" not in refused.headers
+    url = f"/ui/jobs/{plane.job_id}/cancel"
+    assert browser.post(url, data={"csrf": csrf}, headers=evil).status_code == 403
+    assert state(plane.svc, plane.job_id).state == "running"
+    own = {"origin": "http://127.0.0.1"}
+    assert browser.post(url, data={"csrf": csrf}, headers=own).status_code == 303
+
+
 def test_the_console_cookie_alone_cannot_call_the_json_api(plane: Plane) -> None:
     browser, _ = console_client(plane.http, plane.member)
     assert browser.get("/ui/jobs").status_code == 200

@@ -76,7 +76,15 @@ def _render(
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """A urlencoded form's fields (the console's forms have a few short ones)."""
+    """A console form's urlencoded fields (a few short ones), refused when a browser says it
+    was posted from another site (so no page elsewhere can log a visitor into its session)."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise AuthError(
+            f"this form was posted from {origin}, not from this console: open the console at "
+            f"{request.url.scheme}://{request.url.netloc}/ui and use its forms",
+            403,
+        )
     return dict(parse_qsl((await request.body()).decode("utf-8", "replace"), max_num_fields=20))
 
 
