@@ -15,6 +15,7 @@ from gpuplane.control.api import create_app
 from gpuplane.control.auth import Role
 from gpuplane.control.console import CSP, quota_rows
 from gpuplane.control.service import ControlService
+from gpuplane.control.sessions import Sessions, csrf_matches
 from gpuplane.control.settings import TeamConfig
 from gpuplane.control.views import QuotaView, TeamView
 from tests.control.console_helpers import console_client, login
@@ -213,3 +214,19 @@ def test_quota_rows_show_what_a_team_borrowed_and_what_its_cohort_lent_it() -> N
     assert rows["solo"].lent_gpus == 0
     assert [r.team for r in quota_rows(teams, {"b"})] == ["b"]
     assert quota_rows(teams, {"b"})[0].lent_gpus == rows["b"].lent_gpus
+
+
+def test_a_session_ends_at_its_ttl_and_closing_it_twice_changes_nothing() -> None:
+    now = [1000.0]
+    sessions = Sessions(lambda: now[0], ttl_s=60)
+    sid, opened = sessions.open("gpl_x_y")
+    assert sessions.get(sid) == opened
+    assert csrf_matches(opened, opened.csrf)
+    assert not csrf_matches(opened, None)
+    assert not csrf_matches(None, opened.csrf)
+    now[0] += 60
+    assert sessions.get(sid) is None  # expired
+    assert sessions.get(None) is None
+    sessions.close(sid)
+    sessions.close(sid)
+    sessions.close("unknown")
