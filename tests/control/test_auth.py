@@ -30,6 +30,7 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.tokens import TokenBook
+from tests.control.console_helpers import console_client
 from tests.control.svc_helpers import (
     A100,
     admin_token,
@@ -123,7 +124,25 @@ class World:
             ("GET", "/tokens"): ("/tokens", None),
             ("POST", "/tokens"): ("/tokens", {"role": "viewer", "team": "research"}),
             ("DELETE", "/tokens/{token_id}"): (f"/tokens/{self.token_id}", None),
+            ("GET", "/ui/login"): ("/ui/login", None),
+            ("POST", "/ui/login"): ("/ui/login", {"token": self.tokens["viewer"]}),
+            ("POST", "/ui/logout"): ("/ui/logout", {}),
+            ("GET", "/ui/console.css"): ("/ui/console.css", None),
+            ("GET", "/ui"): ("/ui", None),
+            ("GET", "/ui/jobs"): ("/ui/jobs", None),
+            ("GET", "/ui/jobs/{ref}"): (f"/ui/jobs/{j}", None),
+            ("POST", "/ui/jobs/{ref}/cancel"): (f"/ui/jobs/{j}/cancel", {}),
+            ("GET", "/ui/quotas"): ("/ui/quotas", None),
+            ("GET", "/ui/gpus"): ("/ui/gpus", None),
+            ("GET", "/ui/events"): ("/ui/events", None),
         }
+
+    def console(self, method: str, url: str, body: Any = None, as_: str | None = None) -> Any:
+        """A console call from a browser of its own, logged in as `as_` if given; a form
+        carries the session's CSRF token."""
+        browser, csrf = console_client(self.http, self.tokens[as_] if as_ else None)
+        form = {"csrf": csrf, **body} if method == "POST" else None
+        return browser.request(method, url, data=form)
 
 
 @pytest.fixture
@@ -160,6 +179,9 @@ def test_each_row_of_the_policy_table_holds(world: World, route: tuple[str, str]
     rule = POLICY[route]
     url, body = world.calls()[route]
     method = route[0]
+    if rule.console:
+        _console_row_holds(world, route, url, body)
+        return
     anonymous = world.call(method, url, body)
     if rule.role is None:
         assert anonymous.status_code == 200, anonymous.text
@@ -180,6 +202,31 @@ def test_each_row_of_the_policy_table_holds(world: World, route: tuple[str, str]
             assert "research" not in other.text
             assert other.status_code == 200
     allowed = world.call(method, url, body, as_=rule.role.value)
+    assert allowed.status_code < 400, allowed.text
+
+
+def _console_row_holds(world: World, route: tuple[str, str], url: str, body: Any) -> None:
+    """A console row: the caller is the session's; one not logged in goes to the login page."""
+    rule, method = POLICY[route], route[0]
+    anonymous = world.console(method, url, body)
+    if rule.role is None:
+        assert anonymous.status_code < 400, anonymous.text
+        return
+    assert anonymous.status_code == 303
+    assert anonymous.headers["location"] == "/ui/login"
+    below = _BELOW[rule.role]
+    if below is not None:
+        refused = world.console(method, url, body, as_=below)
+        assert refused.status_code == 403, refused.text
+        assert f"needs the {rule.role} role" in refused.text
+    if rule.team_scoped:
+        other = world.console(method, url, body, as_="other")
+        if "{" in route[1] or method != "GET":
+            assert other.status_code == 404, other.text
+        else:
+            assert other.status_code == 200, other.text
+            assert "research" not in other.text
+    allowed = world.console(method, url, body, as_=rule.role.value)
     assert allowed.status_code < 400, allowed.text
 
 

@@ -6,10 +6,12 @@ once (422 for a spec or request that can never run, or a cluster that cannot be 
 unknown, 409 wrong state, 401/403 from `auth`). Every route is a row of `auth.POLICY`, checked
 by one dependency before the handler runs (the app refuses to build with a route missing from
 it); a team-scoped handler passes the caller's teams to its query, so another team's objects
-answer as unknown ones. Only a bearer token authenticates (no cookie), so a cross-site form
-cannot act; a Host header not in `control.auth.allowed_hosts` (default: the loopback names) gets
-400. Every call that may change something is recorded in the store's trail (`_Trail`). A
-background thread runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
+answer as unknown ones. Only a bearer token authenticates the JSON API (no cookie), so a
+cross-site form cannot act; a Host header not in `control.auth.allowed_hosts` (default: the
+loopback names) gets 400. The web console (`/ui`, `console.py`) is served by the same app under
+the same table, its caller from its session cookie and its forms checked for a CSRF token. Every
+call that may change something is recorded in the store's trail (`_Trail`). A background thread
+runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
-from gpuplane.control import queries
+from gpuplane.control import console, queries
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
+from gpuplane.control.sessions import Sessions
 from gpuplane.control.spec import check_name, parse_duration
 from gpuplane.control.views import (
     ClusterAdd,
@@ -140,15 +143,20 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
                 ticker.stop()
 
     bearer = HTTPBearer(auto_error=False, description="an API token (gpl_...) or an OIDC JWT")
+    sessions = Sessions(service.clock)
 
     def allow(
         request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
     ) -> Principal | None:
-        """The route's row of the policy table, applied to the caller (every route)."""
-        route = request.scope["route"]
-        caller = service.authenticate(credentials.credentials) if credentials else None
+        """The route's row of the policy table, applied to the caller (every route): a console
+        route's caller is its session's, any other route's its bearer token's."""
+        rule = POLICY[(request.method, request.scope["route"].path)]
+        if rule.console:
+            caller = console.session_caller(service, sessions, request)
+        else:
+            caller = service.authenticate(credentials.credentials) if credentials else None
         request.state.principal = caller  # for the trail (`_Trail`), refused or not
-        decide(POLICY[(request.method, route.path)], caller)
+        decide(rule, caller)
         return caller
 
     def caller(who: Principal | None = Depends(allow)) -> Principal:
@@ -169,12 +177,14 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
 
     @app.exception_handler(AuthError)
-    async def _refused(_: Request, exc: AuthError) -> JSONResponse:
+    async def _refused(request: Request, exc: AuthError) -> Response:
+        if console.is_console(request):
+            return console.error_page(request, exc.status, str(exc))
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(GpuplaneError)
-    async def _errors(_: Request, exc: GpuplaneError) -> JSONResponse:
+    async def _errors(request: Request, exc: GpuplaneError) -> Response:
         status = 500
         body: dict[str, Any] = {"detail": str(exc)}
         if isinstance(exc, InfeasibleJobError):
@@ -185,6 +195,8 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
             status = 404
         elif isinstance(exc, ConflictError):
             status = 409
+        if console.is_console(request):
+            return console.error_page(request, status, str(exc))
         return JSONResponse(body, status_code=status)
 
     @app.exception_handler(RequestValidationError)
@@ -381,6 +393,8 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     @app.delete("/tokens/{token_id}", response_model=TokenView)
     def revoke_token(token_id: str) -> TokenView:
         return TokenView(**asdict(service.tokens.revoke(token_id)))
+
+    console.add_console(app, service, sessions, caller)
 
     unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
     if unlisted:

@@ -54,10 +54,13 @@ class Principal:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A route's requirement: `role` None is open to anyone (no token needed)."""
+    """A route's requirement: `role` None is open to anyone (no token needed). A `console` route
+    (the web console, `/ui`) takes its caller from the console's session cookie, every other
+    route from the bearer token only."""
 
     role: Role | None
     team_scoped: bool = False
+    console: bool = False
 
 
 OPEN = Rule(None)
@@ -65,6 +68,10 @@ VIEW_ANY = Rule(Role.viewer)
 VIEW_TEAM = Rule(Role.viewer, team_scoped=True)
 MEMBER_TEAM = Rule(Role.member, team_scoped=True)
 ADMIN = Rule(Role.admin)
+CONSOLE_OPEN = Rule(None, console=True)
+CONSOLE_VIEW_ANY = Rule(Role.viewer, console=True)
+CONSOLE_VIEW_TEAM = Rule(Role.viewer, team_scoped=True, console=True)
+CONSOLE_MEMBER_TEAM = Rule(Role.member, team_scoped=True, console=True)
 
 # (method, route path) -> rule. /metrics needs an admin token: it counts every team's jobs.
 POLICY: dict[tuple[str, str], Rule] = {
@@ -109,6 +116,18 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("GET", "/tokens"): ADMIN,
     ("POST", "/tokens"): ADMIN,
     ("DELETE", "/tokens/{token_id}"): ADMIN,
+    # the web console (`console.py`); its mutations also need the session's CSRF token
+    ("GET", "/ui/login"): CONSOLE_OPEN,
+    ("POST", "/ui/login"): CONSOLE_OPEN,
+    ("POST", "/ui/logout"): CONSOLE_OPEN,
+    ("GET", "/ui/console.css"): CONSOLE_OPEN,
+    ("GET", "/ui"): CONSOLE_VIEW_ANY,
+    ("GET", "/ui/jobs"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/jobs/{ref}"): CONSOLE_VIEW_TEAM,
+    ("POST", "/ui/jobs/{ref}/cancel"): CONSOLE_MEMBER_TEAM,
+    ("GET", "/ui/quotas"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/gpus"): CONSOLE_VIEW_TEAM,  # another team's slices show without their jobs
+    ("GET", "/ui/events"): CONSOLE_VIEW_TEAM,
 }
 
 
