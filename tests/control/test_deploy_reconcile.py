@@ -112,3 +112,30 @@ def test_a_crashed_canary_waits_for_its_own_back_off_only() -> None:
     todo = plan(canary, [], now=5.0, next_start={"v1": 9.0})
     assert todo.start == {"v2": 1}
     assert todo.waiting_until == 9.0
+
+
+def test_without_surge_an_old_version_is_replaced_in_place_one_instance_at_a_time() -> None:
+    v2 = Want({"v2": 2}, 30.0, surge=False)
+    old = [inst("a", created=1), inst("b", created=2)]
+    first = plan(v2, old, now=0.0)
+    assert first.start == {}  # no spare slice is taken
+    assert first.drain == ["a"]  # the oldest gives its slice up first
+    draining = [inst("a", created=1, draining=0.0), inst("b", created=2)]
+    assert not plan(v2, draining, now=1.0).changes  # its requests finish first
+    stopped = plan(v2, [inst("b", created=2)], now=2.0)
+    assert stopped.start == {"v2": 1}
+    assert stopped.drain == []
+    starting = [inst("b", created=2), inst("c", "admitted", "v2", created=3)]
+    assert not plan(v2, starting, now=3.0).changes  # b drains once c serves
+    serving = [inst("b", created=2), inst("c", "running", "v2", created=3)]
+    assert plan(v2, serving, now=4.0, ready={"b"}).drain == []  # not yet ready in the gateway
+    assert plan(v2, serving, now=4.0, ready={"b", "c"}).drain == ["b"]
+    assert plan(v2, [inst("c", "running", "v2")], now=5.0).start == {"v2": 1}
+
+
+def test_without_surge_new_instances_waiting_for_a_slice_let_an_old_one_give_its_up() -> None:
+    v2 = Want({"v2": 1}, 30.0, surge=False)
+    waiting = [inst("a"), inst("p", "pending", "v2", created=1)]
+    assert plan(v2, waiting, now=0.0).drain == ["a"]
+    placed = [inst("a"), inst("p", "admitted", "v2", created=1)]
+    assert plan(v2, placed, now=0.0).drain == []  # placed, not yet serving: a waits

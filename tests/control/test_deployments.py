@@ -128,6 +128,26 @@ def test_a_canary_runs_its_own_instances_then_is_promoted_or_rolled_back(
     assert "has no canary to promote" in missing.json()["detail"]
 
 
+def test_without_surge_a_new_version_takes_the_old_ones_cards_in_place(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    service, client = held
+    # two cards, two instances of one card each: no spare slice for v2 beside v1
+    client.post("/deployments", json={**SPEC, "replicas": 2})
+
+    def states() -> list[tuple[str, str]]:
+        insts = client.get("/deployments/chat").json()["instances"]
+        return sorted((i["version"], i["state"]) for i in insts)
+
+    in_place = {**SPEC, "replicas": 2, "version": "v2", "surge": False}
+    client.post("/deployments", json=in_place)
+    assert states() == [("v1", "admitted"), ("v1", "draining")]  # it gives its card up
+    service.deployments.reconcile()  # the stopped v1 is forgotten: its card takes a v2
+    assert states() == [("v1", "admitted"), ("v2", "admitted")]
+    service.deployments.reconcile()  # the last v1 waits until that v2 serves
+    assert states() == [("v1", "admitted"), ("v2", "admitted")]
+
+
 def test_a_dry_run_places_one_instance_and_changes_nothing(client: TestClient) -> None:
     out = client.post("/deployments", json=SPEC, params={"dry_run": "true"})
     assert out.status_code == 200

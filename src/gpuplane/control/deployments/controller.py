@@ -220,7 +220,7 @@ class Deployments:
             seen = self._instances(session, name)
             replicas = self._autoscale(session, spec, seen, now)
             versions = {} if row.deleting else spec.replicas_by_version(replicas)
-            want = Want(versions, spec.drain_timeout_s)
+            want = Want(versions, spec.drain_timeout_s, spec.surge)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
         todo = plan(want, seen, now, next_start, self._released(name, seen), self.ready(name))
         self._carry_out(spec, todo, now)

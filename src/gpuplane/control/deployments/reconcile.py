@@ -15,7 +15,12 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
   gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
   began to drain, which lets the gateways finish their requests there first;
 - a version with fewer instances than its replicas starts the missing ones, unless its back-off
-  has not yet passed.
+  has not yet passed;
+- without `surge` (replace in place, for an estate with no spare slice), an old version is
+  replaced one instance at a time: no more instances than the replicas wanted, counting the old
+  and the draining ones, and one old instance drains once none drains and every new one
+  placed serves (one still pending, waiting for a slice, does not hold it back); the new one
+  starts once the old one has stopped.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class Want:
 
     versions: Mapping[str, int]
     drain_timeout_s: float
+    surge: bool = True  # False: replace an old version in place, one instance at a time
 
 
 @dataclass(slots=True)
@@ -83,12 +89,14 @@ def plan(
     out = Plan()
     live: dict[str, list[Instance]] = {v: [] for v in want.versions}
     old: list[Instance] = []
+    draining = 0  # instances that drain and still hold their slice
     for inst in instances:
         if inst.ended:
             out.forget.append(inst.job_id)
             if inst.draining_since is None:
                 out.crashed.append(inst)
         elif inst.draining_since is not None:
+            draining += 1
             timed_out = now - inst.draining_since >= want.drain_timeout_s
             if not inst.running or inst.job_id in released or timed_out:
                 out.stop.append(inst.job_id)
@@ -104,6 +112,20 @@ def plan(
     if all(serves(v) for v in want.versions):  # none wanted (deleted): at once
         for inst in old:
             _drain(out, inst, now)
+        old = []
+    # in place: no more instances than wanted, counting the old and the draining ones; one
+    # old instance drains once nothing else does and every new one started serves
+    room = None
+    if not want.surge and old:
+        room = sum(want.versions.values()) - sum(map(len, live.values())) - len(old) - draining
+        # a new instance waiting for a slice (pending) does not hold the next drain back
+        settled = all(
+            i.job_state == "pending" or (i.running and (ready is None or i.job_id in ready))
+            for v in live.values()
+            for i in v
+        )
+        if room <= 0 and not draining and settled:
+            _drain(out, min(old, key=lambda i: i.created_at), now)
     for version, replicas in want.versions.items():
         surplus = len(live[version]) - replicas
         if surplus > 0:
@@ -117,8 +139,11 @@ def plan(
             until = (next_start or {}).get(version)
             if until is not None and now < until:
                 out.waiting_until = min(until, out.waiting_until or until)
-            else:
+            elif room is None:
                 out.start[version] = -surplus
+            elif room > 0:
+                out.start[version] = min(-surplus, room)
+                room -= out.start[version]
     return out
 
 

@@ -84,6 +84,11 @@ class DeploymentSpec(_Spec):
     replicas: Annotated[int | None, bounded(0, 1000, "instances")] = None
     scaling: ScalingSpec | None = None
     canary: list[CanarySpec] = Field(default_factory=list)
+    surge: bool = Field(
+        True,
+        description="a new version starts beside the old (true), or replaces it in place, one "
+        "instance at a time, when no spare slice exists (false)",
+    )
     placement: SelectorSpec = SelectorSpec()
     team: str
     drain_timeout_s: Annotated[
