@@ -13,8 +13,9 @@ tells versions of one deployment apart. Every instance is a job of the control p
 (`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
 `replicas` with the autoscaler's (`autoscale.py`). `canary` lists versions served beside the
 main one during a rollout, each with its share of requests, its replicas and its engine
-arguments. What the control plane does not act on yet (`scaling.min: 0`, `canary` with
-`scaling`) is validated and then refused with the reason, never silently ignored.
+arguments; `surge: false` replaces an old version in place instead of beside it. What the
+control plane does not act on yet (`scaling.min: 0`, `canary` with `scaling`) is validated and
+then refused with the reason, never silently ignored.
 """
 
 from __future__ import annotations
