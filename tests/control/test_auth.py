@@ -50,6 +50,7 @@ DEPLOYMENT = {
     "replicas": 1,
     "team": "research",
     "slice": {"gpu_mem_mib": 8192, "gpu_cores_pct": 25},
+    "canary": [{"version": "v2", "weight": 10}],
 }
 
 
@@ -97,6 +98,9 @@ class World:
             ("POST", "/deployments/load"): ("/deployments/load", {"gateway": "g", "models": []}),
             ("GET", "/deployments/{name}"): ("/deployments/chat", None),
             ("POST", "/deployments/{name}/scale"): ("/deployments/chat/scale", {"replicas": 2}),
+            ("GET", "/deployments/{name}/rollout"): ("/deployments/chat/rollout", None),
+            ("POST", "/deployments/{name}/promote"): ("/deployments/chat/promote", None),
+            ("POST", "/deployments/{name}/rollback"): ("/deployments/chat/rollback", None),
             ("DELETE", "/deployments/{name}"): ("/deployments/chat", None),
             ("GET", "/nodes"): ("/nodes", None),
             ("POST", "/jobs"): ("/jobs", job("new", command=["true"])),

@@ -51,6 +51,102 @@ def test_apply_refuses_what_can_never_be_served(client: TestClient) -> None:
     assert client.get("/deployments").json() == []
 
 
+def test_a_canary_that_cannot_be_honoured_is_refused_with_the_rule(client: TestClient) -> None:
+    cases = [
+        ([{"version": "v1", "weight": 10}], "versions must differ from each other and from"),
+        (
+            [{"version": "v2", "weight": 10}, {"version": "v2", "weight": 5}],
+            "versions must differ",
+        ),
+        (
+            [{"version": "v2", "weight": 60}, {"version": "v3", "weight": 50}],
+            "the weights add up to 110 %; they must add up to at most 100 (version v1 takes "
+            "the rest)",
+        ),
+        ([{"version": "v2", "weight": 101}], "canary.0.weight"),
+        ([{"version": "v2", "weight": -1}], "canary.0.weight"),
+        ([{"version": "V 2", "weight": 1}], "must be 1-20 lowercase letters"),
+        ([{"version": "v2", "wieght": 1}], "did you mean 'weight'"),
+    ]
+    for canary, message in cases:
+        response = client.post("/deployments", json={**SPEC, "canary": canary})
+        assert response.status_code == 422, canary
+        assert message in response.json()["detail"], response.json()
+    scaled = {**SPEC, "scaling": {"min": 1, "max": 2}, "canary": [{"version": "v2", "weight": 5}]}
+    refused = client.post("/deployments", json=scaled)
+    assert refused.status_code == 422
+    assert "canary with scaling is not implemented yet" in refused.json()["detail"]
+    assert client.get("/deployments").json() == []
+
+
+def test_a_canary_runs_its_own_instances_then_is_promoted_or_rolled_back(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    service, client = held
+    canary = [{"version": "v2", "weight": 10, "engine_args": ["--itl-ms", "5"]}]
+    assert client.post("/deployments", json={**SPEC, "canary": canary}).status_code == 201
+    status = client.get("/deployments/chat/rollout").json()
+    assert [(v["version"], v["weight"], v["replicas"]) for v in status["versions"]] == [
+        ("v1", 90.0, 1),
+        ("v2", 10.0, 1),
+    ]
+    with service.store.session() as session:
+        jobs = {j.name: j.spec["command"] for j in session.query(Job)}
+    assert set(jobs) == {"chat-v1", "chat-v2"}
+    assert jobs["chat-v2"][-2:] == ["--itl-ms", "5"]  # the canary's own engine arguments
+    watch = client.get("/deployments/watch", params={"timeout_s": 0}).json()
+    assert watch["models"][0]["weights"] == {"v1": 90.0, "v2": 10.0}
+    rolled = client.post("/deployments/chat/rollback").json()
+    assert [(v["version"], v["weight"], v["replicas"]) for v in rolled["versions"]] == [
+        ("v1", 100.0, 1),
+        ("v2", 0.0, 0),
+    ]
+    # the canary never ran: it stopped at once instead of draining
+    assert rolled["versions"][1]["running"] == 0
+    again = client.post("/deployments/chat/rollback")
+    assert again.status_code == 409
+    assert "has no canary to roll back" in again.json()["detail"]
+    client.post("/deployments", json={**SPEC, "canary": canary})
+    promoted = client.post("/deployments/chat/promote", json={}).json()
+    assert promoted["version"] == "v2"
+    assert promoted["versions"][0] == {
+        "version": "v2",
+        "weight": 100.0,
+        "replicas": 1,
+        "running": 0,
+        "ready": None,
+        "draining": 0,
+    }
+    spec = client.get("/deployments/chat").json()["spec"]
+    assert spec["engine_args"] == ["--itl-ms", "5"]
+    assert "canary" not in spec or spec["canary"] == []
+    events = [e["message"] for e in client.get("/deployments/chat").json()["events"]]
+    assert any(m.startswith("promoted (was v1 90 %, v2 10 %)") for m in events), events
+    missing = client.post("/deployments/chat/promote", json={"version": "v9"})
+    assert missing.status_code == 409
+    assert "has no canary to promote" in missing.json()["detail"]
+
+
+def test_without_surge_a_new_version_takes_the_old_ones_cards_in_place(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    service, client = held
+    # two cards, two instances of one card each: no spare slice for v2 beside v1
+    client.post("/deployments", json={**SPEC, "replicas": 2})
+
+    def states() -> list[tuple[str, str]]:
+        insts = client.get("/deployments/chat").json()["instances"]
+        return sorted((i["version"], i["state"]) for i in insts)
+
+    in_place = {**SPEC, "replicas": 2, "version": "v2", "surge": False}
+    client.post("/deployments", json=in_place)
+    assert states() == [("v1", "admitted"), ("v1", "draining")]  # it gives its card up
+    service.deployments.reconcile()  # the stopped v1 is forgotten: its card takes a v2
+    assert states() == [("v1", "admitted"), ("v2", "admitted")]
+    service.deployments.reconcile()  # the last v1 waits until that v2 serves
+    assert states() == [("v1", "admitted"), ("v2", "admitted")]
+
+
 def test_a_dry_run_places_one_instance_and_changes_nothing(client: TestClient) -> None:
     out = client.post("/deployments", json=SPEC, params={"dry_run": "true"})
     assert out.status_code == 200
@@ -79,7 +175,7 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
     assert all(j.spec["command"][3:5] == ["engine", "sim"] for j in jobs)
     # nothing runs yet: the gateway is shown no instance
     assert client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"] == [
-        {"name": "chat", "engine": "sim", "upstream_model": "sim", "instances": []}
+        {"name": "chat", "engine": "sim", "upstream_model": "sim", "weights": {}, "instances": []}
     ]
 
 

@@ -289,3 +289,89 @@ async def test_a_new_version_replaces_the_old_under_load_without_a_failed_reques
     assert all(t.rstrip().endswith("data: [DONE]") for _, t in answers)
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         await api.delete(url + "/deployments/chat")
+
+
+async def test_a_canary_takes_its_weight_then_is_promoted_or_rolled_back_under_load(
+    control: tuple[ControlService, str],
+) -> None:
+    """v2 takes 10 % of the requests beside v1, is promoted (v1 drains once v2 serves the
+    deployment's replicas), then a v3 canary is rolled back (its instances drain): streams
+    running throughout all finish, none failed or truncated."""
+    _, url = control
+    fast = ["--itl-ms", "5"]  # 40 tokens in 0.2 s: many requests in a short test
+    spec = {**SPEC, "replicas": 1, "engine_args": fast}
+    canary = {**spec, "canary": [{"version": "v2", "weight": 10}]}
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        assert (await api.post(url + "/deployments", json=canary)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    placed: list[str] = []
+    events = gateway._events
+    placed_before = events.placed
+
+    def count(model: str, choice: Any) -> None:
+        placed.append(choice.instance_id.split("-")[1])  # chat-v2-<n>: the version
+        placed_before(model, choice)
+
+    events.placed = count
+
+    def versions() -> set[str]:
+        return {i.id.split("-")[1] for i in gateway.routers["chat"].instances}
+
+    def ready() -> int:
+        return "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count
+
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for("v1 and v2 ready", lambda: ready() == 2)
+        stop = asyncio.Event()
+        answers: list[tuple[int, str]] = []
+
+        async def worker() -> None:
+            while not stop.is_set():
+                answers.append(await chat(client, gw_url))
+
+        workers = [asyncio.create_task(worker()) for _ in range(4)]
+        await wait_for("200 requests placed", lambda: len(placed) >= 200, timeout_s=180)
+        share = 100 * placed[:200].count("v2") / 200
+        assert abs(share - 10) <= 2, share
+        status = cli_json(url, "rollout", "status", "chat")
+        assert [(v["version"], v["weight"], v["ready"]) for v in status["versions"]] == [
+            ("v1", 90.0, 1),
+            ("v2", 10.0, 1),
+        ]
+
+        code, out = cli(url, "rollout", "promote", "chat")
+        assert code == 0, out
+        await wait_for("only v2 in the gateway", lambda: versions() == {"v2"})
+        promoted_at = len(placed)
+        await wait_for("requests after the promotion", lambda: len(placed) >= promoted_at + 20)
+        assert set(placed[promoted_at + 4 :]) == {"v2"}  # 4 may have been in the queue
+
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+            v3 = {**spec, "version": "v2", "canary": [{"version": "v3", "weight": 50}]}
+            assert (await api.post(url + "/deployments", json=v3)).status_code == 200
+        await wait_for("v2 and v3 ready", lambda: ready() == 2 and versions() == {"v2", "v3"})
+        canary_at = len(placed)
+        await wait_for("requests on v3", lambda: "v3" in placed[canary_at:], timeout_s=60)
+        code, out = cli(url, "rollout", "rollback", "chat")
+        assert code == 0, out
+        await wait_for("v3 gone from the gateway", lambda: versions() == {"v2"})
+        rolled_at = len(placed)
+        await wait_for("requests after the rollback", lambda: len(placed) >= rolled_at + 20)
+        stop.set()
+        await asyncio.gather(*workers)
+        # the gateway released v3's instance: the control plane stops it
+        await wait_for(
+            "only v2 in the rollout status",
+            lambda: (
+                [v["version"] for v in cli_json(url, "rollout", "status", "chat")["versions"]]
+                == ["v2"]
+            ),
+            timeout_s=60,
+        )
+    assert set(placed[rolled_at + 4 :]) == {"v2"}
+    assert len(answers) >= 260
+    assert [s for s, _ in answers] == [200] * len(answers)
+    assert all(t.rstrip().endswith("data: [DONE]") and '"error"' not in t for _, t in answers)
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        await api.delete(url + "/deployments/chat")

@@ -1,4 +1,5 @@
-"""`gpuplane deploy apply | list | describe | scale | delete`: deployments on the control plane."""
+"""`gpuplane deploy apply | list | describe | scale | rollout | delete`: deployments on the control
+plane."""
 
 from __future__ import annotations
 
@@ -169,6 +170,74 @@ def scale(
     with client(server, token) as c:
         out = c.scale_deployment(name, replicas)
     emit(out, output, _describe_table)
+
+
+rollout_app = typer.Typer(
+    help="A deployment's rollout: its versions' weights, promote a canary, roll back.",
+    no_args_is_help=True,
+)
+app.add_typer(rollout_app, name="rollout")
+
+
+@rollout_app.command("status")
+def rollout_status(
+    name: str = NAME,
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Per version: its share of requests and its instances (wanted, running, ready, draining)."""
+    with client(server, token) as c:
+        out = c.rollout(name)
+    emit(out, output, _rollout_table)
+
+
+@rollout_app.command()
+def promote(
+    name: str = NAME,
+    version: str | None = typer.Option(
+        None, "--version", help="the canary to promote (needed when there are several)"
+    ),
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """The canary becomes the version: its instances stay, the old version's drain once it
+    serves the deployment's replicas."""
+    with client(server, token) as c:
+        out = c.rollout(name, "promote", version)
+    emit(out, output, _rollout_table)
+
+
+@rollout_app.command()
+def rollback(
+    name: str = NAME,
+    server: str | None = SERVER_OPTION,
+    token: str | None = TOKEN_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Drop the canaries: their instances drain; the version serves every request."""
+    with client(server, token) as c:
+        out = c.rollout(name, "rollback")
+    emit(out, output, _rollout_table)
+
+
+def _rollout_table(d: dict[str, Any]) -> None:
+    print_table(
+        ["VERSION", "WEIGHT", "REPLICAS", "RUNNING", "READY", "DRAINING"],
+        [
+            (
+                v["version"] + (" (main)" if v["version"] == d["version"] else ""),
+                f"{v['weight']:g} %",
+                v["replicas"],
+                v["running"],
+                "-" if v["ready"] is None else v["ready"],
+                v["draining"],
+            )
+            for v in d["versions"]
+        ],
+        title=f"deployment {d['name']}",
+    )
 
 
 @app.command()

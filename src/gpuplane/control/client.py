@@ -189,6 +189,19 @@ class ControlClient:
         )
         return out
 
+    def rollout(
+        self, name: str, action: str = "status", version: str | None = None
+    ) -> dict[str, Any]:
+        """A deployment's rollout: `status`, or `promote` (a canary, `version` with several)
+        or `rollback` (every canary drains)."""
+        if action == "status":
+            out: dict[str, Any] = self.json("GET", f"/deployments/{name}/rollout")
+        elif action == "promote":
+            out = self.json("POST", f"/deployments/{name}/promote", json={"version": version})
+        else:
+            out = self.json("POST", f"/deployments/{name}/rollback")
+        return out
+
     def delete_deployment(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = self.json("DELETE", f"/deployments/{name}")
         return out

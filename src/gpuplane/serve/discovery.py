@@ -164,6 +164,7 @@ class Discovery:
                 )
                 continue
             self._sync(name, {str(i["id"]): i for i in model["instances"]})
+            gw.routers[name].set_weights(model.get("weights") or {})
         for name in self.owned - seen:
             self._sync(name, {})
 
@@ -174,7 +175,7 @@ class Discovery:
             if iid in router.slots:  # draining and listed again: cannot be, ids are jobs
                 continue
             inst = wanted[iid]
-            router.add_instance(iid, str(inst["url"]), int(inst["capacity"]))
+            router.add_instance(iid, str(inst["url"]), int(inst["capacity"]), inst.get("version"))
             log.info(
                 "instance %s of %s added (%s); admitted once it answers its health probe",
                 iid,

@@ -262,6 +262,7 @@ class ProxyCall:
         the instance is marked down at once, so the next try goes elsewhere (with every
         instance down the router refuses with 503)."""
         avoid: frozenset[str] = frozenset()
+        version: str | None = None  # a retry stays on the rollout version it was placed on
         retries_left = self.retries
         while True:
             try:
@@ -271,6 +272,7 @@ class ProxyCall:
                     weight=self.tenant.weight,
                     priority=self.tenant.priority,
                     avoid=avoid,
+                    version=version,
                 )
             except Rejected as exc:
                 status = 429 if exc.reason is Rejection.QUEUE_FULL else 503
@@ -301,6 +303,7 @@ class ProxyCall:
             if self.status:  # the answer had begun: _attempt ended it with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}
+            version = admission.version
             if failure.kind is not FailureKind.CONNECT:
                 if not retries_left:
                     break

@@ -29,6 +29,7 @@ from gpuplane.serve.queue import FairQueue, Ticket
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
 from gpuplane.serve.speed import Answer, InstanceSpeeds
+from gpuplane.serve.versions import VersionPicker
 
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
@@ -44,6 +45,7 @@ class Admission:
     choice: Choice
     blocks: Sequence[int] = ()
     finished: bool = False
+    version: str | None = None  # the rollout's version it was placed on (None: no rollout)
     # placed as cached: the blocks the instance served since it last served this prefix
     distance: int | None = None
 
@@ -62,6 +64,7 @@ class _Waiter:
     preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
     since: float = 0.0  # when it joined the queue (the router's clock)
+    version: str | None = None  # placed only on this version's instances (a rollout)
 
 
 class SharedSlots(Protocol):
@@ -131,6 +134,10 @@ class ModelRouter:
         self.events = events or RouterEvents()
         self._clock = clock
         self._rng = rng or random.Random()
+        # a rollout (discovery): each instance's version, and the versions' weights in percent
+        self.versions: dict[str, str] = {}
+        self.weights: dict[str, float] = {}
+        self._picker = VersionPicker(self._rng)
         self.shared = shared
         if shared is not None:
             shared.attach(self)
@@ -141,9 +148,13 @@ class ModelRouter:
 
     # -- instances that come and go (discovery) -----------------------------------------------
 
-    def add_instance(self, instance_id: str, url: str, capacity: int) -> None:
-        """A new instance: it takes requests once it first answers its health probe (or a
-        request), like one that recovers."""
+    def add_instance(
+        self, instance_id: str, url: str, capacity: int, version: str | None = None
+    ) -> None:
+        """A new instance (of `version`, in a rollout): it takes requests once it first
+        answers its health probe (or a request), like one that recovers."""
+        if version is not None:
+            self.versions[instance_id] = version
         self.slots.add(instance_id, url.rstrip("/"), capacity)
         self.health.add(instance_id)
         self.speeds.add(instance_id)
@@ -155,7 +166,27 @@ class ModelRouter:
         if self.slots.drain(instance_id):
             self._remove(instance_id)
 
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """The rollout's version weights in percent (empty: every instance serves any
+        request). Queued requests keep the version they picked."""
+        self.weights = dict(weights)
+
+    def pick_version(self) -> str | None:
+        """A request's version (`VersionPicker`) among those with a ready instance;
+        None when there is no rollout (one version or none)."""
+        if len(self.weights) < 2:
+            return None
+        return self._picker.pick(self.weights, self._ready_versions())
+
+    def _ready_versions(self) -> set[str]:
+        """The rollout's versions with a ready (healthy, not draining) instance."""
+        ready = {
+            self.versions.get(i.id) for i in self.slots.instances if i.healthy and not i.draining
+        }
+        return {v for v in ready if v in self.weights}
+
     def _remove(self, instance_id: str) -> None:
+        self.versions.pop(instance_id, None)
         self.slots.remove(instance_id)
         self.health.remove(instance_id)
         self.speeds.remove(instance_id)
@@ -178,6 +209,7 @@ class ModelRouter:
         priority: int = 0,
         timeout_s: float | None = None,
         avoid: frozenset[str] = frozenset(),
+        version: str | None = None,
     ) -> Admission:
         """A slot on the best instance for the completion request `body` (parsed JSON), now or
         after waiting in the fair queue.
@@ -186,15 +218,19 @@ class ModelRouter:
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         With shared slots, a slot the view granted but another gateway holds sends the request
         back to placement (or the queue's tail) with what is left of its timeout.
+        In a rollout the request picks a version by weight (`pick_version`), or keeps
+        `version` (a retry), and is placed only on that version's instances.
         """
         if not self.slots.healthy_count:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
+        version = version or self.pick_version()
         blocks = self._blocks(body)
         affinity = self._affinity(blocks)
-        wait = None if avoid else self.delay.wait_for(blocks, affinity)
+        # delay scheduling waits for busy instances of any version: not in a rollout
+        wait = None if avoid or version else self.delay.wait_for(blocks, affinity)
         if not len(self.queue) and wait is None:
-            admission = self._place(blocks, affinity, avoid) or (
-                self._place(blocks, affinity) if avoid else None
+            admission = self._place(blocks, affinity, avoid, version) or (
+                self._place(blocks, affinity, version=version) if avoid else None
             )
             if admission is not None:
                 if self.shared is None:
@@ -207,6 +243,7 @@ class ModelRouter:
                     priority=priority,
                     timeout_s=timeout_s,
                     avoid=avoid,
+                    version=version,
                 )
                 return await self._commit(admission, again)
         if self.queue.is_full():
@@ -216,7 +253,7 @@ class ModelRouter:
                 f"({self.queue.max_size} waiting); retry later",
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future(), since=self._clock())
+        waiter = _Waiter(blocks, loop.create_future(), since=self._clock(), version=version)
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
         timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
@@ -240,7 +277,13 @@ class ModelRouter:
             return admission
         left = max(0.0, timeout - (self._clock() - started))
         again = functools.partial(
-            self.acquire, body, tenant=tenant, weight=weight, priority=priority, timeout_s=left
+            self.acquire,
+            body,
+            tenant=tenant,
+            weight=weight,
+            priority=priority,
+            timeout_s=left,
+            version=version,
         )
         return await self._commit(admission, again)
 
@@ -361,8 +404,9 @@ class ModelRouter:
         blocks: Sequence[int],
         affinity: dict[str, int],
         avoid: frozenset[str] = frozenset(),
+        version: str | None = None,
     ) -> Admission | None:
-        candidates = self.slots.available()
+        candidates = self._available(version)
         if avoid:
             candidates = [c for c in candidates if c.id not in avoid]
         candidates = self.speeds.quick_enough(candidates, blocks, affinity)
@@ -378,7 +422,14 @@ class ModelRouter:
             self.index.record(blocks, choice.instance_id)
         self.events.placed(self.name, choice)
         url = self.slots.get(choice.instance_id).url
-        return Admission(lease, url, choice, blocks, distance=distance)
+        return Admission(lease, url, choice, blocks, distance=distance, version=version)
+
+    def _available(self, version: str | None) -> Sequence[InstanceSlots]:
+        """Instances with a free slot (of `version` only, when given)."""
+        free = self.slots.available()
+        if version is None:
+            return free
+        return [i for i in free if self.versions.get(i.id) == version]
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
@@ -406,7 +457,9 @@ class ModelRouter:
                 return
             if waiter.future.done():
                 continue
-            admission = self._place(waiter.blocks, self._affinity(waiter.blocks))
+            admission = self._place(
+                waiter.blocks, self._affinity(waiter.blocks), version=waiter.version
+            )
             if admission is None:
                 return
             self._stop_preferring(waiter)
@@ -417,7 +470,13 @@ class ModelRouter:
         return float(is_hit(self.index.depth_on(waiter.blocks, instance_id), waiter.blocks))
 
     def _eligible(self, waiter: _Waiter) -> bool:
-        """May this waiter take a free slot now? Not while it waits for busy instances."""
+        """May this waiter take a free slot now? Not while it waits for busy instances, nor
+        when no instance of its version has one (a waiter whose version has no ready instance
+        left, rolled back or down, picks a version again)."""
+        if waiter.version is not None and waiter.version not in self._ready_versions():
+            waiter.version = self.pick_version()  # its version lost every ready instance
+        if waiter.version is not None and not self._available(waiter.version):
+            return False
         return not waiter.preferred or not self.delay.still_full(waiter.preferred)
 
     # -- waiters ----------------------------------------------------------------------------

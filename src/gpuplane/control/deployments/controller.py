@@ -32,7 +32,7 @@ from gpuplane.control.oplog import log
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.store import Store
-from gpuplane.errors import unknown_name
+from gpuplane.errors import ConfigError, unknown_name
 from gpuplane.serve.supervisor import Backoff
 
 # engines of a deployment listen on this machine's loopback: the `local` adapter runs them here
@@ -131,12 +131,16 @@ class Deployments:
                 assert row is not None
                 row.spec, row.updated_at = _stored(spec), now
                 session.add(row)
+            canary = "".join(
+                f", canary {c.version} ({c.weight:g} %, {c.replicas} replica(s))"
+                for c in spec.canary
+            )
             _event(
                 session,
                 now,
                 spec.name,
                 f"{action}: version {spec.version}, "
-                f"{spec.desired} replica(s) of {spec.engine} {spec.model}",
+                f"{spec.desired} replica(s) of {spec.engine} {spec.model}{canary}",
             )
         self.reconcile(spec.name)
         return Applied(spec.name, action, placement)
@@ -155,6 +159,31 @@ class Deployments:
         data = {**_stored(spec), "replicas": replicas}
         self.apply(data)
         return parse_deployment(data)
+
+    def promote(self, name: str, version: str | None = None) -> DeploymentSpec:
+        """The canary `version` (the only one, when None) becomes the deployment's version:
+        its instances stay, more start up to the main version's replicas, and the old
+        version's drain once those serve."""
+        return self._roll(name, lambda spec: spec.promoted(version), "promoted")
+
+    def rollback(self, name: str) -> DeploymentSpec:
+        """Drop every canary: their instances drain; the main version serves everything."""
+        return self._roll(name, DeploymentSpec.rolled_back, "rolled back")
+
+    def _roll(
+        self, name: str, change: Callable[[DeploymentSpec], DeploymentSpec], verb: str
+    ) -> DeploymentSpec:
+        with self.service.store.session() as session:
+            spec = self.spec(session, name)
+        try:
+            new = change(spec)
+        except ConfigError as exc:
+            raise ConflictError(f"{exc}; see `gpuplane deploy rollout status {name}`") from None
+        with self.service.store.session() as session, session.begin():
+            weights = ", ".join(f"{v} {w:g} %" for v, w in spec.weights().items())
+            _event(session, self.service.clock(), name, f"{verb} (was {weights})")
+        self.apply(_stored(new))
+        return new
 
     def delete(self, name: str) -> None:
         """Drain every instance, stop each after its requests (or the drain timeout), then
@@ -190,9 +219,10 @@ class Deployments:
             spec = parse_deployment(row.spec)
             seen = self._instances(session, name)
             replicas = self._autoscale(session, spec, seen, now)
-            want = Want(None if row.deleting else spec.version, replicas, spec.drain_timeout_s)
+            versions = {} if row.deleting else spec.replicas_by_version(replicas)
+            want = Want(versions, spec.drain_timeout_s, spec.surge)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
-        todo = plan(want, seen, now, next_start, self._released(name, seen), self._ready(name))
+        todo = plan(want, seen, now, next_start, self._released(name, seen), self.ready(name))
         self._carry_out(spec, todo, now)
         if row.deleting and not [i for i in seen if i.job_id not in todo.forget]:
             with self.service.store.session() as session, session.begin():
@@ -229,7 +259,7 @@ class Deployments:
         fresh = self._fresh(name, self.service.clock())
         return sum(r.held.get(job_id, 0) for r in fresh) if fresh else None
 
-    def _ready(self, name: str) -> set[str] | None:
+    def ready(self, name: str) -> set[str] | None:
         """The instances every reporting gateway admits to (None: no gateway reports)."""
         fresh = self._fresh(name, self.service.clock())
         if not fresh:
@@ -310,8 +340,9 @@ class Deployments:
         for job_id in todo.stop:
             with contextlib.suppress(ConflictError):  # it ended meanwhile: forgotten next round
                 self.service.cancel(job_id)
-        for _ in range(todo.start):
-            self._start(spec, now)
+        for version, n in todo.start.items():
+            for _ in range(n):
+                self._start(spec.of_version(version), now)
 
     def _crashed(self, session: Session, spec: DeploymentSpec, inst: Instance, now: float) -> None:
         job = session.get(Job, inst.job_id)
@@ -379,7 +410,8 @@ class Deployments:
 
     def endpoints(self) -> dict[str, Any]:
         """What the gateway watches: every deployment's instances that serve (job running, not
-        draining), and `resource_version`, a digest of that list."""
+        draining) with their version, its versions' weights during a rollout, and
+        `resource_version`, a digest of all that."""
         with self.service.store.session() as session:
             rows = session.execute(
                 select(DeploymentInstance, Deployment.spec)
@@ -394,6 +426,7 @@ class Deployments:
                 "name": s["name"],
                 "engine": s["engine"],
                 "upstream_model": s["model"],
+                "weights": DeploymentSpec.model_validate(s).weights(),
                 "instances": [],
             }
             for s in names

@@ -4,17 +4,23 @@ No I/O and no clock: the caller hands `now` and each version's earliest next sta
 back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
 - an instance whose job ended is forgotten; one that ended while still wanted crashed, and its
   version's next start waits out a back-off (the caller's `Backoff`);
-- a version no longer wanted drains every instance: at once when the deployment is deleted; when
-  the spec names another version, once that version serves its replicas (running, and ready in
-  every gateway that reports: its instances start beside the old ones, so traffic always has
-  somewhere to go); a version with more instances
+- the wanted versions are the spec's `version` and, during a rollout, its canaries'; a version
+  no longer wanted (replaced, promoted from, rolled back) drains every instance: at once when
+  the deployment is deleted, else once every wanted version serves its replicas (running, and
+  ready in every gateway that reports: new instances start beside the old ones, so traffic
+  always has somewhere to go); a version with more instances
   than its replicas drains the surplus, those not yet running first (they hold no requests),
   then the newest;
 - a draining instance that never ran is stopped at once; one that ran is stopped once the
   gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
   began to drain, which lets the gateways finish their requests there first;
 - a version with fewer instances than its replicas starts the missing ones, unless its back-off
-  has not yet passed.
+  has not yet passed;
+- without `surge` (replace in place, for an estate with no spare slice), an old version is
+  replaced one instance at a time: no more instances than the replicas wanted, counting the old
+  and the draining ones, and one old instance drains once none drains and every new one
+  placed serves (one still pending, waiting for a slice, does not hold it back); the new one
+  starts once the old one has stopped.
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ class Instance:
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """What one deployment wants: `replicas` instances of `version` (none when deleted)."""
+    """What one deployment wants: per version, its instances (several versions during a
+    rollout; none when deleted)."""
 
-    version: str | None
-    replicas: int
+    versions: Mapping[str, int]
     drain_timeout_s: float
+    surge: bool = True  # False: replace an old version in place, one instance at a time
 
 
 @dataclass(slots=True)
@@ -59,7 +66,7 @@ class Plan:
     crashed: list[Instance] = field(default_factory=list)  # ended while wanted
     drain: list[str] = field(default_factory=list)  # no new requests from now
     stop: list[str] = field(default_factory=list)  # stop its job now
-    start: int = 0  # new instances of the wanted version
+    start: dict[str, int] = field(default_factory=dict)  # new instances per wanted version
     waiting_until: float | None = None  # a start waits for the back-off until then
 
     @property
@@ -80,39 +87,63 @@ def plan(
     `ready`: the instances the gateways admit to (None: no gateway reports; a running job
     counts as serving)."""
     out = Plan()
-    live: list[Instance] = []
+    live: dict[str, list[Instance]] = {v: [] for v in want.versions}
     old: list[Instance] = []
+    draining = 0  # instances that drain and still hold their slice
     for inst in instances:
         if inst.ended:
             out.forget.append(inst.job_id)
             if inst.draining_since is None:
                 out.crashed.append(inst)
         elif inst.draining_since is not None:
+            draining += 1
             timed_out = now - inst.draining_since >= want.drain_timeout_s
             if not inst.running or inst.job_id in released or timed_out:
                 out.stop.append(inst.job_id)
-        elif inst.version != want.version:
+        elif inst.version not in want.versions:
             old.append(inst)
         else:
-            live.append(inst)
-    serving = [i for i in live if i.running and (ready is None or i.job_id in ready)]
-    if want.version is None or len(serving) >= want.replicas:
+            live[inst.version].append(inst)
+
+    def serves(version: str) -> bool:
+        up = [i for i in live[version] if i.running and (ready is None or i.job_id in ready)]
+        return len(up) >= want.versions[version]
+
+    if all(serves(v) for v in want.versions):  # none wanted (deleted): at once
         for inst in old:
             _drain(out, inst, now)
-    surplus = len(live) - want.replicas
-    if surplus > 0:
-        # not yet running first (they hold no requests), then the newest
-        order = sorted(live, key=lambda i: (i.running, -i.created_at))
-        for inst in order[:surplus]:
-            _drain(out, inst, now)
-    elif surplus < 0 and want.version is not None:
-        if out.crashed:
-            return out  # the caller counts the crash first; the next round starts it
-        until = (next_start or {}).get(want.version)
-        if until is not None and now < until:
-            out.waiting_until = until
-        else:
-            out.start = -surplus
+        old = []
+    # in place: no more instances than wanted, counting the old and the draining ones; one
+    # old instance drains once nothing else does and every new one started serves
+    room = None
+    if not want.surge and old:
+        room = sum(want.versions.values()) - sum(map(len, live.values())) - len(old) - draining
+        # a new instance waiting for a slice (pending) does not hold the next drain back
+        settled = all(
+            i.job_state == "pending" or (i.running and (ready is None or i.job_id in ready))
+            for v in live.values()
+            for i in v
+        )
+        if room <= 0 and not draining and settled:
+            _drain(out, min(old, key=lambda i: i.created_at), now)
+    for version, replicas in want.versions.items():
+        surplus = len(live[version]) - replicas
+        if surplus > 0:
+            # not yet running first (they hold no requests), then the newest
+            order = sorted(live[version], key=lambda i: (i.running, -i.created_at))
+            for inst in order[:surplus]:
+                _drain(out, inst, now)
+        elif surplus < 0:
+            if any(i.version == version for i in out.crashed):
+                continue  # the caller counts the crash first; the next round starts it
+            until = (next_start or {}).get(version)
+            if until is not None and now < until:
+                out.waiting_until = min(until, out.waiting_until or until)
+            elif room is None:
+                out.start[version] = -surplus
+            elif room > 0:
+                out.start[version] = min(-surplus, room)
+                room -= out.start[version]
     return out
 
 

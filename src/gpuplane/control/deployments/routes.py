@@ -48,6 +48,10 @@ class LoadReport(BaseModel):
     models: list[ModelLoad]
 
 
+class PromoteBody(BaseModel):
+    version: str | None = Field(None, description="the canary to promote (needed with several)")
+
+
 class ScaleBody(BaseModel):
     replicas: int = Field(ge=0, le=1000, description="instances of the current version")
 
@@ -102,6 +106,20 @@ def add_routes(api: FastAPI, service: ControlService) -> None:
     def scale(name: str, body: ScaleBody) -> dict[str, Any]:
         deployments.scale(name, body.replicas)
         return _describe(service, name)
+
+    @api.get("/deployments/{name}/rollout", tags=["deployments"])
+    def rollout(name: str) -> dict[str, Any]:
+        return _rollout(service, name)
+
+    @api.post("/deployments/{name}/promote", tags=["deployments"])
+    def promote(name: str, body: PromoteBody | None = None) -> dict[str, Any]:
+        deployments.promote(name, body.version if body else None)
+        return _rollout(service, name)
+
+    @api.post("/deployments/{name}/rollback", tags=["deployments"])
+    def rollback(name: str) -> dict[str, Any]:
+        deployments.rollback(name)
+        return _rollout(service, name)
 
     @api.delete("/deployments/{name}", tags=["deployments"])
     def delete(name: str) -> dict[str, Any]:
@@ -179,6 +197,33 @@ def _describe(service: ControlService, name: str) -> dict[str, Any]:
         "instances": instances,
         "events": [{"at": e.at, "message": e.message} for e in reversed(events)],
     }
+
+
+def _rollout(service: ControlService, name: str) -> dict[str, Any]:
+    """Per version: its share of requests, the instances wanted, running, ready in every
+    reporting gateway (None: no gateway reports) and draining; the main version first, then
+    the canaries, then versions that drain."""
+    d = _describe(service, name)
+    spec = parse_deployment(d["spec"])
+    wanted = spec.replicas_by_version(d["replicas"])
+    weights = spec.weights() or {spec.version: 100.0}
+    ready = service.deployments.ready(name)
+    order = list(wanted) + sorted({i["version"] for i in d["instances"]} - wanted.keys())
+    versions = []
+    for v in order:
+        mine = [i for i in d["instances"] if i["version"] == v]
+        running = [i for i in mine if i["state"] == "running"]
+        versions.append(
+            {
+                "version": v,
+                "weight": weights.get(v, 0.0),
+                "replicas": wanted.get(v, 0),
+                "running": len(running),
+                "ready": None if ready is None else sum(i["id"] in ready for i in running),
+                "draining": sum(i["state"] == "draining" for i in mine),
+            }
+        )
+    return {"name": name, "version": spec.version, "versions": versions}
 
 
 def _summary(d: dict[str, Any]) -> dict[str, Any]:

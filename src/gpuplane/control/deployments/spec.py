@@ -11,9 +11,11 @@ The minimal spec is a name, a model and an engine:
 a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
 tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
 (`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
-`replicas` with the autoscaler's (`autoscale.py`). What the control plane does not act on yet
-(`canary`, `scaling.min: 0`) is validated and then refused with the reason, never silently
-ignored.
+`replicas` with the autoscaler's (`autoscale.py`). `canary` lists versions served beside the
+main one during a rollout, each with its share of requests, its replicas and its engine
+arguments; `surge: false` replaces an old version in place instead of beside it. What the
+control plane does not act on yet (`scaling.min: 0`, `canary` with `scaling`) is validated and
+then refused with the reason, never silently ignored.
 """
 
 from __future__ import annotations
@@ -51,9 +53,25 @@ class ScalingSpec(_Spec):
     cooldown_s: Annotated[float, Field(ge=0)] = 60.0
 
 
+def _check_version(value: str) -> str:
+    if not _VERSION.match(value):
+        raise ValueError(
+            f"'{value}' must be 1-20 lowercase letters, digits, '-' or '.', starting and "
+            "ending with a letter or digit (e.g. v1, 2024-06-01)"
+        )
+    return value
+
+
 class CanarySpec(_Spec):
+    """A version served beside the main one: its share of requests, its instances, and the
+    engine arguments it runs with (default: the deployment's)."""
+
     version: str
     weight: Annotated[float, Field(ge=0, le=100, description="percent of requests")]
+    replicas: Annotated[int, bounded(1, 1000, "instances of this version")] = 1
+    engine_args: list[str] | None = None
+
+    _version = field_validator("version")(_check_version)
 
 
 class DeploymentSpec(_Spec):
@@ -67,6 +85,11 @@ class DeploymentSpec(_Spec):
     replicas: Annotated[int | None, bounded(0, 1000, "instances")] = None
     scaling: ScalingSpec | None = None
     canary: list[CanarySpec] = Field(default_factory=list)
+    surge: bool = Field(
+        True,
+        description="a new version starts beside the old (true), or replaces it in place, one "
+        "instance at a time, when no spare slice exists (false)",
+    )
     placement: SelectorSpec = SelectorSpec()
     team: str
     drain_timeout_s: Annotated[
@@ -84,15 +107,7 @@ class DeploymentSpec(_Spec):
             )
         return value
 
-    @field_validator("version")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        if not _VERSION.match(value):
-            raise ValueError(
-                f"'{value}' must be 1-20 lowercase letters, digits, '-' or '.', starting and "
-                "ending with a letter or digit (e.g. v1, 2024-06-01)"
-            )
-        return value
+    _version = field_validator("version")(_check_version)
 
     @model_validator(mode="after")
     def _honoured(self) -> DeploymentSpec:
@@ -107,12 +122,73 @@ class DeploymentSpec(_Spec):
                 "scaling: min 0 (scale to zero) is not implemented yet: the gateway refuses a "
                 "request while no instance exists instead of holding it; set min to 1 or more"
             )
-        if self.canary:
+        versions = [self.version] + [c.version for c in self.canary]
+        if len(set(versions)) < len(versions):
             raise ValueError(
-                "canary: weighted rollouts are not implemented yet (issue 20 item 5); deploy "
-                "the new version under another name, or change `version` to replace the old one"
+                f"canary: versions must differ from each other and from `version` "
+                f"({self.version}), got {', '.join(versions)}"
+            )
+        total = sum(c.weight for c in self.canary)
+        if total > 100:
+            raise ValueError(
+                f"canary: the weights add up to {total:g} %; they must add up to at most 100 "
+                f"(version {self.version} takes the rest)"
+            )
+        if self.canary and self.scaling is not None:
+            raise ValueError(
+                "canary with scaling is not implemented yet: the autoscaler sizes one version; "
+                "give `replicas` during the rollout, or promote or roll back first"
             )
         return self
+
+    def weights(self) -> dict[str, float]:
+        """Percent of requests per version in a rollout: each canary's weight, the main
+        version the rest (empty without a canary)."""
+        if not self.canary:
+            return {}
+        rest = 100 - sum(c.weight for c in self.canary)
+        return {self.version: rest} | {c.version: c.weight for c in self.canary}
+
+    def of_version(self, version: str) -> DeploymentSpec:
+        """The spec one version's instances run: the main one, or a canary with its engine
+        arguments (unvalidated copy: every field was checked on this spec)."""
+        for c in self.canary:
+            if c.version == version:
+                args = self.engine_args if c.engine_args is None else c.engine_args
+                return self.model_copy(
+                    update={"version": version, "engine_args": args, "canary": []}
+                )
+        return self
+
+    def promoted(self, version: str | None = None) -> DeploymentSpec:
+        """The spec once canary `version` (the only one, when None) becomes the version: its
+        engine arguments, the replicas of the main version, the other canaries kept."""
+        if not self.canary:
+            raise ConfigError(f"deployment {self.name} has no canary to promote")
+        names = [c.version for c in self.canary]
+        if version is None and len(names) > 1:
+            raise ConfigError(
+                f"deployment {self.name} has {len(names)} canaries ({', '.join(names)}); "
+                "name the version to promote"
+            )
+        chosen = names[0] if version is None else version
+        if chosen not in names:
+            raise ConfigError(
+                f"deployment {self.name} has no canary {chosen}; its canaries: {', '.join(names)}"
+            )
+        spec = self.of_version(chosen)
+        rest = [c for c in self.canary if c.version != chosen]
+        return spec.model_copy(update={"canary": rest})
+
+    def rolled_back(self) -> DeploymentSpec:
+        """The spec without its canaries: their instances drain."""
+        if not self.canary:
+            raise ConfigError(f"deployment {self.name} has no canary to roll back")
+        return self.model_copy(update={"canary": []})
+
+    def replicas_by_version(self, main: int) -> dict[str, int]:
+        """The instances each version keeps: `main` of the main version, each canary's own."""
+        return {self.version: main} | {c.version: c.replicas for c in self.canary}
 
     @property
     def desired(self) -> int:
