@@ -27,17 +27,20 @@ def test_an_unknown_engine_lists_the_valid_ones() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "reason"),
+    ("fields", "reason"),
     [
-        ("scaling", {"min": 0, "max": 3}, "scale to zero) is not implemented yet"),
-        ("canary", [{"version": "v2", "weight": 10}], "weighted rollouts are not implemented"),
+        ({"scaling": {"min": 0, "max": 3}}, "scale to zero) is not implemented yet"),
+        (
+            {"scaling": {"min": 1, "max": 3}, "canary": [{"version": "v2", "weight": 10}]},
+            "canary with scaling is not implemented yet",
+        ),
     ],
 )
 def test_fields_not_acted_on_yet_are_refused_with_the_reason(
-    field: str, value: Any, reason: str
+    fields: dict[str, Any], reason: str
 ) -> None:
     with pytest.raises(SpecError) as caught:
-        parse_deployment({**BASE, field: value})
+        parse_deployment({**BASE, **fields})
     assert reason in str(caught.value)
 
 
