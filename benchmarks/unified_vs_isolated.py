@@ -317,7 +317,7 @@ def show(sc: dict[str, Any], gpus: int, jobs: int) -> None:
 RATIOS = {
     "throughput_ratio": "without time limits, unified with node reservations",
     "throughput_ratio_no_reservation": "without time limits, unified without node reservations",
-    "throughput_ratio_limits": "with time limits (over the better isolated run)",
+    "throughput_ratio_limits": "with time limits (over the better isolated run with --limits both)",
 }
 
 
