@@ -317,7 +317,7 @@ def show(sc: dict[str, Any], gpus: int, jobs: int) -> None:
 RATIOS = {
     "throughput_ratio": "without time limits, unified with node reservations",
     "throughput_ratio_no_reservation": "without time limits, unified without node reservations",
-    "throughput_ratio_limits": "with time limits (over the better isolated run)",
+    "throughput_ratio_limits": "with time limits (over the better isolated run with --limits both)",
 }
 
 
@@ -400,23 +400,36 @@ def main() -> None:
         for future in futures:  # in order, each as soon as it and those before it are done
             scenarios.append(future.result())
             show(scenarios[-1], gpus, args.jobs)
+            # written after every stream, so a run stopped early keeps the streams it finished
+            last = len(scenarios) == len(futures)
+            save(results(args, seeds, scenarios, echo=last), args.out, echo_json=args.json and last)
+
+
+def results(
+    args: argparse.Namespace, seeds: list[int], scenarios: list[dict[str, Any]], *, echo: bool
+) -> dict[str, Any]:
+    """The JSON of the streams simulated so far: each stream's rows, and per share split the
+    mean, min and max of each ratio over its streams (printed when `echo`)."""
     summary = []
-    if len(seeds) > 1:
-        print("mean over seeds " + ",".join(map(str, seeds)))
-        for text in args.shares.split(";"):
-            key = ",".join(f"{float(x):g}" for x in text.split(","))
-            rows = [sc for sc in scenarios if sc["shares"] == key]
-            means = {
-                f"mean_{k}": round(float(np.mean([sc[k] for sc in rows])), 3)
-                for k in RATIOS
-                if k in rows[0]
-            }
-            print(f"  shares {text}:")
-            for key, label in RATIOS.items():
-                if key in rows[0]:
-                    print(f"    {means[f'mean_{key}']:.3f}x {label}")
-            summary.append({"shares": text, **means})
-    out = {
+    done = [sc["seed"] for sc in scenarios]
+    for text in args.shares.split(";"):
+        key = ",".join(f"{float(x):g}" for x in text.split(","))
+        rows = [sc for sc in scenarios if sc["shares"] == key]
+        if len(rows) < 2:
+            continue
+        spread: dict[str, Any] = {"shares": text, "streams": len(rows)}
+        if echo:
+            print(f"over {len(rows)} streams (seeds {','.join(map(str, done))}), shares {text}:")
+        for k, label in RATIOS.items():
+            if k not in rows[0]:
+                continue
+            values = [sc[k] for sc in rows]
+            mean, low, high = float(np.mean(values)), min(values), max(values)
+            spread |= {f"mean_{k}": round(mean, 3), f"min_{k}": low, f"max_{k}": high}
+            if echo:
+                print(f"  mean {mean:.3f}x ({low:.3f}-{high:.3f}) {label}")
+        summary.append(spread)
+    return {
         "benchmark": "unified_vs_isolated",
         "clusters": [
             {"name": c, "region": r, "model": m, "card_mib": mem, "speed": s}
@@ -426,6 +439,7 @@ def main() -> None:
         "nodes_per_cluster": args.nodes_per_cluster,
         "offered_load": args.load,
         "seeds": seeds,
+        "seeds_done": done,
         "reserve_after_h": args.reserve_after_h,
         "max_reservations": args.max_reservations,
         "speed_weight": args.speed_weight,
@@ -436,7 +450,6 @@ def main() -> None:
         "mean_over_seeds": summary,
         "goal_ratio": 1.5,
     }
-    save(out, args.out, echo_json=args.json)
 
 
 if __name__ == "__main__":
