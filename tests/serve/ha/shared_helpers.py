@@ -20,8 +20,9 @@ from tests.serve.ha.shared_drill import RedisProcess, redis_process
 
 _prefixes = itertools.count()
 
-# Short enough that a test sees a resync and an expiry in about a second.
-TTL_S = 0.6
+# Short enough that a test sees a resync and an expiry in a few seconds, long enough that a
+# loaded machine does not pass a whole resync window between two steps of a test.
+TTL_S = 1.2
 
 
 def prefix() -> str:
@@ -30,7 +31,7 @@ def prefix() -> str:
 
 
 def options(url: str, gateway: str, key: str, **kw: float) -> SharedOptions:
-    opts: dict[str, float] = {"ttl_s": TTL_S, "renew_s": 0.15, "sync_s": 0.05, "timeout_s": 0.2}
+    opts: dict[str, float] = {"ttl_s": TTL_S, "renew_s": 0.15, "sync_s": 0.05, "timeout_s": 0.5}
     opts.update(kw)
     return SharedOptions(url=url, gateway_id=gateway, prefix=key, **opts)
 
