@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from tests.control.svc_helpers import (
     make_service,
     wait_state,
 )
-from tests.e2e.test_serve_cli import GPUPLANE, wait_http
+from tests.e2e.test_serve_cli import gateway_over_sim
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -65,43 +64,16 @@ def scrape_config(targets: dict[str, tuple[str, str | None]]) -> str:
     return f"global:\n  scrape_interval: 1s\nscrape_configs:\n{jobs}"
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(30)
-
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
     """A gateway with an admin key and one tenant (with a limit), over one simulated engine."""
-    sim_port, gw_port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [*GPUPLANE, "engine", "sim", "--base-port", str(sim_port), "--instances", "1",
-         "--max-num-seqs", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    cfg = tmp_path / "gateway.yaml"
-    cfg.write_text(
+    config = (
         f"gateway:\n  admin:\n    key_sha256: ['{key_digest(ADMIN_KEY)}']\n"
-        "models:\n  - name: smollm2\n    engine: sim\n    instances:\n"
-        f"      - {{url: 'http://127.0.0.1:{sim_port}', max_concurrency: 2}}\n"
         f"tenants:\n  - name: team-a\n    key_sha256: ['{key_digest(TENANT_KEY)}']\n"
         "    limits: [{requests: 1000, window_s: 60}]\n"
     )
-    gw = subprocess.Popen(
-        [*GPUPLANE, "gateway", "--config", str(cfg), "--port", str(gw_port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_http(f"http://127.0.0.1:{sim_port}/health", sim)
-        wait_http(f"http://127.0.0.1:{gw_port}/readyz", gw)
-        yield f"http://127.0.0.1:{gw_port}"
-    finally:
-        stop(gw)
-        stop(sim)
+    with gateway_over_sim(tmp_path, config) as (url, _):
+        yield url
 
 
 def traffic(url: str) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -34,32 +35,47 @@ def wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 180) -> 
     raise AssertionError(f"{url} did not answer within {timeout_s} s")
 
 
-@pytest.fixture
-def sim_gateway(tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def gateway_over_sim(
+    tmp_path: Path, config: str = ""
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`gpuplane gateway` over one simulated engine (model smollm2, 2 slots), both as
+    subprocesses; `config` is YAML put beside the `models:` section. Yields the gateway's URL and
+    process; stops both with SIGINT (killed if they do not end within 30 s)."""
     sim_port, gw_port = free_port(), free_port()
     sim = subprocess.Popen(
         [*GPUPLANE, "engine", "sim", "--base-port", str(sim_port), "--instances", "1",
          "--max-num-seqs", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    config = tmp_path / "gateway.yaml"
-    config.write_text(
-        "models:\n  - name: smollm2\n    engine: sim\n    instances:\n"
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        config + "models:\n  - name: smollm2\n    engine: sim\n    instances:\n"
         f'      - {{url: "http://127.0.0.1:{sim_port}", max_concurrency: 2}}\n'
     )
     gw = subprocess.Popen(
-        [*GPUPLANE, "gateway", "--config", str(config), "--port", str(gw_port)],
+        [*GPUPLANE, "gateway", "--config", str(path), "--port", str(gw_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{sim_port}/health", sim)
         wait_http(f"http://127.0.0.1:{gw_port}/readyz", gw)
-        yield f"http://127.0.0.1:{gw_port}"
+        yield f"http://127.0.0.1:{gw_port}", gw
     finally:
         for p in (gw, sim):
             p.send_signal(signal.SIGINT)
-            p.wait(30)
-        assert gw.returncode == 0
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(30)
+
+
+@pytest.fixture
+def sim_gateway(tmp_path: Path) -> Iterator[str]:
+    with gateway_over_sim(tmp_path) as (url, gw):
+        yield url
+    assert gw.returncode == 0
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
