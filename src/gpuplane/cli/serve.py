@@ -259,7 +259,7 @@ def status(
 ) -> None:
     """Show the gateway's role in HA (mode, role, epoch), its instances (model, state, in
     flight, capacity, last error) and each model's queue, from its /admin/state."""
-    emit(_admin_get(server, "/admin/state", admin_key), output, _state_tables)
+    emit(admin_get(server, "/admin/state", admin_key), output, _state_tables)
 
 
 @gateway_app.command()
@@ -271,10 +271,10 @@ def usage(
     """Show what each tenant used since the gateway started (requests, prompt and completion
     tokens, slot-seconds, requests refused by its limits) and its limits' current windows, from
     its /admin/usage."""
-    emit(_admin_get(server, "/admin/usage", admin_key), output, _usage_table)
+    emit(admin_get(server, "/admin/usage", admin_key), output, _usage_table)
 
 
-def _admin_get(server: str, path: str, admin_key: str | None) -> Any:
+def admin_get(server: str, path: str, admin_key: str | None) -> Any:
     """The JSON of an admin route; any failure exits non-zero saying what to do."""
     url = server.rstrip("/") + path
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}

@@ -98,9 +98,9 @@ def usage(
     if team is not None:
         data["teams"] = [t for t in data["teams"] if t["team"] == team]
     if gateway is not None:
-        from gpuplane.cli.serve import _admin_get
+        from gpuplane.cli.serve import admin_get
 
-        tenants = _admin_get(gateway, "/admin/usage", admin_key)["tenants"]
+        tenants = admin_get(gateway, "/admin/usage", admin_key)["tenants"]
         data["gateway"] = {
             "url": gateway,
             "since": "the gateway's start",
