@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -283,7 +284,7 @@ def scenario(
             isolated = max(isolated, rows[0]["throughput_jobs_per_h"])
         ratios["throughput_ratio_limits"] = round(limited[1]["throughput_jobs_per_h"] / isolated, 3)
     return {
-        "shares": ",".join(f"{x:g}" for x in shares),
+        "shares": share_key(shares),
         "seed": seed,
         "teams": {t: {"home": h, "share": round(share[t], 3)} for t, h in TEAMS.items()},
         "results": rows,
@@ -384,6 +385,12 @@ def main() -> None:
     ap.add_argument(
         "--workers", type=int, default=1, help="job streams simulated at once (processes)"
     )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the streams --out already holds from a run with the same settings and "
+        "simulate only the missing ones",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     nodes = inventory(args.nodes_per_cluster)
@@ -394,15 +401,37 @@ def main() -> None:
         for seed in seeds
     ]
     gpus = sum(len(n.devices) for n in nodes)
+    scenarios = finished(args, seeds) if args.resume and args.out.exists() else []
+    kept = {(sc["shares"], sc["seed"]) for sc in scenarios}
+    streams = [(sh, seed) for sh, seed in streams if (share_key(sh), seed) not in kept]
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [pool.submit(scenario, args, nodes, sh, seed) for sh, seed in streams]
-        scenarios = []
         for future in futures:  # in order, each as soon as it and those before it are done
             scenarios.append(future.result())
             show(scenarios[-1], gpus, args.jobs)
             # written after every stream, so a run stopped early keeps the streams it finished
-            last = len(scenarios) == len(futures)
+            last = future is futures[-1]
             save(results(args, seeds, scenarios, echo=last), args.out, echo_json=args.json and last)
+
+
+def share_key(shares: list[float]) -> str:
+    """How a stream's team shares are written in the JSON (its `shares`)."""
+    return ",".join(f"{x:g}" for x in shares)
+
+
+def finished(args: argparse.Namespace, seeds: list[int]) -> list[dict[str, Any]]:
+    """The streams of `seeds` that --out already holds (for --resume), provided they were run
+    with this run's settings; a run with other settings is refused rather than mixed in."""
+    old: dict[str, Any] = json.loads(args.out.read_text())
+    here = results(args, seeds, [], echo=False)
+    settings = [k for k in here if k not in ("seeds", "seeds_done", "scenarios", "mean_over_seeds")]
+    differ = {k: (old.get(k), here[k]) for k in settings if old.get(k) != here[k]}
+    if differ:
+        raise SystemExit(
+            f"--resume: {args.out} was run with other settings (was, now): {differ}; run with "
+            "the same options, or without --resume to start over"
+        )
+    return [sc for sc in old["scenarios"] if sc["seed"] in seeds]
 
 
 def results(
@@ -413,7 +442,7 @@ def results(
     summary = []
     done = [sc["seed"] for sc in scenarios]
     for text in args.shares.split(";"):
-        key = ",".join(f"{float(x):g}" for x in text.split(","))
+        key = share_key([float(x) for x in text.split(",")])
         rows = [sc for sc in scenarios if sc["shares"] == key]
         if len(rows) < 2:
             continue
