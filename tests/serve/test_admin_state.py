@@ -8,7 +8,9 @@ from tests.serve.conftest import SEGV, asgi_gateway, one_of_each_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 
-INSTANCE_KEYS = {"model", "id", "url", "state", "in_flight", "capacity", "last_error"}
+INSTANCE_KEYS = {
+    "model", "id", "url", "state", "in_flight", "capacity", "last_error", "prefix_cache"
+}  # fmt: skip
 
 
 async def test_admin_state_lists_each_instance_once_with_its_model_and_state() -> None:

@@ -316,3 +316,20 @@ async def test_aborted_request_keeps_its_slot_until_the_engine_has_seen_the_abor
     assert held == 1
     assert after.status_code == 200
     assert stats[0]["max_running_seen"] == 1
+
+
+async def test_an_engine_that_counts_its_cached_tokens_teaches_the_prefix_index() -> None:
+    """The simulator reports `usage.prompt_tokens_details.cached_tokens`, as vLLM does: once an
+    answer carried it, the instance's cache is learned from those counts (`/admin/state`)."""
+    async with gateway(instances=1) as (base, client, _):
+        before = (await client.get(f"{base}/admin/state")).json()["instances"][0]
+        stream = {**CHAT, "stream": True}
+        async with client.stream("POST", f"{base}/v1/chat/completions", json=stream) as s:
+            assert [line async for line in s.aiter_lines() if line][-1] == "data: [DONE]"
+        unasked = (await client.get(f"{base}/admin/state")).json()["instances"][0]
+        assert (await client.post(f"{base}/v1/chat/completions", json=CHAT)).status_code == 200
+        after = (await client.get(f"{base}/admin/state")).json()["instances"][0]
+    assert before["prefix_cache"] == {"blocks": None, "learned_from": "latency"}
+    # a stream whose client did not ask for usage carries no count
+    assert unasked["prefix_cache"]["learned_from"] == "latency"
+    assert after["prefix_cache"]["learned_from"] == "engine"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpuplane.serve.limits import Usage
 from gpuplane.serve.speed import Answer, InstanceSpeeds
 from tests.serve.conftest import SLOW, SYSTEM, fleet_with_a_slow_card, make_router, prompt
 
@@ -117,3 +118,42 @@ async def test_learns_that_an_engine_keeps_only_its_last_prompt_and_stops_predic
     # placed as uncached, answered at cached speed: it keeps more than that after all
     assert not await serve(a, 0.1)
     assert (router.index.capacity(iid) or 0) > learned
+
+
+async def test_an_engine_that_counts_its_cached_tokens_decides_hits_not_its_latency() -> None:
+    router, _ = make_router([1])
+    iid = "http://i0"
+    a, b = prompt("system prompt a " * 40), prompt("system prompt b " * 40)
+
+    async def serve(body: dict[str, Any], cached_tokens: int, seconds: float) -> bool:
+        admission = await router.acquire(body)
+        router.observe_first_byte(admission, seconds)
+        router.observe_usage(admission, Usage(160, 4, cached=cached_tokens))
+        router.finish(admission)
+        return admission.cached
+
+    assert not await serve(a, 0, 8.0)
+    assert not await serve(b, 0, 8.0)
+    # predicted a hit, answered as fast as one, but the engine says it served no cached token
+    assert await serve(a, 0, 0.1)
+    assert router.index.capacity(iid) is not None  # it keeps less than the index assumed
+    # placed as uncached and slow to its first byte, yet the engine served it from its cache
+    bound = router.index.capacity(iid) or 0
+    assert not await serve(b, 150, 8.0)
+    assert (router.index.capacity(iid) or 0) > bound
+    # a hit slow to its first byte (a busy engine) is still a hit: the index keeps the prefix
+    assert await serve(b, 150, 8.0)
+    assert await serve(b, 150, 0.1)
+
+
+async def test_an_engine_that_does_not_count_its_cached_tokens_is_still_learned_by_latency() -> (
+    None
+):
+    router, _ = make_router([1])
+    a, b = prompt("system prompt a " * 40), prompt("system prompt b " * 40)
+    for body in (a, b, a):
+        admission = await router.acquire(body)
+        router.observe_first_byte(admission, 8.0)  # every answer at uncached speed
+        router.observe_usage(admission, Usage(160, 4))  # usage without a cached count
+        router.finish(admission)
+    assert router.index.capacity("http://i0") is not None

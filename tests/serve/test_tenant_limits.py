@@ -12,6 +12,7 @@ from gpuplane.config import parse_settings
 from gpuplane.errors import ConfigError
 from gpuplane.serve.limits import (
     Account,
+    Usage,
     asked_tokens,
     estimated_completion,
     reported_usage,
@@ -130,16 +131,25 @@ def test_a_request_may_use_its_prompt_s_estimate_plus_its_max_tokens() -> None:
 def test_usage_is_read_from_a_body_or_the_stream_event_that_carries_it() -> None:
     usage = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
     body = json.dumps({"choices": [{"message": {"content": "hello"}}], "usage": usage})
-    assert reported_usage(body.encode()) == (11, 4)
+    assert reported_usage(body.encode()) == Usage(11, 4, cached=None)
     events = (
         b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
         b'data: {"choices":[],"usage":' + json.dumps(usage).encode() + b"}\n\n"
         b"data: [DONE]\n\n"
     )
-    assert streamed_usage(events) == (11, 4)
+    assert streamed_usage(events) == Usage(11, 4, cached=None)
     assert streamed_usage(b'data: {"choices":[]}\n\n') is None
     assert reported_usage(b'{"usage": null}') is None
     assert reported_usage(b'{"usage": {"prompt_tokens": "3"}}') is None
+
+
+def test_the_prompt_tokens_an_engine_s_cache_served_are_read_where_it_reports_them() -> None:
+    usage = {"prompt_tokens": 500, "completion_tokens": 8, "prompt_tokens_details": {}}
+    assert reported_usage(json.dumps({"usage": usage}).encode()) == Usage(500, 8, cached=None)
+    usage["prompt_tokens_details"] = {"cached_tokens": 480}  # vLLM's and SGLang's field
+    assert reported_usage(json.dumps({"usage": usage}).encode()) == Usage(500, 8, cached=480)
+    usage["prompt_tokens_details"] = {"cached_tokens": "480"}
+    assert reported_usage(json.dumps({"usage": usage}).encode()) == Usage(500, 8, cached=None)
     assert estimated_completion(b'{"choices": [{"message": {"content": "12345678"}}]}') == 2
     assert estimated_completion(b'{"choices": [{"text": "123"}]}') == 1
     assert estimated_completion(b"not json") == 0

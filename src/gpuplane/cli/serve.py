@@ -373,13 +373,28 @@ def _ha_row(ha: dict[str, Any]) -> tuple[object, ...]:
     return ha["mode"], ha["role"], ha["epoch"] or "-", f"{ha['holder']}; leader {leader}{at}"
 
 
+def _cache_cell(cache: dict[str, Any]) -> str:
+    """How many prompt blocks the gateway assumes the instance's cache keeps, and what it
+    learned that from (the engine's cached-token counts, or times to first token)."""
+    kept = "unbounded" if cache["blocks"] is None else f"{cache['blocks']} blocks"
+    return f"{kept} (by {cache['learned_from']})"
+
+
 def _state_tables(state: dict[str, Any]) -> None:
     if "ha" in state:
         print_table(["HA MODE", "ROLE", "EPOCH", "THIS GATEWAY; OTHERS"], [_ha_row(state["ha"])])
     print_table(
-        ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "LAST ERROR"],
+        ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "PREFIX CACHE", "LAST ERROR"],
         [
-            (i["model"], i["id"], i["state"], i["in_flight"], i["capacity"], i["last_error"] or "-")
+            (
+                i["model"],
+                i["id"],
+                i["state"],
+                i["in_flight"],
+                i["capacity"],
+                _cache_cell(i["prefix_cache"]),
+                i["last_error"] or "-",
+            )
             for i in state["instances"]
         ],
     )

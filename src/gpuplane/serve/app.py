@@ -186,6 +186,7 @@ class Gateway:
                 "in_flight": i.in_flight,
                 "capacity": i.capacity,
                 "last_error": i.last_error,
+                "prefix_cache": router.cache_state(i.id),
             }
             for router in self.routers.values()
             for i in router.instances

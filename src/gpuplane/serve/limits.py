@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -62,20 +62,33 @@ def estimated_completion(body: bytes) -> int:
     return estimate_tokens(text)
 
 
-def reported_usage(body: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from the `usage` object of a completion body (or of one SSE
-    event's data); None when it has none with both counts."""
+class Usage(NamedTuple):
+    """What the engine says a request used: prompt and completion tokens, and how many of the
+    prompt's tokens its prefix cache served (`cached`; None when the engine does not say:
+    vLLM reports it with `--enable-prompt-tokens-details`, SGLang with `--enable-cache-report`,
+    in the OpenAI field `usage.prompt_tokens_details.cached_tokens`)."""
+
+    prompt: int
+    completion: int
+    cached: int | None = None
+
+
+def reported_usage(body: bytes) -> Usage | None:
+    """The `usage` object of a completion body (or of one SSE event's data); None when it has
+    none with both token counts."""
     try:
         usage = orjson.loads(body).get("usage")
         prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
         return None
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return prompt, completion
-    return None
+    if not (isinstance(prompt, int) and isinstance(completion, int)):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(prompt, completion, cached if isinstance(cached, int) else None)
 
 
-def streamed_usage(chunk: bytes) -> tuple[int, int] | None:
+def streamed_usage(chunk: bytes) -> Usage | None:
     """`reported_usage` of the last SSE event in `chunk` that mentions `usage`."""
     at = chunk.rfind(b'"usage"')
     start = chunk.rfind(b"data:", 0, at) if at >= 0 else -1

@@ -34,6 +34,7 @@ from gpuplane.serve.errors import (
 )
 from gpuplane.serve.limits import (
     Charge,
+    Usage,
     estimate_tokens,
     estimated_completion,
     reported_usage,
@@ -135,7 +136,7 @@ class ProxyCall:
         self.tenant = tenant
         self.charge = charge
         self.wall = wall
-        self.reported: tuple[int, int] | None = None  # the engine's (prompt, completion) tokens
+        self.reported: Usage | None = None  # what the engine says the request used
         self.events = 0  # chunks streamed, or a whole answer's estimated tokens
         # engines put `usage` in a stream only when the client asks
         options = parsed.get("stream_options") if stream else None
@@ -188,7 +189,7 @@ class ProxyCall:
         """Charge the tenant what the request used: the engine's count, else an estimate when
         the engine answered, else nothing."""
         if self.reported is not None:
-            (prompt, completion), estimated = self.reported, False
+            prompt, completion, estimated = self.reported.prompt, self.reported.completion, False
         elif self.status == 200:
             prompt, estimated = estimate_tokens(prompt_text(self.parsed)), True
             completion = max(0, self.events - 1) if self.stream else self.events  # [DONE]
@@ -338,6 +339,8 @@ class ProxyCall:
                     self.reported = reported_usage(body)
                     if self.reported is None:
                         self.events = estimated_completion(body)
+                    else:
+                        self.router.observe_usage(admission, self.reported)
                 headers.append((b"content-length", str(len(body)).encode()))
                 await self._start(send, response.status, headers)
                 await self._finish(send, body)
@@ -398,6 +401,8 @@ class ProxyCall:
         self.silent_since = None
         if self.usage_asked:  # the usage event comes last before [DONE]
             self.reported = streamed_usage(previous + latest)
+            if self.reported is not None:
+                self.router.observe_usage(admission, self.reported)
         if _DONE not in tail:
             raise UpstreamFailure(
                 FailureKind.PROTOCOL, "the engine ended the stream without [DONE]"

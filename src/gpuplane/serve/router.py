@@ -23,8 +23,15 @@ from typing import Any, NoReturn, Protocol
 from gpuplane.serve.delay import DelayScheduler
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.health import InstanceHealth
+from gpuplane.serve.limits import Usage
 from gpuplane.serve.placement import Choice, make_policy
-from gpuplane.serve.prefix import PrefixIndex, block_hashes, is_hit, prompt_text
+from gpuplane.serve.prefix import (
+    LOCALITY_MIN_SHARE,
+    PrefixIndex,
+    block_hashes,
+    is_hit,
+    prompt_text,
+)
 from gpuplane.serve.queue import FairQueue, Ticket
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
@@ -127,6 +134,8 @@ class ModelRouter:
         self._by_prefix = self.policy.uses_prefix  # else prompts are not hashed: no affinity
         ids = [i.id for i in self.slots.instances]
         self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=self.policy.uses_speed)
+        # instances whose engine counts the prompt tokens its cache served (`observe_usage`)
+        self._counts_cached: set[str] = set()
         self.delay = DelayScheduler(
             self.slots, self.speeds, cfg.placement.locality_wait_s, cfg.queue.timeout_s
         )
@@ -192,6 +201,7 @@ class ModelRouter:
         self.speeds.remove(instance_id)
         self.delay.remove(instance_id)
         self.index.forget(instance_id)
+        self._counts_cached.discard(instance_id)
 
     def oldest_wait_s(self) -> float:
         """How long the longest-waiting queued request has waited (0 with none)."""
@@ -289,20 +299,46 @@ class ModelRouter:
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
         """A streamed answer's first byte came `seconds` after it was sent: learn the speeds
-        from it, and what the engine's cache keeps. A prefix placed as cached that came back at
-        uncached speed was evicted: the engine keeps fewer blocks than it served since that
-        prefix (`PrefixIndex.evicted`; without that distance, the prefix and what it used less
-        recently are forgotten). One placed as uncached that came back at cached speed says it
-        keeps more (`PrefixIndex.held`)."""
+        from it, and what the engine's cache keeps, unless the engine counts its cached tokens
+        itself (`observe_usage`). A prefix placed as cached that came back at uncached speed
+        was evicted; one placed as uncached that came back at cached speed was held."""
         iid = admission.lease.instance_id
         answer = self.speeds.observe(iid, admission.cached, seconds)
-        if answer is Answer.EVICTED:
-            if admission.distance is not None:
-                self.index.evicted(iid, admission.distance)
-            else:
-                self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
-        elif answer is Answer.HELD:
+        if answer is not Answer.LEARNED and iid not in self._counts_cached:
+            self._learn_cache(admission, held=answer is Answer.HELD)
+
+    def observe_usage(self, admission: Admission, usage: Usage) -> None:
+        """The engine said what the request used. Where it counts the prompt tokens its prefix
+        cache served (`usage.cached`), that count decides whether the placement hit, not the
+        time to first byte: from then on the instance's cache is learned from its counts."""
+        if usage.cached is None or usage.prompt <= 0:
+            return
+        iid = admission.lease.instance_id
+        self._counts_cached.add(iid)
+        hit = usage.cached >= LOCALITY_MIN_SHARE * usage.prompt
+        if hit != admission.cached:
+            self._learn_cache(admission, held=hit)
+
+    def cache_state(self, instance_id: str) -> dict[str, Any]:
+        """What the index assumes of the instance's prefix cache: the blocks it keeps warm
+        (None: no bound learned) and whether that was learned from the engine's counts of
+        cached tokens or from times to first token."""
+        learned_from = "engine" if instance_id in self._counts_cached else "latency"
+        return {"blocks": self.index.capacity(instance_id), "learned_from": learned_from}
+
+    def _learn_cache(self, admission: Admission, *, held: bool) -> None:
+        """The engine's cache differed from the index: it `held` a prefix placed as uncached
+        (the instance keeps more than the index thought: `PrefixIndex.held`), or evicted one
+        placed as cached (it keeps fewer blocks than it served since that prefix:
+        `PrefixIndex.evicted`; without that distance the prefix, and what it used less
+        recently, are forgotten)."""
+        iid = admission.lease.instance_id
+        if held:
             self.index.held(admission.blocks, iid)
+        elif admission.distance is not None:
+            self.index.evicted(iid, admission.distance)
+        else:
+            self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
 
     def finish(
         self,
