@@ -638,7 +638,7 @@ async def llama_matrix(args: argparse.Namespace) -> dict[str, Any]:
     for name, cache_bytes in (("llama-default", 0), ("llama-cache", EngineConfig().cache_bytes)):
         runs: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
-            for contender in LLAMA_CONTENDERS:
+            for contender in args.llama_contenders:
                 row = await llama_run(
                     contender, cache_bytes, args.llama_requests, seed, [8161, 8162, 8163]
                 )
@@ -784,9 +784,18 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="*", default=[], help="run only these matrix rows")
     parser.add_argument("--llama-seeds", type=int, default=10)
     parser.add_argument("--llama-requests", type=int, default=24)
+    parser.add_argument(
+        "--llama-contenders",
+        nargs="+",
+        default=list(LLAMA_CONTENDERS),
+        choices=LLAMA_CONTENDERS,
+        help="the contenders of the llama part (the floor needs round_robin and gpuplane)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gateway_matrix.json")
     parser.add_argument("--json", action="store_true", help="print the whole table as JSON")
     ns = parser.parse_args()
+    if not {DEFAULT, REFERENCE} <= set(ns.llama_contenders):
+        parser.error(f"--llama-contenders must include {REFERENCE} and {DEFAULT}: the floor")
     if ns.quick:
         ns.seeds = 1
         ns.parts = [p for p in ns.parts if p != "llama"]
