@@ -4,7 +4,9 @@ It stores deployments, and on every service tick (and right after an apply, scal
 plans each one and carries the plan out through the service's own job paths: an instance is
 started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
-supervisor's `Backoff`) before its replacement starts. `endpoints()` is what the gateway
+supervisor's `Backoff`) before its replacement starts; an instance lost with its cluster (which
+stopped answering) is recorded ended without asking it (`abandon`: its quota is freed), drains,
+and is replaced elsewhere at once. `endpoints()` is what the gateway
 watches: per deployment, its instances whose job runs and which do not drain, with a resource
 version that changes exactly when that list does.
 """
