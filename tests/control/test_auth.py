@@ -102,6 +102,10 @@ class World:
             ("POST", "/deployments/{name}/promote"): ("/deployments/chat/promote", None),
             ("POST", "/deployments/{name}/rollback"): ("/deployments/chat/rollback", None),
             ("DELETE", "/deployments/{name}"): ("/deployments/chat", None),
+            ("POST", "/deployments/{name}/faults"): (
+                "/deployments/chat/faults?dry_run=true",
+                {"fault": "crash"},
+            ),
             ("GET", "/nodes"): ("/nodes", None),
             ("POST", "/jobs"): ("/jobs", job("new", command=["true"])),
             ("POST", "/jobs/batch"): ("/jobs/batch", [job("b1", command=["true"])]),

@@ -139,3 +139,19 @@ def test_without_surge_new_instances_waiting_for_a_slice_let_an_old_one_give_its
     assert plan(v2, waiting, now=0.0).drain == ["a"]
     placed = [inst("a"), inst("p", "admitted", "v2", created=1)]
     assert plan(v2, placed, now=0.0).drain == []  # placed, not yet serving: a waits
+
+
+def test_a_lost_instance_is_replaced_at_once_without_a_back_off() -> None:
+    lost = Instance("a", "v1", "running", 0.0, lost="cluster east is unreachable")
+    todo = plan(V1, [lost, inst("b")], now=5.0)
+    assert [i.job_id for i in todo.lost] == ["a"]
+    assert todo.crashed == []  # it did not crash: no back-off holds its replacement
+    assert todo.start == {"v1": 1}
+    assert todo.stop == []  # nothing to send where nothing answers
+    # lost while draining: recorded ended too, and it no longer holds a slice
+    draining = Instance("c", "v1", "running", 0.0, draining_since=1.0, lost="gone")
+    assert [i.job_id for i in plan(V1, [draining, inst("b")], now=5.0).lost] == ["c"]
+    # next round its job has ended; it drained, so it is forgotten, not counted as a crash
+    ended = Instance("a", "v1", "failed", 0.0, draining_since=5.0)
+    after = plan(V1, [ended, inst("b"), inst("r", "pending")], now=6.0)
+    assert (after.forget, after.crashed, after.start) == (["a"], [], {})

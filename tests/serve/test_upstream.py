@@ -67,7 +67,8 @@ async def test_refused_connection_is_connect() -> None:
         assert caught.value.kind is FailureKind.CONNECT
         failed = await upstream.probe(url, 0.5)
         assert failed is not None
-        assert "cannot connect" in failed
+        assert failed.kind is FailureKind.CONNECT
+        assert "cannot connect" in str(failed)
     finally:
         await upstream.aclose()
 

@@ -12,6 +12,7 @@ from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import config as config_cli
 from gpuplane.cli import control as control_cli
 from gpuplane.cli import deploy as deploy_cli
+from gpuplane.cli import drill as drill_cli
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
@@ -34,6 +35,7 @@ app.add_typer(engine.app, name="engine")
 app.add_typer(control_cli.app, name="control")
 app.add_typer(job_cli.app, name="job")
 app.add_typer(deploy_cli.app, name="deploy")
+app.add_typer(drill_cli.app, name="drill")
 app.add_typer(cluster_cli.app, name="cluster")
 app.add_typer(quota_cli.app, name="quota")
 app.add_typer(simulate_cli.app, name="simulate")

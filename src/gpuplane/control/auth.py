@@ -116,6 +116,7 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("POST", "/deployments/{name}/promote"): ADMIN,
     ("POST", "/deployments/{name}/rollback"): ADMIN,
     ("DELETE", "/deployments/{name}"): ADMIN,
+    ("POST", "/deployments/{name}/faults"): ADMIN,
     ("GET", "/tokens"): ADMIN,
     ("POST", "/tokens"): ADMIN,
     ("DELETE", "/tokens/{token_id}"): ADMIN,

@@ -253,6 +253,21 @@ class ControlService:
         """Record jobs that ended (or that the backend lost), releasing their devices."""
         return self.binder.reconcile()
 
+    def abandon(self, job_id: str, why: str) -> bool:
+        """Record a running job ended (failed, `why`) without asking its cluster, which no
+        longer answers: its devices and quota are free for a replacement elsewhere. The copy
+        still running there, if any, is stopped once the cluster answers again (the binder
+        stops what runs where its job no longer does). False: it was no longer running."""
+        with self.locked() as (session, estate):
+            job = session.get(Job, job_id)
+            if job is None or not self.records.finish(
+                session, estate, job_id, "failed", None, why, self.clock(), expect="running"
+            ):
+                return False
+            team, cluster = job.team_name, job.cluster_name
+        job_event("finished", job_id, team=team, cluster=cluster, reason=why, state="failed")
+        return True
+
     def cancel(self, ref: str, teams: Collection[str] | None = None) -> str:
         """Cancel a pending or active job of `teams` (None: any team's; its process is
         stopped); returns its id."""

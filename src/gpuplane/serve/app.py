@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuplane.serve.discovery import Discovery
 from gpuplane.serve.engines import EngineAdapter, get_adapter
-from gpuplane.serve.errors import FailureKind, Rejection, error_response
+from gpuplane.serve.errors import Rejection, error_response
 from gpuplane.serve.limits import OverLimit, asked_tokens
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
@@ -158,7 +158,8 @@ class Gateway:
             await asyncio.sleep(self.cfg.health.probe_interval_s)
 
     async def probe_once(self) -> None:
-        """Probe every instance once; mark it healthy or count a failure."""
+        """Probe every instance once; mark it healthy or count a failure (a refused
+        connection marks it down at once: its engine is gone)."""
         checks = []
         for name, router in self.routers.items():
             for inst in router.instances:
@@ -171,7 +172,7 @@ class Gateway:
             if failure is None:
                 router.health.report_success(iid)
             else:
-                router.health.report_failure(iid, FailureKind.TIMEOUT, failure)
+                router.health.report_failure(iid, failure.kind, str(failure))
 
     # -- state ----------------------------------------------------------------------------
 

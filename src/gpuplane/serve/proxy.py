@@ -67,6 +67,29 @@ class _Cancel(enum.Enum):
     ENGINE_SILENT = "engine silent"  # between two chunks of a stream: ends the stream
 
 
+class Next(enum.Enum):
+    """What a request does after an attempt on an instance failed."""
+
+    RETRY = "retry"  # nothing reached the client: the same request goes to another instance
+    ENDED = "ended"  # the answer had begun: it was ended with an error event, never cut silently
+    GIVE_UP = "give up"  # nothing reached the client and no retry is left: a 502
+
+
+def after_failure(kind: FailureKind, answered: bool, retries_left: int) -> tuple[Next, int]:
+    """The step after a failed attempt, and the retries left then. Pure.
+
+    `answered`: a byte of the answer was sent to the client, so the request cannot be re-run
+    elsewhere (the client would get two answers spliced). A refused connection uses up no
+    retry: nothing reached an engine (an engine killed before the request arrived)."""
+    if answered:
+        return Next.ENDED, retries_left
+    if kind is FailureKind.CONNECT:
+        return Next.RETRY, retries_left
+    if retries_left <= 0:
+        return Next.GIVE_UP, 0
+    return Next.RETRY, retries_left - 1
+
+
 class ProxyCall:
     """An ASGI response whose status is only known once a slot was granted and the engine
     answered."""
@@ -257,11 +280,12 @@ class ProxyCall:
             await self._finish(send, sse_error_event(message, "request_timeout"))
 
     async def _serve(self, send: Send) -> None:
-        """Acquire, proxy, finish (release, health); a failure before the first byte (a
-        refused or broken connection, a 5xx answer; never silence) is retried elsewhere up to
-        `retries` times. A refused connection uses up no retry: nothing reached an engine, and
-        the instance is marked down at once, so the next try goes elsewhere (with every
-        instance down the router refuses with 503)."""
+        """Acquire, proxy, finish (release, health: once per attempt, so a lost engine's slot
+        is freed exactly once); a failure before the first byte (a refused or broken
+        connection, a 5xx answer, an engine killed mid-prefill; never silence) is retried
+        elsewhere up to `retries` times (`after_failure`). A refused connection uses up no
+        retry: nothing reached an engine, and the instance is marked down at once, so the next
+        try goes elsewhere (with every instance down the router refuses with 503)."""
         avoid: frozenset[str] = frozenset()
         version: str | None = None  # a retry stays on the rollout version it was placed on
         retries_left = self.retries
@@ -301,14 +325,13 @@ class ProxyCall:
                 return
             self.router.finish(admission, failure.kind, str(failure))
             self.series.failed(admission.lease.instance_id, failure.kind.value)
-            if self.status:  # the answer had begun: _attempt ended it with an error event
+            step, retries_left = after_failure(failure.kind, bool(self.status), retries_left)
+            if step is Next.ENDED:  # _attempt ended the answer with an error event
                 return
             avoid = avoid | {admission.lease.instance_id}
             version = admission.version
-            if failure.kind is not FailureKind.CONNECT:
-                if not retries_left:
-                    break
-                retries_left -= 1
+            if step is Next.GIVE_UP:
+                break
             self.series.retried()
         await self._send_error(
             send,

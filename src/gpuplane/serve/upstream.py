@@ -114,16 +114,20 @@ class Upstream:
         unfinished one closes its connection, so that the engine stops generating."""
         response.close()
 
-    async def probe(self, url: str, timeout_s: float) -> str | None:
-        """GET a health URL: None when it answers below 500 within `timeout_s`, else why not."""
+    async def probe(self, url: str, timeout_s: float) -> UpstreamFailure | None:
+        """GET a health URL: None when it answers below 500 within `timeout_s`, else the
+        failure, of the kind passive health counts (a refused connection: the engine is gone)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().get(url, timeout=timeout) as response:
                 await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return f"health probe: {_map(exc, url)}"
+            failure = _map(exc, url)
+            return UpstreamFailure(failure.kind, f"health probe: {failure}")
         if response.status >= 500:
-            return f"health probe: {url} answered {response.status}"
+            return UpstreamFailure(
+                FailureKind.STATUS, f"health probe: {url} answered {response.status}"
+            )
         return None
 
     async def _read_quietly(self, response: EngineResponse) -> bytes:

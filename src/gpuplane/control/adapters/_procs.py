@@ -118,6 +118,13 @@ class JobProcess:
             self.popen.poll()
         return process_start(self.record.pid) == self.record.start_time
 
+    def kill(self) -> None:
+        """SIGKILL its process group now, as a crash or a lost machine would (drills); the
+        wrapper dies too, so `status` reports the job lost. Idempotent; never raises."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.record.pid, signal.SIGKILL)
+
     def stop(self, grace_s: float) -> None:
         """SIGTERM to its process group, SIGKILL after `grace_s`; the identity is checked again
         before each signal, so a reused pid is never signalled. A wrapper killed on its own

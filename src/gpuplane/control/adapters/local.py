@@ -23,6 +23,10 @@ reports it running, ended with its code, or lost, and `release` stops it. Per-jo
 than store columns: pids and start times mean something only to this adapter on this machine, and
 the adapter interface stays the same for backends that keep that state themselves (a Pod, a Ray
 task).
+
+Drills (`deployments/faults.py`) inject the failures a local cluster cannot have on its own:
+`kill` a job's processes (an engine crash) and `lose` the cluster (its machine gone: every job
+killed, and the adapter answers nothing for a while, so the service marks it unreachable).
 """
 
 from __future__ import annotations
@@ -126,10 +130,14 @@ class LocalAdapter(ClusterAdapter):
             )
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
+        self._lost_until = float("-inf")  # time.monotonic() until which a drill lost it
 
     # -- inventory ---------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
+        up, why = self.reachable()
+        if not up:
+            raise AdapterError(f"cluster {self.cluster.name}: {why}")
         region = {LABEL_REGION: self.cluster.region}
         if self.cluster.discover_gpus:
             found = self._discover()
@@ -311,6 +319,34 @@ class LocalAdapter(ClusterAdapter):
     def close(self) -> None:
         for job_id in self.workloads():
             self.release(job_id)
+
+    def reachable(self) -> tuple[bool, str]:
+        left = self._lost_until - time.monotonic()
+        if left > 0:
+            return False, f"lost by a drill: its machine answers nothing for {left:.0f} s more"
+        return True, ""
+
+    # -- drills ------------------------------------------------------------------------------
+
+    def kill(self, job_id: str) -> None:
+        """SIGKILL the job's processes, as an engine crash would; `status` then reports it
+        lost. Unknown or ended: nothing to do."""
+        with self._lock:
+            run = self._held().get(job_id)
+        if run is not None:
+            run.kill()
+
+    def lose(self, for_s: float) -> list[str]:
+        """This cluster's machine is gone for `for_s` seconds: every job it runs is killed
+        (SIGKILL, as a power loss would) and until then `reachable()` says no and `inventory()`
+        raises. Returns the jobs killed; their records stay, so once the cluster answers again
+        the service finds them lost, or stops what it re-placed elsewhere meanwhile."""
+        with self._lock:
+            self._lost_until = time.monotonic() + for_s
+            runs = list(self._held().items())
+        for _, run in runs:
+            run.kill()
+        return [job_id for job_id, _ in runs]
 
 
 def _describe_exit(code: int) -> str:

@@ -4,7 +4,9 @@ It stores deployments, and on every service tick (and right after an apply, scal
 plans each one and carries the plan out through the service's own job paths: an instance is
 started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
-supervisor's `Backoff`) before its replacement starts. `endpoints()` is what the gateway
+supervisor's `Backoff`) before its replacement starts; an instance lost with its cluster (which
+stopped answering) is recorded ended without asking it (`abandon`: its quota is freed), drains,
+and is replaced elsewhere at once. `endpoints()` is what the gateway
 watches: per deployment, its instances whose job runs and which do not drain, with a resource
 version that changes exactly when that list does.
 """
@@ -27,7 +29,13 @@ from gpuplane.control.deployments.autoscale import STALE_S, Load, decide
 from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
 from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
-from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
+from gpuplane.control.models import (
+    Cluster,
+    Deployment,
+    DeploymentEvent,
+    DeploymentInstance,
+    Job,
+)
 from gpuplane.control.oplog import log
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
@@ -58,6 +66,8 @@ class JobService(Protocol):
     def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]: ...
 
     def cancel(self, ref: str) -> str: ...
+
+    def abandon(self, job_id: str, why: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +338,20 @@ class Deployments:
         with self.service.store.session() as session, session.begin():
             for inst in todo.crashed:
                 self._crashed(session, spec, inst, now)
+            for inst in todo.lost:
+                row = session.get(DeploymentInstance, inst.job_id)
+                if row is not None and row.draining_since is None:
+                    row.draining_since = now  # it ended on purpose: not a crash next round
+                _event(
+                    session,
+                    now,
+                    name,
+                    f"instance {inst.job_id} ({inst.version}) lost: {inst.lost}; a replacement "
+                    "starts elsewhere now",
+                )
+        for inst in todo.lost:
+            self.service.abandon(inst.job_id, f"lost: {inst.lost}")
+        with self.service.store.session() as session, session.begin():
             if todo.forget:
                 session.execute(
                     delete(DeploymentInstance).where(DeploymentInstance.job_id.in_(todo.forget))
@@ -398,14 +422,25 @@ class Deployments:
     @staticmethod
     def _instances(session: Session, name: str) -> list[Instance]:
         rows = session.execute(
-            select(DeploymentInstance, Job.state)
+            select(DeploymentInstance, Job.state, Job.cluster_name, Cluster.unreachable)
             .join(Job, Job.id == DeploymentInstance.job_id, isouter=True)
+            .join(Cluster, Cluster.name == Job.cluster_name, isouter=True)
             .where(DeploymentInstance.deployment == name)
             .order_by(DeploymentInstance.created_at)
         ).all()
         return [
-            Instance(r.job_id, r.version, state or "cancelled", r.created_at, r.draining_since)
-            for r, state in rows
+            Instance(
+                r.job_id,
+                r.version,
+                state or "cancelled",
+                r.created_at,
+                r.draining_since,
+                # a running job where the control plane no longer reaches: lost with its node
+                f"cluster {cluster} stopped answering ({down})"
+                if state == "running" and down
+                else None,
+            )
+            for r, state, cluster, down in rows
         ]
 
     def endpoints(self) -> dict[str, Any]:

@@ -4,6 +4,10 @@ No I/O and no clock: the caller hands `now` and each version's earliest next sta
 back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
 - an instance whose job ended is forgotten; one that ended while still wanted crashed, and its
   version's next start waits out a back-off (the caller's `Backoff`);
+- an instance whose job runs where the control plane no longer reaches (its cluster stopped
+  answering: a lost node or cluster) is lost: the caller records its job ended without asking
+  the cluster, which frees its slice and quota, and it drains; it neither serves nor counts, so
+  its replacement starts now, elsewhere (it did not crash: no back-off);
 - the wanted versions are the spec's `version` and, during a rollout, its canaries'; a version
   no longer wanted (replaced, promoted from, rolled back) drains every instance: at once when
   the deployment is deleted, else once every wanted version serves its replicas (running, and
@@ -40,6 +44,7 @@ class Instance:
     job_state: str  # pending | admitted | running | succeeded | failed | cancelled
     created_at: float
     draining_since: float | None = None
+    lost: str | None = None  # why the control plane no longer reaches where its job runs
 
     @property
     def ended(self) -> bool:
@@ -64,6 +69,7 @@ class Want:
 class Plan:
     forget: list[str] = field(default_factory=list)  # ended: drop the record
     crashed: list[Instance] = field(default_factory=list)  # ended while wanted
+    lost: list[Instance] = field(default_factory=list)  # record ended, drain; no stop to send
     drain: list[str] = field(default_factory=list)  # no new requests from now
     stop: list[str] = field(default_factory=list)  # stop its job now
     start: dict[str, int] = field(default_factory=dict)  # new instances per wanted version
@@ -71,7 +77,7 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.forget or self.drain or self.stop or self.start)
+        return bool(self.forget or self.lost or self.drain or self.stop or self.start)
 
 
 def plan(
@@ -95,6 +101,8 @@ def plan(
             out.forget.append(inst.job_id)
             if inst.draining_since is None:
                 out.crashed.append(inst)
+        elif inst.lost is not None:
+            out.lost.append(inst)
         elif inst.draining_since is not None:
             draining += 1
             timed_out = now - inst.draining_since >= want.drain_timeout_s

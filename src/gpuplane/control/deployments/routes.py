@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from gpuplane.control import queries
+from gpuplane.control.deployments import faults
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
 from gpuplane.control.service import ControlService
@@ -50,6 +51,14 @@ class LoadReport(BaseModel):
 
 class PromoteBody(BaseModel):
     version: str | None = Field(None, description="the canary to promote (needed with several)")
+
+
+class FaultBody(BaseModel):
+    fault: str = Field(description="crash | node | cluster")
+    instance: str | None = Field(None, description="the victim; default: the oldest running")
+    lost_for_s: float = Field(
+        60.0, gt=0, le=3600, description="node, cluster: how long it answers nothing"
+    )
 
 
 class ScaleBody(BaseModel):
@@ -120,6 +129,18 @@ def add_routes(api: FastAPI, service: ControlService) -> None:
     def rollback(name: str) -> dict[str, Any]:
         deployments.rollback(name)
         return _rollout(service, name)
+
+    @api.post("/deployments/{name}/faults", tags=["deployments"])
+    def fault(
+        name: str,
+        body: FaultBody,
+        dry_run: bool = Query(False, description="only name the instance it would hit"),
+    ) -> dict[str, Any]:
+        """A drill's fault (`gpuplane drill`): kill an instance's engine, or lose its node or
+        cluster for a while (`deployments/faults.py`; local clusters only)."""
+        return faults.inject(
+            service, name, body.fault, body.instance, lost_for_s=body.lost_for_s, dry_run=dry_run
+        ).to_json()
 
     @api.delete("/deployments/{name}", tags=["deployments"])
     def delete(name: str) -> dict[str, Any]:

@@ -1,0 +1,203 @@
+"""The self-healing drills end to end (`drills.run_drill`, what `gpuplane drill` runs): a control
+plane serving its API and ticking, a gateway that watches it, simulated engines started as jobs
+of the local adapter, streaming load through the gateway, and one fault. Each test asserts that
+every recovery step happened and what the clients saw, and prints how long each step took (the
+figures, not thresholds: this machine is shared and loaded).
+
+A lost node or cluster is the local adapter's drill fault (`LocalAdapter.lose`): nothing here
+can unplug this machine; everything else is real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuplane.cli import drill as drill_cli
+from gpuplane.config import parse_settings
+from gpuplane.control.client import TOKEN_ENV
+from gpuplane.control.deployments.drills import DrillResult, run_drill
+from gpuplane.control.models import Job
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import (
+    ClusterConfig,
+    ControlConfig,
+    DeclaredGpus,
+    DeclaredNode,
+    QuotaConfig,
+    TeamConfig,
+)
+from gpuplane.serve.app import Gateway
+from gpuplane.serve.server import serving
+from gpuplane.serve.settings import ServeSettings
+from tests.conftest import gateway_settings
+from tests.control.api_server import serving as control_serving
+from tests.control.svc_helpers import A100, admin_token, config, make_service
+from tests.e2e.test_deployments import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(600)]
+
+SPEC: dict[str, Any] = {
+    "name": "chat",
+    "model": "sim",
+    "engine": "sim",
+    "replicas": 2,
+    "team": "research",
+    "slice": {"gpus": 1},
+    "drain_timeout_s": 5,
+    "engine_args": ["--itl-ms", "50"],  # 20 tokens stream for 1 s: streams are in flight
+}
+
+
+def _cluster(name: str) -> ClusterConfig:
+    node = DeclaredNode(
+        name=f"{name}-n0",
+        cpu_millis=64_000,
+        memory_mib=512 * 1024,
+        gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=2)],
+    )
+    return ClusterConfig(name=name, discover_gpus=False, sync_interval_s=1, nodes=[node])
+
+
+def _serve(cfg: ControlConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    service = make_service(cfg)
+    monkeypatch.setenv(TOKEN_ENV, admin_token(service))
+    stop = threading.Event()
+
+    def tick() -> None:  # the service's background loop, as `control serve` runs it
+        while not stop.wait(0.2):
+            service.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with control_serving(service) as url:
+            yield service, url
+    finally:
+        stop.set()
+        ticker.join(timeout=30)
+        service.close()
+
+
+@pytest.fixture
+def one_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ControlService, str]]:
+    yield from _serve(config(str(tmp_path / "state")), monkeypatch)
+
+
+@pytest.fixture
+def two_clusters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ControlService, str]]:
+    """Clusters east and west of two cards each; the team's quota is two cards: the lost
+    instances' quota must be freed for their replacements to be admitted."""
+    team = TeamConfig(name="research", quotas=[QuotaConfig(flavor=A100, gpus=2)])
+    clusters = [_cluster("east"), _cluster("west")]
+    yield from _serve(config(str(tmp_path / "state"), clusters=clusters, teams=[team]), monkeypatch)
+
+
+def _report(result: DrillResult) -> None:
+    print(json.dumps(result.to_json(), indent=1))  # the figures, in the test's output
+
+
+def _running(service: ControlService) -> dict[str, str | None]:
+    with service.store.session() as session:
+        return {j.id: j.cluster_name for j in session.query(Job).filter(Job.state == "running")}
+
+
+def _deployed(service: ControlService, url: str) -> tuple[Gateway, ServeSettings]:
+    service.deployments.apply(SPEC)
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    return gateway, settings
+
+
+async def test_crash_drill_the_killed_engine_leaves_rotation_and_is_replaced(
+    one_cluster: tuple[ControlService, str],
+) -> None:
+    service, url = one_cluster
+    gateway, settings = _deployed(service, url)
+    async with serving(settings, gateway) as gw_url:
+        await wait_for(
+            "two ready instances",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 2,
+        )
+        result = await run_drill(
+            "crash", "chat", control=url, gateway=gw_url, clients=4, max_tokens=20, settle_s=1.0
+        )
+        _report(result)
+        assert result.recovered, result
+        assert result.out_of_rotation_s is not None
+        assert result.replaced_s is not None
+        assert result.requests > 0
+        # requests keep succeeding: the ones that had not begun ran again on the other
+        # instance; only streams cut mid-answer by the kill end with an error event
+        assert result.failed == 0, result.errors
+        assert result.cut <= 4  # at most the streams in flight on the victim
+        running = _running(service)
+        assert result.instance not in running
+        assert len(running) == 2
+        # the replacement serves: both ready instances in the gateway are running jobs
+        ready = {i.id for i in gateway.routers["chat"].instances if i.healthy}
+        assert ready == set(running)
+
+
+async def test_cluster_then_node_drill_move_the_instances_and_back(
+    two_clusters: tuple[ControlService, str],
+) -> None:
+    service, url = two_clusters
+    gateway, settings = _deployed(service, url)
+    async with serving(settings, gateway) as gw_url:
+        await wait_for(
+            "two ready instances",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 2,
+        )
+        before = _running(service)
+        # the CLI, as an operator runs it: the cluster of the oldest instance is lost for 5 s
+        cli = await _cli("cluster", url, gw_url)
+        assert cli["recovered"], cli
+        lost = cli["cluster"]
+        after = _running(service)
+        assert set(after).isdisjoint(before)  # every instance was replaced...
+        assert set(after.values()) != {lost}  # ...on the surviving cluster
+        assert lost not in set(after.values())
+        assert cli["switched_s"] is not None
+        assert cli["replaced_s"] is not None
+        ready = {i.id for i in gateway.routers["chat"].instances if i.healthy}
+        assert ready == set(after)
+        # once the lost cluster answers again, lose the survivor's node: back they move
+        await wait_for("the lost cluster back", lambda: lost not in service.clusters.down)
+        result = await run_drill(
+            "node",
+            "chat",
+            control=url,
+            gateway=gw_url,
+            clients=4,
+            max_tokens=20,
+            lost_for_s=5.0,
+            settle_s=1.0,
+        )
+        _report(result)
+        assert result.recovered, result
+        assert result.cluster != lost
+        assert result.replaced_after_detection_s is not None
+        assert set(_running(service).values()) == {lost}
+
+
+async def _cli(fault: str, url: str, gw_url: str) -> dict[str, Any]:
+    """`gpuplane drill FAULT chat -o json`, in a thread (it runs its own event loop)."""
+    args = [fault, "chat", "--server", url, "--gateway", gw_url, "--max-tokens", "20"]
+    args += ["--lost-for-s", "5", "-o", "json"]
+    result = await asyncio.to_thread(CliRunner().invoke, drill_cli.app, args)
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    print(json.dumps(out, indent=1))
+    return out
