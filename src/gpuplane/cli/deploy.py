@@ -144,7 +144,7 @@ def _describe_table(d: dict[str, Any]) -> None:
                 i["state"],
                 f"{i['cluster']}/{i['node']} {_cards(i['devices'])}" if i["cluster"] else "-",
                 i["url"],
-                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity']}",
+                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity'] or '?'}",
                 i["reason"] or "-",
             )
             for i in d["instances"]
