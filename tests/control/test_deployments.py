@@ -4,14 +4,18 @@ crashed instance is replaced after a back-off."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from gpuplane.control.deployments.controller import read_capacity
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import api_client, config
@@ -241,3 +245,70 @@ def test_a_crashed_instance_is_replaced_after_a_back_off(
     client.delete("/deployments/chat")
     service.tick()
     service.tick()
+
+
+@pytest.mark.slow
+def test_an_instance_without_max_concurrency_serves_the_slots_its_engine_reports(
+    service: ControlService, client: TestClient
+) -> None:
+    # the engine's own limit (7) differs from the simulator's default (4), and it loads for
+    # a second: the gateway must not see the instance before its slots are known
+    spec = {**SPEC, "engine_args": ["--max-num-seqs", "7", "--start-delay-s", "1"]}
+    assert client.post("/deployments", json=spec).status_code == 201
+    listed = client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"]
+    assert listed[0]["instances"] == []  # running, but its slots are not known yet
+    deadline = time.monotonic() + 120
+    while not (instances := service.deployments.endpoints()["models"][0]["instances"]):
+        assert time.monotonic() < deadline, client.get("/deployments/chat").json()["events"]
+        service.tick()
+        time.sleep(0.1)
+    assert instances[0]["capacity"] == 7
+    described = client.get("/deployments/chat").json()
+    assert described["instances"][0]["capacity"] == 7
+    events = [e["message"] for e in described["events"]]
+    assert any("runs 7 slot(s): reported by its engine at /server_info" in m for m in events)
+    client.delete("/deployments/chat")
+    while client.get("/deployments").json():
+        assert time.monotonic() < deadline
+        service.tick()
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, {"total_slots": 3}, (3, "reported by its engine at /props")),  # llama-server
+        (404, {"detail": "Not Found"}, (1, "the llamacpp default (/props answered 404")),
+        (503, {}, None),  # loading its model: ask again next tick
+    ],
+)
+def test_read_capacity_asks_the_engine_over_http(
+    status: int, body: dict[str, Any], expected: tuple[int, str] | None
+) -> None:
+    class Props(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = json.dumps(body).encode() if self.path == "/props" else b"{}"
+            self.send_response(status if self.path == "/props" else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Props)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        found = read_capacity(f"http://127.0.0.1:{server.server_port}", "llamacpp")
+    finally:
+        server.shutdown()
+        server.server_close()
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert found[0] == expected[0]
+        assert found[1].startswith(expected[1]), found
+    assert read_capacity(f"http://127.0.0.1:{server.server_port}", "llamacpp") is None  # gone

@@ -10,11 +10,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select, text, update
+from sqlalchemy import create_engine, inspect, select, text, update
 
 from gpuplane.control.models import Base, SchedulerLock
 from gpuplane.control.store import Store, StoreError
-from tests.control.svc_helpers import assert_gpu_milli_columns_renamed_in_place, old_store
+from tests.control.svc_helpers import assert_gpu_milli_columns_renamed_in_place, migrate, old_store
 
 
 @pytest.fixture
@@ -122,3 +122,40 @@ def test_the_milli_gpu_columns_are_renamed_in_place_keeping_a_running_jobs_card(
     tmp_path: Path,
 ) -> None:
     assert_gpu_milli_columns_renamed_in_place(f"sqlite:///{tmp_path}/old.db")
+
+
+def test_0011_lets_an_instance_wait_for_its_engines_slots_and_keeps_the_known_ones(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/old.db"
+    cfg = old_store(
+        url,
+        "0010",
+        "INSERT INTO deployments (name, spec, deleting, created_at, updated_at) "
+        "VALUES ('chat', '{}', 0, 1.0, 1.0)",
+        "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
+        "created_at) VALUES ('chat-v1-a', 'chat', 'v1', 'http://h:1', 4, 1.0)",
+    )
+    engine = create_engine(url)
+    try:
+        migrate(
+            engine,
+            cfg,
+            "0011",
+            "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
+            "created_at) VALUES ('chat-v1-b', 'chat', 'v1', 'http://h:2', NULL, 2.0)",
+        )
+        read = "SELECT job_id, capacity FROM deployment_instances ORDER BY job_id"
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(text(read))] == [
+                ("chat-v1-a", 4),
+                ("chat-v1-b", None),  # not reported by its engine yet
+            ]
+        migrate(engine, cfg, "0010", down=True)  # back: an unknown capacity becomes 1
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(text(read))] == [
+                ("chat-v1-a", 4),
+                ("chat-v1-b", 1),
+            ]
+    finally:
+        engine.dispose()

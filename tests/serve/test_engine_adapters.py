@@ -73,6 +73,27 @@ def test_capacity_comes_from_each_engines_own_setting() -> None:
     assert VllmAdapter().parse_capacity({"unrelated": 1}) is None
 
 
+def test_llama_server_reports_its_slots_at_props() -> None:
+    # the shape of llama.cpp's `llama-server --parallel 4` answer to GET /props (abridged)
+    props: dict[str, object] = {
+        "default_generation_settings": {"n_ctx": 4096, "params": {"n_predict": -1}},
+        "total_slots": 4,
+        "model_path": "/models/m.gguf",
+        "chat_template": "",
+    }
+    adapter = get_adapter("llamacpp")
+    assert adapter.info_path == "/props"
+    assert adapter.parse_capacity(props) == 4
+    bad_props: list[dict[str, object]] = [
+        {},
+        {"total_slots": 0},
+        {"total_slots": "4"},
+        {"total_slots": True},
+    ]
+    for bad in bad_props:
+        assert adapter.parse_capacity(bad) is None  # llama-cpp-python's server: its default 1
+
+
 def test_launch_commands_carry_capacity_memory_share_and_devices() -> None:
     half = Slice(gpus=1, gpu_mem_mib=40_960)
     vllm = VllmAdapter(card_mem_mib=81_920, devices=[3]).launch("m", "127.0.0.1", 9000, half, 8)
@@ -95,6 +116,10 @@ def test_launch_commands_carry_capacity_memory_share_and_devices() -> None:
     trtllm = TrtllmAdapter().launch("m", "127.0.0.1", 9003, Slice(gpus=1), 32)
     assert _flag(trtllm.argv, "--max_batch_size") == "32"
     assert _flag(trtllm.argv, "--kv_cache_free_gpu_memory_fraction") == "0.9"
+
+    own = SglangAdapter().launch("m", "127.0.0.1", 9001, Slice(gpus=1), None)
+    assert "--max-running-requests" not in own.argv  # no capacity: SGLang sizes itself
+    assert _flag(own.argv, "--mem-fraction-static") == "0.88"
 
 
 # The whole command line of each GPU engine, pinned for the three slice shapes gpuplane launches:

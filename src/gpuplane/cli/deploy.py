@@ -1,12 +1,14 @@
 """`gpuplane deploy apply | list | describe | scale | rollout | delete`: deployments on the control
-plane."""
+plane; `deploy render`: a spec as another system's manifests, offline."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 from gpuplane.cli._control_common import (
     OUTPUT_OPTION,
@@ -16,11 +18,15 @@ from gpuplane.cli._control_common import (
     client,
     console,
     emit,
+    fail,
     load_spec,
     print_reasons,
     print_table,
     relative,
 )
+from gpuplane.control.deployments import kserve
+from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.spec import SpecError
 
 app = typer.Typer(
     help="Deploy models: engine instances placed by the scheduler.", no_args_is_help=True
@@ -63,6 +69,31 @@ def apply(
             print_reasons(p["reasons"])
 
     emit(out, output, table)
+
+
+class Target(StrEnum):
+    kserve = "kserve"
+
+
+@app.command()
+def render(
+    file: Path = typer.Argument(..., help="deployment spec (YAML)"),
+    target: Target = typer.Option(..., "--target", help="what to render it as"),
+    image: str = typer.Option(
+        ..., "--image", help="the container image holding the engine (e.g. vllm/vllm-openai)"
+    ),
+    namespace: str | None = typer.Option(None, "--namespace", help="the manifests' namespace"),
+) -> None:
+    """Print a deployment as YAML manifests (kserve: one InferenceService per version, raw
+    deployment mode, HAMi resources), without a control plane."""
+    data = load_spec(
+        file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
+    )
+    try:
+        manifests = kserve.render(parse_deployment(data), image=image, namespace=namespace)
+    except SpecError as exc:
+        fail(str(exc))
+    typer.echo(yaml.safe_dump_all(manifests, sort_keys=False), nl=False)
 
 
 def _cards(devices: list[int]) -> str:
@@ -144,7 +175,7 @@ def _describe_table(d: dict[str, Any]) -> None:
                 i["state"],
                 f"{i['cluster']}/{i['node']} {_cards(i['devices'])}" if i["cluster"] else "-",
                 i["url"],
-                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity']}",
+                f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity'] or '?'}",
                 i["reason"] or "-",
             )
             for i in d["instances"]

@@ -75,6 +75,9 @@ def sim(
     drop_at_token: int = typer.Option(1, help="dropped requests lose the connection here"),
     slow: list[str] = typer.Option([], help="INDEX=FACTOR: instance INDEX is FACTOR times slower"),
     json_ready: bool = typer.Option(False, "--json", help="print one JSON line when ready"),
+    start_delay_s: float = typer.Option(
+        0.0, min=0.0, help="wait this long before listening, as an engine loads its model"
+    ),
 ) -> None:
     """Run K simulated OpenAI-compatible engine instances in one process (see docs)."""
     try:
@@ -99,7 +102,7 @@ def sim(
         raise typer.BadParameter(str(exc)) from None
     fleet = SimFleet(params, seed=seed, host=host, base_port=base_port, model=model)
     try:
-        _loop.run(_serve(fleet, json_ready))
+        _loop.run(_serve(fleet, json_ready, start_delay_s))
     except OSError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -147,12 +150,16 @@ def smoke(
     typer.echo(f"smoke inference ok: {Path(path).name} generated {answer[0] if answer else '?'}")
 
 
-async def _serve(fleet: SimFleet, json_ready: bool) -> None:
+async def _serve(fleet: SimFleet, json_ready: bool, start_delay_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(TimeoutError):  # a stop while "loading" ends it at once
+        await asyncio.wait_for(stop.wait(), start_delay_s)
+    if stop.is_set():
+        return
     await fleet.start()
     if json_ready:
         typer.echo(json.dumps({"urls": fleet.urls}), nl=True)

@@ -238,8 +238,9 @@ class Deployment(Base):
 
 class DeploymentInstance(Base):
     """One engine instance of a deployment's version: the job that runs it and where it
-    answers. `draining_since` is set once it is no longer wanted: the gateway stops admitting
-    to it, and its job is stopped `drain_timeout_s` later."""
+    answers. `capacity` is its slots: the spec's `max_concurrency`, else None until its engine
+    reports them. `draining_since` is set once it is no longer wanted: the gateway stops
+    admitting to it, and its job is stopped `drain_timeout_s` later."""
 
     __tablename__ = "deployment_instances"
 
@@ -249,7 +250,7 @@ class DeploymentInstance(Base):
     )
     version: Mapped[str] = mapped_column(String(63))
     url: Mapped[str] = mapped_column(String(255))
-    capacity: Mapped[int] = mapped_column(Integer)
+    capacity: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     draining_since: Mapped[float | None] = mapped_column(Float, default=None)
 

@@ -6,9 +6,10 @@ started by submitting its job (quotas, packing and pending reasons are the sched
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
 supervisor's `Backoff`) before its replacement starts; an instance lost with its cluster (which
 stopped answering) is recorded ended without asking it (`abandon`: its quota is freed), drains,
-and is replaced elsewhere at once. `endpoints()` is what the gateway
-watches: per deployment, its instances whose job runs and which do not drain, with a resource
-version that changes exactly when that list does.
+and is replaced elsewhere at once. An instance of a spec without `max_concurrency` has its slots
+read from its engine once it answers (`read_capacity`). `endpoints()` is what the gateway
+watches: per deployment, its instances whose job runs, whose slots are known and which do not
+drain, with a resource version that changes exactly when that list does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -41,11 +43,39 @@ from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.store import Store
 from gpuplane.errors import ConfigError, unknown_name
+from gpuplane.serve.engines.base import adapter_class
 from gpuplane.serve.supervisor import Backoff
 
 # engines of a deployment listen on this machine's loopback: the `local` adapter runs them here
 ENGINE_HOST = "127.0.0.1"
 RESTART_BACKOFF_S = 1.0  # the first pause before a crashed instance's replacement; doubles
+CAPACITY_TIMEOUT_S = 2.0  # an engine that does not answer its info route within this: next tick
+
+
+def read_capacity(url: str, engine: str) -> tuple[int, str] | None:
+    """The slots an engine at `url` runs at once, and how they were learnt: what it reports at
+    its adapter's `info_path`, else the adapter's default when it answers without them. None
+    while it does not answer (still starting): ask again next tick."""
+    adapter = adapter_class(engine)()
+    if adapter.info_path is None:
+        return adapter.default_capacity, f"the {engine} default (it has no info route)"
+    try:
+        response = httpx.get(url + adapter.info_path, timeout=CAPACITY_TIMEOUT_S)
+    except httpx.HTTPError:
+        return None
+    if response.status_code >= 500:
+        return None
+    try:
+        info = response.json() if response.is_success else None
+    except ValueError:
+        info = None
+    found = adapter.parse_capacity(info) if isinstance(info, dict) else None
+    if found is not None:
+        return found, f"reported by its engine at {adapter.info_path}"
+    return adapter.default_capacity, (
+        f"the {engine} default ({adapter.info_path} answered {response.status_code} without "
+        "them; set max_concurrency to be sure)"
+    )
 
 
 def free_port(host: str = ENGINE_HOST) -> int:
@@ -94,9 +124,17 @@ class Applied:
 class Deployments:
     """Deployments of one control plane. Thread-safe: one reconcile at a time."""
 
-    def __init__(self, service: JobService, *, port: Callable[[], int] = free_port) -> None:
+    def __init__(
+        self,
+        service: JobService,
+        *,
+        port: Callable[[], int] = free_port,
+        capacity: Callable[[str, str], tuple[int, str] | None] = read_capacity,
+    ) -> None:
+        """`port` picks an instance's port; `capacity(url, engine)` reads its engine's slots."""
         self.service = service
         self._port = port
+        self._capacity = capacity
         self._lock = threading.RLock()
         self._backoff: dict[tuple[str, str], Backoff] = {}
         self._next_start: dict[tuple[str, str], float] = {}
@@ -227,6 +265,7 @@ class Deployments:
             if row is None:
                 return
             spec = parse_deployment(row.spec)
+            self._discover(session, spec, now)
             seen = self._instances(session, name)
             replicas = self._autoscale(session, spec, seen, now)
             versions = {} if row.deleting else spec.replicas_by_version(replicas)
@@ -244,6 +283,40 @@ class Deployments:
             with self._loads_lock:
                 self._loads.pop(name, None)
             self._scaled.pop(name, None)
+
+    def _discover(self, session: Session, spec: DeploymentSpec, now: float) -> None:
+        """Read the slots of the running instances whose engine has not reported them yet."""
+        rows = session.scalars(
+            select(DeploymentInstance)
+            .join(Job, Job.id == DeploymentInstance.job_id)
+            .where(
+                DeploymentInstance.deployment == spec.name,
+                DeploymentInstance.capacity.is_(None),
+                DeploymentInstance.draining_since.is_(None),
+                Job.state == "running",
+            )
+        ).all()
+        for row in rows:
+            found = self._capacity(row.url, spec.engine)
+            if found is None:
+                continue
+            row.capacity, how = found
+            session.add(row)
+            _event(session, now, spec.name, f"{row.job_id} runs {row.capacity} slot(s): {how}")
+            session.commit()
+
+    def slots_per_instance(self, session: Session, spec: DeploymentSpec) -> int:
+        """The slots of one instance of the main version: the fewest its instances report,
+        else the spec's `capacity()`."""
+        known = session.scalars(
+            select(DeploymentInstance.capacity).where(
+                DeploymentInstance.deployment == spec.name,
+                DeploymentInstance.version == spec.version,
+                DeploymentInstance.capacity.is_not(None),
+                DeploymentInstance.draining_since.is_(None),
+            )
+        ).all()
+        return min((c for c in known if c is not None), default=spec.capacity())
 
     # -- autoscaling -------------------------------------------------------------------------
 
@@ -297,7 +370,7 @@ class Deployments:
     def _autoscale(
         self, session: Session, spec: DeploymentSpec, seen: list[Instance], now: float
     ) -> int:
-        rules = spec.rules()
+        rules = spec.rules(self.slots_per_instance(session, spec))
         if rules is None:
             return spec.desired
         live = [
@@ -401,7 +474,7 @@ class Deployments:
                     deployment=spec.name,
                     version=spec.version,
                     url=f"http://{ENGINE_HOST}:{port}",
-                    capacity=spec.capacity(),
+                    capacity=None if spec.discovers_capacity else spec.capacity(),
                     created_at=now,
                 )
             )
@@ -444,15 +517,19 @@ class Deployments:
         ]
 
     def endpoints(self) -> dict[str, Any]:
-        """What the gateway watches: every deployment's instances that serve (job running, not
-        draining) with their version, its versions' weights during a rollout, and
-        `resource_version`, a digest of all that."""
+        """What the gateway watches: every deployment's instances that serve (job running,
+        slots known, not draining) with their version, its versions' weights during a rollout,
+        and `resource_version`, a digest of all that."""
         with self.service.store.session() as session:
             rows = session.execute(
                 select(DeploymentInstance, Deployment.spec)
                 .join(Deployment, Deployment.name == DeploymentInstance.deployment)
                 .join(Job, Job.id == DeploymentInstance.job_id)
-                .where(Job.state == "running", DeploymentInstance.draining_since.is_(None))
+                .where(
+                    Job.state == "running",
+                    DeploymentInstance.capacity.is_not(None),
+                    DeploymentInstance.draining_since.is_(None),
+                )
                 .order_by(DeploymentInstance.deployment, DeploymentInstance.job_id)
             ).all()
             names = list(session.scalars(select(Deployment.spec).order_by(Deployment.name)))

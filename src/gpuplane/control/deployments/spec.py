@@ -81,7 +81,10 @@ class DeploymentSpec(_Spec):
     engine: Literal["llamacpp", "vllm", "sglang", "lmdeploy", "trtllm", "sim"]
     engine_args: list[str] = Field(default_factory=list, description="appended to its command")
     slice: ResourcesSpec = ResourcesSpec()
-    max_concurrency: Annotated[int | None, bounded(1, 100_000, "slots per instance")] = None
+    max_concurrency: Annotated[
+        int | None,
+        bounded(1, 100_000, "slots per instance; omitted: each engine reports its own"),
+    ] = None
     replicas: Annotated[int | None, bounded(0, 1000, "instances")] = None
     scaling: ScalingSpec | None = None
     canary: list[CanarySpec] = Field(default_factory=list)
@@ -197,8 +200,9 @@ class DeploymentSpec(_Spec):
             return self.scaling.min
         return 1 if self.replicas is None else self.replicas
 
-    def rules(self) -> Rules | None:
-        """The autoscaler's rules, when the spec has `scaling`."""
+    def rules(self, slots_per_instance: int | None = None) -> Rules | None:
+        """The autoscaler's rules, when the spec has `scaling`; `slots_per_instance`: what the
+        instances reported (default `capacity()`)."""
         sc = self.scaling
         if sc is None:
             return None
@@ -208,7 +212,7 @@ class DeploymentSpec(_Spec):
             sc.target_slot_util,
             sc.max_queue_wait_s,
             sc.cooldown_s,
-            self.capacity(),
+            slots_per_instance or self.capacity(),
         )
 
     def to_slice(self) -> Slice:
@@ -216,15 +220,22 @@ class DeploymentSpec(_Spec):
         return Slice(gpus=r.gpus, gpu_mem_mib=r.gpu_mem_mib, gpu_cores_pct=r.gpu_cores_pct)
 
     def capacity(self) -> int:
-        """Slots per instance: `max_concurrency`, else the engine's own default, which is what
-        it is launched with (so the gateway's slots are the engine's limit)."""
+        """Slots per instance before any instance reported its own: `max_concurrency`, else
+        the engine adapter's default."""
         return self.max_concurrency or adapter_class(self.engine)().default_capacity
+
+    @property
+    def discovers_capacity(self) -> bool:
+        """True when an instance's slots are read from its engine once it answers (no
+        `max_concurrency`, and the engine reports them at its adapter's `info_path`)."""
+        return self.max_concurrency is None and adapter_class(self.engine)().info_path is not None
 
     def launch(self, host: str, port: int) -> LaunchSpec:
         """The engine's command on host:port within the slice (its adapter's launch spec), with
-        `engine_args` appended."""
+        `engine_args` appended. Without `max_concurrency` the engine keeps its own limit (its
+        default, or one set in `engine_args`), which the controller reads back."""
         spec = adapter_class(self.engine)().launch(
-            self.model_path(), host, port, self.to_slice(), self.capacity()
+            self.model_path(), host, port, self.to_slice(), self.max_concurrency
         )
         argv = list(spec.argv)
         if argv[:1] == ["gpuplane"]:  # the simulator: run by the service's own interpreter

@@ -50,9 +50,11 @@ class EngineAdapter:
     info_path: ClassVar[str | None] = None  # JSON read by `parse_capacity`, if the engine has one
 
     def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None
     ) -> LaunchSpec:
-        """The command that serves `model_path` on host:port within `slice_`."""
+        """The command that serves `model_path` on host:port within `slice_`, running at most
+        `capacity` requests at once (None: the engine's own limit, read back through
+        `info_path` and `parse_capacity`)."""
         raise NotImplementedError(f"engine '{self.name}' cannot be launched by gpuplane")
 
     def parse_load(self, metrics_text: str) -> EngineLoad:
@@ -60,7 +62,7 @@ class EngineAdapter:
         return EngineLoad()
 
     def parse_capacity(self, info: dict[str, object]) -> int | None:
-        """The engine's own concurrency limit from its info endpoint, if it reports one."""
+        """The engine's own concurrency limit from the JSON at `info_path`, if it reports one."""
         return None
 
 
@@ -69,7 +71,8 @@ class LaunchTemplate:
     """How one GPU engine spells its command line; `GpuEngineAdapter.launch` fills it in.
 
     The command is `command [model_flag] MODEL host_flag HOST port_flag PORT *fixed_flags
-    capacity_flag N memory_flag F [tensor_parallel_flag G]`, then the user's extra arguments.
+    [capacity_flag N] memory_flag F [tensor_parallel_flag G]`, then the user's extra arguments;
+    without a capacity the engine sizes itself (SGLang from its KV memory, vLLM its default).
     """
 
     command: tuple[str, ...]  # the program and its subcommand
@@ -101,13 +104,15 @@ class GpuEngineAdapter(EngineAdapter):
         self.extra_args = list(extra_args)
 
     def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None
     ) -> LaunchSpec:
         t = self.template
         frac = memory_fraction(slice_, self.card_mem_mib, t.memory_full)
         argv = [*t.command, *([t.model_flag] if t.model_flag else []), model_path]
         argv += [t.host_flag, host, t.port_flag, str(port), *t.fixed_flags]
-        argv += [t.capacity_flag, str(capacity), t.memory_flag, f"{frac:g}"]
+        if capacity is not None:
+            argv += [t.capacity_flag, str(capacity)]
+        argv += [t.memory_flag, f"{frac:g}"]
         if slice_.gpus > 1:
             argv += [t.tensor_parallel_flag, str(slice_.gpus)]
         return LaunchSpec(argv=argv + self.extra_args, env=gpu_env(slice_, self.devices))

@@ -35,11 +35,21 @@ class LlamaCpp(EngineAdapter):
     default_capacity = 1
     prefix_cache_per_request = True
     locality_wait_s = 2.0  # a ~1,000-token prefill takes seconds on a CPU; a cached one ~0.1 s
+    # llama.cpp's own `llama-server` reports its slots (`--parallel`) there; llama-cpp-python's
+    # server has no such route (404): it serves one request at a time, `default_capacity`.
+    info_path = "/props"
 
     def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None
     ) -> LaunchSpec:
         return self.command(model_path, host, port, n_ctx=2048, threads=1, cache_bytes=0)
+
+    def parse_capacity(self, info: dict[str, object]) -> int | None:
+        """`total_slots` from `llama-server`'s `GET /props`."""
+        value = info.get("total_slots")
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        )
 
     @staticmethod
     def command(

@@ -190,10 +190,12 @@ class SimAdapter(EngineAdapter):
     info_path = "/server_info"
 
     def launch(
-        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int
+        self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None
     ) -> LaunchSpec:
         argv = ["gpuplane", "engine", "sim", "--host", host, "--base-port", str(port)]
-        argv += ["--instances", "1", "--max-num-seqs", str(capacity), "--model", model_path]
+        argv += ["--instances", "1", "--model", model_path]
+        if capacity is not None:
+            argv += ["--max-num-seqs", str(capacity)]
         return LaunchSpec(argv=argv, env={})
 
     def parse_load(self, metrics_text: str) -> EngineLoad:

@@ -1,0 +1,544 @@
+"""Deployments under load: rollouts, canary weights, autoscaling and scale-downs, end to end.
+
+One process tree on this machine: the control plane (`ControlService`, its API over HTTP with the
+tick loop `control serve` runs, a local cluster of declared cards), a gateway that discovers the
+deployment by watching it (`Gateway(control=URL)`, served over HTTP), and the simulated engines
+(`gpuplane engine sim`, each one a job of the local adapter, a process of its own) that take
+`--start-delay` seconds to start listening, as an engine loads its model. The load is a fixed
+number of streaming clients (bounded); a request counts as answered only if its stream ends with
+a `finish_reason` before `[DONE]`, as failed when its status is not 200 or its connection breaks,
+and as truncated when it ends without one.
+
+Scenarios (each figure is printed and written to benchmarks/results/deployments.json):
+  rollout     v1 (2 instances) → canary v2 at 10 %, 50 %, then promoted (100 %, v1 drains),
+              under streaming load: failed and truncated requests.
+  weights     at 10 % and 50 %: the share of 1,000 requests that went to v2 (the gateway's
+              `gpuplane_instance_requests_total`), one freshly seeded gateway per seed; error in
+              points, median over the seeds.
+  step        an autoscaled deployment (min 1, max 4, target 0.7 of 4 slots) under 2 streams,
+              stepped to 6 (x3, which takes 3 instances) then back to 2: seconds from the step to
+              the control plane's scale-up decision (its event) and to the new instance serving
+              (ready in the gateway), the time back to 1, and failed/truncated requests
+              throughout; median of `--step-runs` runs.
+  scaledown   4 instances under 4 streams, scaled down by one every `--scaledown-every` seconds
+              (30 s; 8 s with --quick) to 1: failed and truncated requests.
+  oscillation the autoscaler's pure core (`autoscale.decide`, its clock injected) on virtual time:
+              30 simulated minutes at each constant load from 1 to 24 requests in flight, ticks
+              every 0.5 s, load reports every second, an instance serving `--start-delay` + 1 s
+              after the decision; the demand either exact or Poisson around the level (seeded);
+              direction changes of the replicas after the first one (0 is the goal).
+  drills      the hook for `gpuplane drill crash|node|cluster` (see `drills`): not measured yet.
+
+    .venv/bin/python benchmarks/deployments.py [--quick] [--seeds 5] [--start-delay 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import uvicorn
+
+from _results import save
+from gpuplane.config import parse_settings
+from gpuplane.control.api import create_app
+from gpuplane.control.client import ADMIN_TOKEN_FILE
+from gpuplane.control.deployments.autoscale import Load, Rules, decide
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import (
+    ClusterConfig,
+    ControlConfig,
+    DeclaredGpus,
+    DeclaredNode,
+    TeamConfig,
+)
+from gpuplane.serve.app import Gateway
+from gpuplane.serve.server import serving
+
+RESULTS = Path(__file__).resolve().parent / "results" / "deployments.json"
+SLICE = {"gpu_mem_mib": 8192, "gpu_cores_pct": 25}  # four instances per card
+STREAM_TOKENS = 32  # a streaming request: 32 tokens at 20 ms, ~0.7 s
+TICK_S = 0.5  # the control plane's schedule_interval_s (its default)
+REPORT_S = 1.0  # the gateway's load reports (discovery.REPORT_S)
+
+
+# -- the stack: control plane, gateway, load -------------------------------------------------
+
+
+@dataclass
+class Control:
+    service: ControlService
+    url: str
+    token: str
+
+    def api(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, timeout=60, headers={"authorization": f"Bearer {self.token}"}
+        )
+
+
+@contextlib.contextmanager
+def control_plane(state_dir: str) -> Iterator[Control]:
+    """The control plane as `gpuplane control serve` runs it (API + tick loop), on a free port:
+    one local cluster of 2 nodes x 4 declared A100s."""
+    nodes = [
+        DeclaredNode(
+            name=f"n{i}",
+            cpu_millis=64_000,
+            memory_mib=512 * 1024,
+            gpus=[DeclaredGpus(model="A100-80GB", mem_mib=81920, count=4)],
+        )
+        for i in range(2)
+    ]
+    config = ControlConfig(
+        state_dir=state_dir,
+        clusters=[ClusterConfig(name="local", discover_gpus=False, nodes=nodes)],
+        teams=[TeamConfig(name="bench")],
+        kill_grace_s=2.0,
+        allow_root_jobs=True,  # run as root here, the engines need this interpreter
+        schedule_interval_s=TICK_S,
+    )
+    service = ControlService(config)
+    service.start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = create_app(service, background=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="control-api", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the control API did not start")
+            time.sleep(0.01)
+        token = (Path(state_dir) / ADMIN_TOKEN_FILE).read_text()
+        yield Control(service, f"http://127.0.0.1:{port}", token)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        service.close()
+
+
+@contextlib.asynccontextmanager
+async def gateway(control: Control, seed: int) -> AsyncIterator[tuple[Gateway, str]]:
+    settings = parse_settings(
+        {"gateway": {"host": "127.0.0.1", "port": 0, "health": {"probe_interval_s": 0.2}}}
+    )
+    rng = random.Random(seed)
+    gw = Gateway(settings, rng=rng, control=control.url, control_token=control.token)
+    async with serving(settings, gw) as url:
+        yield gw, url
+
+
+def spec(start_delay: float, **fields: Any) -> dict[str, Any]:
+    """A deployment of the simulator (4 slots, 20 ms a token) that starts in `start_delay` s."""
+    return {
+        "name": "chat",
+        "model": "sim",
+        "engine": "sim",
+        "team": "bench",
+        "slice": SLICE,
+        "drain_timeout_s": 600,  # an instance stops once the gateway released it
+        "engine_args": ["--itl-ms", "20", "--start-delay-s", f"{start_delay:g}"],
+        **fields,
+    }
+
+
+@dataclass
+class Tally:
+    ok: int = 0
+    failed: int = 0
+    truncated: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.ok + self.failed + self.truncated,
+            "failed": self.failed,
+            "truncated": self.truncated,
+            "first_errors": self.errors[:3],
+        }
+
+
+async def stream(client: httpx.AsyncClient, url: str, tally: Tally, max_tokens: int) -> None:
+    """One streaming chat completion, counted in `tally`."""
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": True,
+        "max_tokens": max_tokens,
+    }
+    finished = False
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                tally.failed += 1
+                tally.errors.append(f"{response.status_code}: {(await response.aread())[:200]!r}")
+                return
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    finished = finished or bool(choices[0].get("finish_reason"))
+    except httpx.HTTPError as exc:
+        tally.failed += 1
+        tally.errors.append(f"{type(exc).__name__}: {exc}")
+        return
+    if finished:
+        tally.ok += 1
+    else:
+        tally.truncated += 1
+
+
+class Streams:
+    """`n` clients, each sending streaming requests back to back until stopped; `resize` changes
+    how many."""
+
+    def __init__(self, url: str, tally: Tally) -> None:
+        self.url = url
+        self.tally = tally
+        self.client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64))
+        self.workers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await stream(self.client, self.url, self.tally, STREAM_TOKENS)
+
+    def resize(self, n: int) -> None:
+        while len(self.workers) < n:
+            stop = asyncio.Event()
+            self.workers.append((asyncio.create_task(self._run(stop)), stop))
+        while len(self.workers) > n:
+            self.workers.pop()[1].set()  # it finishes its request, then stops
+
+    async def close(self) -> None:
+        tasks = [t for t, _ in self.workers]
+        self.resize(0)
+        await asyncio.gather(*tasks)
+        await self.client.aclose()
+
+
+async def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 180.0) -> float:
+    """Poll `check` until true; the time it became true (time.time())."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout_s:g} s")
+        await asyncio.sleep(0.05)
+    return time.time()
+
+
+def versions(gw: Gateway, ready_only: bool = True) -> list[str]:
+    router = gw.routers.get("chat")
+    if router is None:
+        return []
+    return sorted(i.id.split("-")[1] for i in router.instances if i.healthy or not ready_only)
+
+
+async def apply(control: Control, body: dict[str, Any]) -> None:
+    async with control.api() as api:
+        response = await api.post("/deployments", json=body)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"apply: {response.status_code} {response.text}")
+
+
+async def delete(control: Control) -> None:
+    """Delete the deployment and wait until the control plane forgot it (call it while a
+    gateway reports: an instance stops once every reporting gateway released it)."""
+    async with control.api() as api:
+        await api.delete("/deployments/chat")
+
+        async def gone() -> bool:
+            return bool((await api.get("/deployments")).json() == [])
+
+        deadline = time.monotonic() + 180
+        while not await gone():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the deployment deleted within 180 s")
+            await asyncio.sleep(0.2)
+
+
+async def events(control: Control) -> list[dict[str, Any]]:
+    """The deployment's last 50 events, oldest first."""
+    async with control.api() as api:
+        body: list[dict[str, Any]] = (await api.get("/deployments/chat")).json()["events"]
+        return sorted(body, key=lambda e: float(e["at"]))
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+async def rollout(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """v1 → 10 % → 50 % → promoted, under streaming load; and the canary's share at 10 and 50
+    % over `args.weight_requests` requests per seed."""
+    base = spec(args.start_delay, replicas=2)
+    await apply(control, base)
+    tally = Tally()
+    weights: dict[str, list[float]] = {"10": [], "50": []}
+    async with gateway(control, 0) as (gw, url):
+        await wait_for("v1 ready", lambda: versions(gw) == ["v1", "v1"])
+        load = Streams(url, tally)
+        load.resize(args.streams)
+        stages = []
+        for pct in (10, 50):
+            started = time.time()
+            canary = {**base, "canary": [{"version": "v2", "weight": pct, "replicas": 2}]}
+            await apply(control, canary)
+            await wait_for(f"v2 ready at {pct} %", lambda: versions(gw).count("v2") == 2)
+            await asyncio.sleep(args.hold)
+            stages.append({"weight": pct, "seconds": round(time.time() - started, 1)})
+            print(f"  rollout at {pct} %: {tally.to_json()}", flush=True)
+            for seed in args.seed_list:  # a fresh gateway per seed: its picker starts anew
+                weights[str(pct)].append(await canary_share(control, seed, args.weight_requests))
+        started = time.time()
+        async with control.api() as api:
+            (await api.post("/deployments/chat/promote", json={})).raise_for_status()
+        await wait_for("only v2 in the gateway", lambda: versions(gw, False) == ["v2", "v2"])
+        await asyncio.sleep(args.hold)
+        stages.append({"weight": 100, "seconds": round(time.time() - started, 1)})
+        await load.close()
+        await delete(control)
+    error = {
+        pct: {
+            "shares": [round(s, 2) for s in shares],
+            "median_error_points": round(statistics.median(abs(s - int(pct)) for s in shares), 2),
+            "max_error_points": round(max(abs(s - int(pct)) for s in shares), 2),
+        }
+        for pct, shares in weights.items()
+    }
+    return {
+        "rollout": {"streams": args.streams, "stages": stages, **tally.to_json()},
+        "weights": {"requests_per_seed": args.weight_requests, "seeds": args.seed_list, **error},
+    }
+
+
+async def canary_share(control: Control, seed: int, n: int) -> float:
+    """Percent of `n` requests (8 at a time, 1 token each) that a gateway seeded `seed` sent to
+    v2, from its `gpuplane_instance_requests_total`."""
+    async with gateway(control, seed) as (gw, url):
+        await wait_for("v1 and v2 ready", lambda: versions(gw) == ["v1", "v1", "v2", "v2"])
+        tally = Tally()
+        async with httpx.AsyncClient(timeout=120) as client:
+            sent = 0
+
+            async def worker() -> None:
+                nonlocal sent
+                while sent < n:
+                    sent += 1
+                    await stream(client, url, tally, 1)
+
+            await asyncio.gather(*(worker() for _ in range(8)))
+            metrics = (await client.get(url + "/metrics")).text
+    per_version: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("gpuplane_instance_requests_total{"):
+            version = line.split('instance="', 1)[1].split("-")[1]
+            per_version[version] = per_version.get(version, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = sum(per_version.values())
+    if tally.failed or tally.truncated or total != n:
+        raise RuntimeError(f"weights run: {tally.to_json()}, counted {per_version}")
+    return 100 * per_version.get("v2", 0.0) / total
+
+
+async def step(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """`args.step_runs` load steps (timing varies between runs): medians, and each run."""
+    runs = [await step_once(control, args) for _ in range(args.step_runs)]
+    summary = {
+        k: statistics.median(r[k] for r in runs) for k in ("decision_s", "serving_s", "back_to_1_s")
+    }
+    totals = {k: sum(r[k] for r in runs) for k in ("requests", "failed", "truncated")}
+    return {
+        "start_delay_s": args.start_delay,
+        "cooldown_s": args.cooldown,
+        "runs": len(runs),
+        **summary,
+        **totals,
+        "each": runs,
+    }
+
+
+async def step_once(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """Load x3 then back on an autoscaled deployment: decision and serving times."""
+    scaling = {"min": 1, "max": 4, "target_slot_util": 0.7, "cooldown_s": args.cooldown}
+    await apply(control, spec(args.start_delay, scaling=scaling))
+    tally = Tally()
+    async with gateway(control, 0) as (gw, url):
+        await wait_for("one instance ready", lambda: len(versions(gw)) == 1)
+        load = Streams(url, tally)
+        load.resize(2)
+        await asyncio.sleep(3 * REPORT_S)  # the control plane sees the base load
+        stepped = time.time()
+        load.resize(6)
+        serving_at = await wait_for("a second instance ready", lambda: len(versions(gw)) == 2)
+        await wait_for("a third instance ready", lambda: len(versions(gw)) == 3)
+        await asyncio.sleep(args.hold)
+        ups = [
+            e
+            for e in await events(control)
+            if e["at"] >= stepped and e["message"].startswith("autoscaled from")
+        ]
+        back = time.time()
+        load.resize(2)
+        down_at = await wait_for(
+            "back to one instance", lambda: len(versions(gw, False)) == 1, timeout_s=600
+        )
+        await load.close()
+        await delete(control)
+    return {
+        "decision_s": round(ups[0]["at"] - stepped, 2),
+        "serving_s": round(serving_at - stepped, 2),
+        "steps_up": [e["message"] for e in ups],
+        "back_to_1_s": round(down_at - back, 1),
+        **tally.to_json(),
+    }
+
+
+async def scaledown(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """4 instances under 4 streams, one fewer every `args.scaledown_every` seconds."""
+    await apply(control, spec(args.start_delay, replicas=4))
+    tally = Tally()
+    async with gateway(control, 0) as (gw, url):
+        await wait_for("4 instances ready", lambda: len(versions(gw)) == 4)
+        load = Streams(url, tally)
+        load.resize(4)
+        for replicas in (3, 2, 1):
+            await asyncio.sleep(args.scaledown_every)
+            async with control.api() as api:
+                scaled = await api.post("/deployments/chat/scale", json={"replicas": replicas})
+                scaled.raise_for_status()
+            await wait_for(
+                f"{replicas} in the gateway",
+                lambda n=replicas: len(versions(gw, False)) == n,  # type: ignore[misc]
+            )
+        await asyncio.sleep(args.hold)
+        await load.close()
+        await delete(control)
+    return {"every_s": args.scaledown_every, "streams": 4, "from": 4, "to": 1, **tally.to_json()}
+
+
+def oscillation(args: argparse.Namespace) -> dict[str, Any]:
+    """The autoscaler's core on virtual time: direction changes at constant loads."""
+    rules = Rules(min=1, max=8, target_slot_util=0.7, max_queue_wait_s=5.0, cooldown_s=60.0,
+                  slots_per_instance=4)  # fmt: skip
+    duration = 30 * 60.0
+    levels = list(range(1, 25))
+    out: dict[str, Any] = {"simulated_s": duration, "levels": levels}
+    for noise in ("exact", "poisson"):
+        runs = {  # level -> reversals per seed
+            level: [
+                _reversals(rules, level, duration, args.start_delay + 1.0, noise, rng)
+                for rng in (np.random.default_rng(seed) for seed in args.seed_list)
+            ]
+            for level in levels
+        }
+        out[noise] = {
+            "median_per_level": [statistics.median(runs[level]) for level in levels],
+            "median_total": statistics.median(
+                sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))
+            ),
+        }
+    return out
+
+
+def _reversals(
+    rules: Rules, level: int, duration: float, ready_after: float, noise: str, rng: Any
+) -> int:
+    """Direction changes of the replicas over `duration` at a constant `level` of demand."""
+    wanted, changed = rules.min, None
+    starting: list[float] = []  # when each instance of a step serves
+    serving = wanted
+    load: Load | None = None
+    last_dir, reversals = 0, 0
+    waited_since: float | None = None
+    t = 0.0
+    while t < duration:
+        serving = min(wanted, serving + sum(1 for s in starting if s <= t))
+        starting = [s for s in starting if s > t]
+        if t % REPORT_S == 0:  # the gateway's report of this second's demand
+            demand = level if noise == "exact" else int(rng.poisson(level))
+            slots = serving * rules.slots_per_instance
+            queued = max(0, demand - slots)
+            waited_since = (waited_since if waited_since is not None else t) if queued else None
+            wait = 0.0 if waited_since is None else t - waited_since
+            load = Load(min(demand, slots), queued, wait, t)
+        new = decide(rules, wanted, serving, load, t, changed)
+        if new != wanted:
+            direction = 1 if new > wanted else -1
+            reversals += last_dir != 0 and direction != last_dir
+            last_dir = direction
+            if new > wanted:
+                starting.append(t + ready_after)
+            else:
+                serving = new  # the drained one leaves at once
+            wanted, changed = new, t
+        t += TICK_S
+    return reversals
+
+
+async def drills(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """HOOK for `gpuplane drill crash|node|cluster DEPLOYMENT` (issue 20 item 7), written
+    elsewhere: each drill, run here under streaming load, should return its time to recover and
+    its failed/truncated requests. Until it is wired in, nothing is measured."""
+    return {d: None for d in ("crash", "node", "cluster")} | {"status": "not wired in yet"}
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"quick": args.quick, "start_delay_s": args.start_delay}
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuplane-bench-deploy-") as tmp,
+        control_plane(tmp) as control,
+    ):
+        for name, scenario in (("rollout", rollout), ("step", step), ("scaledown", scaledown)):
+            began = time.monotonic()
+            result = await scenario(control, args)
+            out.update(result if name == "rollout" else {name: result})
+            print(f"{name}: {json.dumps(result)} ({time.monotonic() - began:.0f} s)", flush=True)
+        out["drills"] = await drills(control, args)
+    out["oscillation"] = oscillation(args)
+    print(f"oscillation: {json.dumps(out['oscillation'])}", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, short holds (< 2 min)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds where randomness enters")
+    parser.add_argument("--start-delay", type=float, default=2.0, help="engine start, seconds")
+    parser.add_argument("--streams", type=int, default=4, help="streaming clients in rollouts")
+    parser.add_argument("--weight-requests", type=int, default=1000)
+    parser.add_argument("--step-runs", type=int, default=3, help="load steps, for medians")
+    parser.add_argument("--scaledown-every", type=float, default=30.0)
+    parser.add_argument("--cooldown", type=float, default=10.0, help="scaling.cooldown_s")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds under load per stage")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.step_runs, args.scaledown_every = 1, 1, 8.0
+        args.hold, args.cooldown = 2.0, 5.0
+    args.seed_list = list(range(args.seeds))
+    began = time.monotonic()
+    out = asyncio.run(run(args))
+    out["wall_s"] = round(time.monotonic() - began, 1)
+    save(out, args.out, echo_json=args.json)
+
+
+if __name__ == "__main__":
+    main()
