@@ -322,6 +322,58 @@ def test_a_host_header_not_allowed_gets_400_even_with_a_token(world: World) -> N
         assert ok.status_code == 200, host
 
 
+_DEPLOYMENT_CALLS = [
+    ("GET", "/deployments/{}", None),
+    ("GET", "/deployments/{}/rollout", None),
+    ("POST", "/deployments/{}/scale", {"replicas": 3}),
+    ("POST", "/deployments/{}/promote", None),
+    ("POST", "/deployments/{}/rollback", None),
+    ("DELETE", "/deployments/{}", None),
+]
+
+
+def test_another_teams_deployment_answers_404_exactly_as_an_unknown_one(world: World) -> None:
+    for method, path, body in _DEPLOYMENT_CALLS:
+        theirs = world.call(method, path.format("chat"), body, as_="other")
+        unknown = world.call(method, path.format("nosuch"), body, as_="other")
+        assert theirs.status_code == unknown.status_code == 404, (path, theirs.text)
+        assert theirs.json()["detail"].replace("chat", "X") == unknown.json()["detail"].replace(
+            "nosuch", "X"
+        )
+    assert world.call("GET", "/deployments", as_="other").json() == []
+    # nothing of the calls above took effect
+    chat = world.call("GET", "/deployments/chat", as_="viewer").json()
+    assert (chat["replicas"], chat["deleting"]) == (1, False)
+    assert [v["version"] for v in world.call("GET", "/deployments/chat/rollout", as_="viewer")
+            .json()["versions"]] == ["v1", "v2"]  # fmt: skip
+    assert [d["name"] for d in world.call("GET", "/deployments", as_="viewer").json()] == ["chat"]
+    # the gateway's watch, with an admin token, sees every team's; a member's token cannot watch
+    watched = world.call("GET", "/deployments/watch?timeout_s=0", as_="admin").json()
+    assert [m["name"] for m in watched["models"]] == ["chat"]
+    assert world.call("GET", "/deployments/watch?timeout_s=0", as_="other").status_code == 403
+
+
+def test_a_member_manages_its_own_teams_deployments_only(world: World) -> None:
+    scaled = world.call("POST", "/deployments/chat/scale", {"replicas": 0}, as_="member")
+    assert scaled.status_code == 200, scaled.text
+    assert scaled.json()["replicas"] == 0
+    sneak = world.call("POST", "/deployments", {**DEPLOYMENT, "name": "sneak"}, as_="other")
+    assert sneak.status_code == 403
+    assert "submit deployments as team vision" in sneak.json()["detail"]
+    spec = {**DEPLOYMENT, "name": "mine", "replicas": 0}
+    del spec["team"]
+    assert world.call("POST", "/deployments", spec, as_="other").status_code == 201
+    assert world.call("GET", "/deployments/mine", as_="other").json()["team"] == "vision"
+    assert [d["name"] for d in world.call("GET", "/deployments", as_="other").json()] == ["mine"]
+    assert world.call("GET", "/deployments/mine", as_="member").status_code == 404
+    # names are one namespace: another team's name is taken, and whose it is is not said
+    taken = world.call("POST", "/deployments", {**spec, "name": "chat"}, as_="other")
+    assert taken.status_code == 409
+    assert "research" not in taken.text
+    assert world.call("GET", "/deployments/chat", as_="viewer").json()["team"] == "research"
+    assert world.call("DELETE", "/deployments/mine", as_="other").status_code == 200
+
+
 def test_a_member_cannot_change_quotas_or_teams(world: World) -> None:
     r = world.call("PUT", f"/teams/research/quotas/{A100}", {"gpus": 100}, as_="member")
     assert r.status_code == 403

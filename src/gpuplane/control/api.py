@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpuplane import __version__
 from gpuplane.control import console, queries
 from gpuplane.control.adapters.base import AdapterError
-from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
+from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
@@ -265,7 +265,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         dry_run: bool = Query(False, description="answer where it would go; change nothing"),
         who: Principal = Depends(caller),
     ) -> JobView | DryRunView | JSONResponse:
-        out = service.submit(_of_own_team(who, spec), dry_run=dry_run)
+        out = service.submit(of_own_team(who, spec, "jobs"), dry_run=dry_run)
         if dry_run:
             view = DryRunView(**{**out, "reasons": [r.to_json() for r in out["reasons"]]})
             return JSONResponse(view.model_dump(mode="json"), status_code=200)
@@ -276,7 +276,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         specs: list[dict[str, Any]] = Body(..., description="job specs; all queued or none"),
         who: Principal = Depends(caller),
     ) -> dict[str, list[str]]:
-        return {"ids": service.submit_many([_of_own_team(who, s) for s in specs])}
+        return {"ids": service.submit_many([of_own_team(who, s, "jobs") for s in specs])}
 
     @app.get("/jobs", response_model=list[JobView])
     def jobs(
@@ -341,7 +341,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
         return queries.set_quota(service, name, flavor, body)
 
-    deployment_routes.add_routes(app, service)
+    deployment_routes.add_routes(app, service, caller)
 
     @app.get("/teams/{name}/secrets", response_model=list[SecretView])
     def secrets(name: str, who: Principal = Depends(caller)) -> list[SecretView]:
@@ -409,19 +409,3 @@ def _endpoints(routes: list[BaseRoute]) -> list[tuple[str, str]]:
         methods = getattr(route, "methods", None) or set()
         out += [(m, getattr(route, "path", "")) for m in sorted(methods) if m != "HEAD"]
     return out
-
-
-def _of_own_team(who: Principal, spec: dict[str, Any]) -> dict[str, Any]:
-    """A member's or viewer's spec is their team's (one naming none becomes it); an admin's is
-    as written."""
-    if who.role is Role.admin or not isinstance(spec, dict):
-        return spec
-    if spec.get("team") is None:
-        return {**spec, "team": who.team}
-    if spec["team"] != who.team:
-        raise AuthError(
-            f"your token is for team {who.team}: submit jobs as team {who.team}, or ask an "
-            f"admin for a token of team {spec['team']}",
-            403,
-        )
-    return spec
