@@ -14,6 +14,7 @@ import typer
 import uvicorn
 from typer.testing import CliRunner
 
+from gpuplane.audit.settings import AuditSettings
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import events
 from gpuplane.cli import job as job_cli
@@ -36,12 +37,13 @@ _admins: dict[str, str] = {}  # URL -> the admin token of the service served the
 
 
 @contextmanager
-def serving(service: ControlService) -> Iterator[str]:
-    """The API over `service` (no background loop) while the block runs; yields its URL."""
+def serving(service: ControlService, audit: AuditSettings | None = None) -> Iterator[str]:
+    """The API over `service` (no background loop; `audit`: its config's `audit:` section) while
+    the block runs; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    app = create_app(service, background=False)
+    app = create_app(service, background=False, audit=audit)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="control-api-test", daemon=True)
     thread.start()

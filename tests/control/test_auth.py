@@ -125,6 +125,7 @@ class World:
             ),
             ("DELETE", "/teams/{name}/secrets/{secret}"): ("/teams/research/secrets/old", None),
             ("GET", "/events"): ("/events", None),
+            ("GET", "/usage"): ("/usage?since=1h", None),
             ("GET", "/tokens"): ("/tokens", None),
             ("POST", "/tokens"): ("/tokens", {"role": "viewer", "team": "research"}),
             ("DELETE", "/tokens/{token_id}"): (f"/tokens/{self.token_id}", None),

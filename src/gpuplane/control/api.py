@@ -34,7 +34,8 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
-from gpuplane.control import console, queries
+from gpuplane.audit.settings import AuditSettings
+from gpuplane.control import console, queries, usage
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
@@ -128,8 +129,12 @@ class _Trail:
             )
 
 
-def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
-    """The API over a started `service`; `background` runs the admission loop while serving."""
+def create_app(
+    service: ControlService, *, background: bool = True, audit: AuditSettings | None = None
+) -> FastAPI:
+    """The API over a started `service`; `background` runs the admission loop while serving;
+    `audit`: the `audit:` section of the service's config (the usage report's prices)."""
+    audit = audit or AuditSettings()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -374,6 +379,23 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         except ValueError as exc:
             raise ResourceError(f"since: {exc}") from None
         return queries.list_events(service, team, since_s, limit, who.teams())
+
+    @app.get("/usage")
+    def usage_report(
+        since: str = Query("7d", description="start: a duration ago (7d, 12h) or an ISO time"),
+        until: str | None = Query(None, description="end, the same way; default: now"),
+        step: str = Query("60s", description="allocations are counted once per this"),
+        team: str | None = Query(None, description="this team only"),
+        who: Principal = Depends(caller),
+    ) -> dict[str, Any]:
+        """GPU-hours, slice-hours and cost per team and GPU model (a slice counts its share of
+        the card), used and idle apart where `control.samples_dir` measured them."""
+        teams = who.teams()
+        if team is not None:
+            queries.get_team(service, team, teams)  # another team's: 404 as an unknown one
+            teams = {team}
+        window = usage.span(since, until, step, service.clock())
+        return usage.report(service.store, window, audit, service.config.samples_dir, teams)
 
     @app.get("/tokens", response_model=list[TokenView])
     def tokens() -> list[TokenView]:

@@ -107,6 +107,7 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("PUT", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
     ("DELETE", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
     ("GET", "/events"): VIEW_TEAM,
+    ("GET", "/usage"): VIEW_TEAM,
     ("POST", "/deployments"): MEMBER_TEAM,
     ("GET", "/deployments"): VIEW_TEAM,
     # the gateway's discovery and load reports: every team's deployments, with an admin token
