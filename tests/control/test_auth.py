@@ -30,7 +30,7 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.tokens import TokenBook
-from tests.control.console_helpers import console_client
+from tests.control.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,
     admin_token,
@@ -140,6 +140,10 @@ class World:
             ("GET", "/ui/quotas"): ("/ui/quotas", None),
             ("GET", "/ui/gpus"): ("/ui/gpus", None),
             ("GET", "/ui/events"): ("/ui/events", None),
+            ("GET", "/ui/deployments"): ("/ui/deployments", None),
+            ("GET", "/ui/deployments/{name}"): ("/ui/deployments/chat", None),
+            ("GET", "/ui/runs"): ("/ui/runs", None),
+            ("GET", "/ui/runs/{team}/{name}"): ("/ui/runs/research/toy", None),
         }
 
     def console(self, method: str, url: str, body: Any = None, as_: str | None = None) -> Any:
@@ -152,8 +156,12 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    svc = make_service(config(str(tmp_path), nodes=2, teams=TEAMS))
+    runs = {"research": str(tmp_path / "runs")}
+    svc = make_service(
+        config(str(tmp_path), nodes=2, teams=TEAMS).model_copy(update={"runs_dirs": runs})
+    )
     try:
+        batch_run(tmp_path / "runs" / "toy", tmp_path / "batch")
         tokens = {
             r: svc.tokens.create("test", Role(r), "research")[1] for r in ("viewer", "member")
         }

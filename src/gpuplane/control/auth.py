@@ -134,6 +134,10 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("GET", "/ui/quotas"): CONSOLE_VIEW_TEAM,
     ("GET", "/ui/gpus"): CONSOLE_VIEW_TEAM,  # another team's slices show without their jobs
     ("GET", "/ui/events"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/deployments"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/deployments/{name}"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/runs"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/runs/{team}/{name}"): CONSOLE_VIEW_TEAM,
 }
 
 
