@@ -13,17 +13,15 @@ from typing import Any
 
 import pytest
 from sqlalchemy import update
-from typer.testing import CliRunner
 
 from gpuplane.audit.samples import SampleStore
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.cli.main import app
 from gpuplane.control.auth import Role
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from tests.audit.audit_helpers import T0, concat, series
-from tests.control.api_server import admin_of, serving
+from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import SLEEP, config, job, make_service, wait_state
 
 HOUR = 3600
@@ -69,16 +67,16 @@ def held(service: ControlService, spans: list[tuple[str, dict[str, Any], float, 
         session.commit()
 
 
-def run(url: str, *args: str, token: str | None = None) -> Any:
-    """`gpuplane usage ARGS` against the control plane at `url` as `token` (default: its admin)."""
-    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": token or admin_of(url)}
-    return CliRunner().invoke(app, ["usage", *args], env=env)
+def run(url: str, *args: str, token: str | None = None) -> tuple[int, str]:
+    """`gpuplane usage ARGS` against the control plane at `url` as `token` (default: its admin):
+    the exit code and what it printed."""
+    return cli(url, "usage", *args, token=token)
 
 
 def report(url: str, *args: str, token: str | None = None) -> dict[str, Any]:
-    result = run(url, "-o", "json", *args, token=token)
-    assert result.exit_code == 0, result.output
-    data: dict[str, Any] = json.loads(result.stdout)
+    code, out = run(url, "-o", "json", *args, token=token)
+    assert code == 0, out
+    data: dict[str, Any] = json.loads(out)
     return data
 
 
@@ -114,11 +112,11 @@ def test_a_member_sees_its_own_teams_usage_only(svc: ControlService, url: str) -
     window = ["--since", iso(T0), "--until", iso(T0 + HOUR)]
     mine = report(url, *window, token=member)
     assert [t["team"] for t in mine["teams"]] == ["vision"]
-    theirs = run(url, *window, "--team", "research", token=member)
-    assert theirs.exit_code == 1
-    assert "HTTP 404" in theirs.output
-    assert "no team 'research'" in theirs.output
-    assert run(url, *window, token="gpl_nonsense").exit_code == 1
+    code, theirs = run(url, *window, "--team", "research", token=member)
+    assert code == 1
+    assert "HTTP 404" in theirs
+    assert "no team 'research'" in theirs
+    assert run(url, *window, token="gpl_nonsense")[0] == 1
 
 
 def test_the_report_reconciles_with_the_store_for_uneven_spans(
@@ -171,21 +169,18 @@ def test_audit_samples_add_used_and_idle_apart(tmp_path: Path) -> None:
 
 
 def test_a_wrong_window_says_what_to_do(url: str) -> None:
-    backwards = run(url, "--since", "1h", "--until", "2h")
-    assert backwards.exit_code == 1
-    assert "is not before until" in backwards.output
-    garbled = run(url, "--since", "last week")
-    assert garbled.exit_code == 1
-    assert "neither a duration" in garbled.output
-    too_long = run(url, "--since", "3000d", "--step", "1s")
-    assert too_long.exit_code == 1
-    assert "a longer step" in too_long.output
-    ahead = run(url, "--since", "1h", "--until", "2999-01-01", "-o", "json")
-    assert ahead.exit_code == 0, ahead.output
-    assert datetime.fromisoformat(json.loads(ahead.stdout)["until"]) <= datetime.now(UTC)
-    table = run(url, "--since", "1h")
-    assert table.exit_code == 0, table.output
-    assert "TEAM" in table.output
-    assert "physical" in table.output
-    nobody = run("http://127.0.0.1:9", "--since", "1h")
-    assert nobody.exit_code == 1
+    for args, message in (
+        (("--since", "1h", "--until", "2h"), "is not before until"),
+        (("--since", "last week"), "neither a duration"),
+        (("--since", "3000d", "--step", "1s"), "a longer step"),
+    ):
+        code, out = run(url, *args)
+        assert code == 1, args
+        assert message in out
+    ahead = report(url, "--since", "1h", "--until", "2999-01-01")
+    assert datetime.fromisoformat(ahead["until"]) <= datetime.now(UTC)
+    code, table = run(url, "--since", "1h")
+    assert code == 0, table
+    assert "TEAM" in table
+    assert "physical" in table
+    assert run("http://127.0.0.1:9", "--since", "1h")[0] == 1

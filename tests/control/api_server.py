@@ -21,6 +21,7 @@ from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import token as token_cli
+from gpuplane.cli import usage as usage_cli
 from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import admin_token
@@ -32,6 +33,7 @@ cli_app.add_typer(cluster_cli.app, name="cluster")
 cli_app.add_typer(token_cli.app, name="token")
 cli_app.add_typer(secret_cli.app, name="secret")
 events.register(cli_app)
+cli_app.command()(usage_cli.usage)
 _runner = CliRunner()
 _admins: dict[str, str] = {}  # URL -> the admin token of the service served there
 
@@ -68,8 +70,8 @@ def admin_of(url: str) -> str:
 def cli(
     url: str, *args: str, token: str | None = None, input: str | None = None
 ) -> tuple[int, str]:
-    """`gpuplane job|quota|cluster|token|secret|events ...` against `url` as `token` (default: the
-    served service's admin): its exit code and what it printed."""
+    """`gpuplane job|quota|cluster|token|secret|events|usage ...` against `url` as `token`
+    (default: the served service's admin): its exit code and what it printed."""
     env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url) if token is None else token}
     result = _runner.invoke(cli_app, list(args), env=env, input=input)
     return result.exit_code, result.output

@@ -62,6 +62,10 @@ def _when(value: str, now: datetime, name: str) -> datetime:
         return now - timedelta(seconds=parse_duration(value))
     except ValueError:
         pass
+    except OverflowError:
+        raise ResourceError(
+            f"{name} {value} reaches before the year 1: give a shorter duration"
+        ) from None
     try:
         t = datetime.fromisoformat(value)
     except ValueError:
