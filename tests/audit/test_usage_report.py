@@ -1,5 +1,6 @@
-"""`gpuplane usage`: GPU-hours per team from the allocations in a live control plane's store,
-reconciled with them (a slice counts its share of a card), idle apart where audit samples exist."""
+"""`gpuplane usage` through the control API (`GET /usage`): GPU-hours per team from the
+allocations in a live control plane's store, reconciled with them (a slice counts its share of a
+card), idle apart where the server's audit samples exist, a member shown only its team."""
 
 from __future__ import annotations
 
@@ -12,25 +13,40 @@ from typing import Any
 
 import pytest
 from sqlalchemy import update
-from typer.testing import CliRunner
 
 from gpuplane.audit.samples import SampleStore
-from gpuplane.cli.main import app
+from gpuplane.audit.settings import AuditSettings
+from gpuplane.control.auth import Role
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from tests.audit.audit_helpers import T0, concat, series
+from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import SLEEP, config, job, make_service, wait_state
 
 HOUR = 3600
 
 
+PRICES = AuditSettings(prices={"A100-80GB": 2.0})
+
+
+def service(tmp_path: Path, samples_dir: Path | None = None) -> ControlService:
+    teams = (TeamConfig(name="research"), TeamConfig(name="vision"))
+    cfg = config(str(tmp_path), gpus=2, teams=teams)
+    return make_service(cfg.model_copy(update={"samples_dir": samples_dir and str(samples_dir)}))
+
+
 @pytest.fixture
 def svc(tmp_path: Path) -> Iterator[ControlService]:
-    teams = (TeamConfig(name="research"), TeamConfig(name="vision"))
-    service = make_service(config(str(tmp_path), gpus=2, teams=teams))
-    yield service
-    service.close()
+    s = service(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def url(svc: ControlService) -> Iterator[str]:
+    with serving(svc, PRICES) as u:
+        yield u
 
 
 def held(service: ControlService, spans: list[tuple[str, dict[str, Any], float, float]]) -> None:
@@ -51,14 +67,16 @@ def held(service: ControlService, spans: list[tuple[str, dict[str, Any], float, 
         session.commit()
 
 
-def report(service: ControlService, tmp_path: Path, *args: str) -> dict[str, Any]:
-    cfg = tmp_path / "gpuplane.yaml"
-    cfg.write_text("audit:\n  prices: {A100-80GB: 2.0}\n")
-    result = CliRunner().invoke(
-        app, ["usage", "--db", service.store.url, "--config", str(cfg), "-o", "json", *args]
-    )
-    assert result.exit_code == 0, result.output
-    data: dict[str, Any] = json.loads(result.stdout)
+def run(url: str, *args: str, token: str | None = None) -> tuple[int, str]:
+    """`gpuplane usage ARGS` against the control plane at `url` as `token` (default: its admin):
+    the exit code and what it printed."""
+    return cli(url, "usage", *args, token=token)
+
+
+def report(url: str, *args: str, token: str | None = None) -> dict[str, Any]:
+    code, out = run(url, "-o", "json", *args, token=token)
+    assert code == 0, out
+    data: dict[str, Any] = json.loads(out)
     return data
 
 
@@ -69,13 +87,11 @@ def iso(t: float) -> str:
 QUARTER = {"gpu_mem_mib": 20480, "gpu_cores_pct": 25}
 
 
-def test_four_quarter_slices_for_an_hour_are_one_gpu_hour(
-    svc: ControlService, tmp_path: Path
-) -> None:
+def test_four_quarter_slices_for_an_hour_are_one_gpu_hour(svc: ControlService, url: str) -> None:
     teams = ["research", "vision", "research", "vision"]
     held(svc, [(t, QUARTER, T0, T0 + HOUR) for t in teams])
     window = ["--since", iso(T0 - HOUR), "--until", iso(T0 + 2 * HOUR)]
-    data = report(svc, tmp_path, *window)
+    data = report(url, *window)
     by_team = {t["team"]: t for t in data["teams"]}
     assert by_team["research"]["gpu_hours"] == pytest.approx(0.5)
     assert by_team["vision"]["gpu_hours"] == pytest.approx(0.5)
@@ -86,12 +102,25 @@ def test_four_quarter_slices_for_an_hour_are_one_gpu_hour(
     assert data["physical_gpu_hours"] == pytest.approx(6.0)  # 2 cards x 3 hours
     assert data["free_gpu_hours"] == pytest.approx(5.0)
     assert data["reconciled"]
-    only = report(svc, tmp_path, *window, "--team", "vision")
+    only = report(url, *window, "--team", "vision")
     assert [t["team"] for t in only["teams"]] == ["vision"]
 
 
+def test_a_member_sees_its_own_teams_usage_only(svc: ControlService, url: str) -> None:
+    held(svc, [("research", QUARTER, T0, T0 + HOUR), ("vision", QUARTER, T0, T0 + HOUR)])
+    member = svc.tokens.create("usage", Role.member, "vision")[1]
+    window = ["--since", iso(T0), "--until", iso(T0 + HOUR)]
+    mine = report(url, *window, token=member)
+    assert [t["team"] for t in mine["teams"]] == ["vision"]
+    code, theirs = run(url, *window, "--team", "research", token=member)
+    assert code == 1
+    assert "HTTP 404" in theirs
+    assert "no team 'research'" in theirs
+    assert run(url, *window, token="gpl_nonsense")[0] == 1
+
+
 def test_the_report_reconciles_with_the_store_for_uneven_spans(
-    svc: ControlService, tmp_path: Path
+    svc: ControlService, url: str
 ) -> None:
     rng = random.Random(0)
     spans = []
@@ -108,27 +137,29 @@ def test_the_report_reconciles_with_the_store_for_uneven_spans(
         * max(r["gpu_mem_mib"] / 81920, r["gpu_cores_pct"] / 100)
         for _, r, start, end in spans
     )
-    data = report(svc, tmp_path, "--since", iso(since), "--until", iso(until), "--step", "10s")
+    data = report(url, "--since", iso(since), "--until", iso(until), "--step", "10s")
     got = sum(t["gpu_hours"] for t in data["teams"])
     assert got == pytest.approx(expected, rel=0.01)
     assert data["reconciled"]
 
 
-def test_audit_samples_add_used_and_idle_apart(svc: ControlService, tmp_path: Path) -> None:
-    held(svc, [("research", QUARTER, T0, T0 + HOUR), ("vision", QUARTER, T0, T0 + HOUR)])
-    with svc.store.session() as session:
-        research, vision = session.query(Job.id).order_by(Job.name).all()
-    minutes = HOUR // 60
-    SampleStore(tmp_path / "samples").append(
-        concat(
-            series(research[0], [1000.0] * minutes, [0.0] * minutes, start=T0),  # held, idle
-            series(vision[0], [1000.0] * minutes, [0.2] * minutes, start=T0),
+def test_audit_samples_add_used_and_idle_apart(tmp_path: Path) -> None:
+    svc = service(tmp_path, tmp_path / "samples")
+    try:
+        held(svc, [("research", QUARTER, T0, T0 + HOUR), ("vision", QUARTER, T0, T0 + HOUR)])
+        with svc.store.session() as session:
+            research, vision = session.query(Job.id).order_by(Job.name).all()
+        minutes = HOUR // 60
+        SampleStore(tmp_path / "samples").append(
+            concat(
+                series(research[0], [1000.0] * minutes, [0.0] * minutes, start=T0),  # idle
+                series(vision[0], [1000.0] * minutes, [0.2] * minutes, start=T0),
+            )
         )
-    )
-    data = report(
-        svc, tmp_path, "--since", iso(T0), "--until", iso(T0 + HOUR),
-        "--samples", str(tmp_path / "samples"),
-    )  # fmt: skip
+        with serving(svc, PRICES) as url:
+            data = report(url, "--since", iso(T0), "--until", iso(T0 + HOUR))
+    finally:
+        svc.close()
     by_team = {t["team"]: t for t in data["teams"]}
     assert by_team["research"]["idle_gpu_hours"] == pytest.approx(0.25)
     assert by_team["research"]["used_gpu_hours"] == pytest.approx(0.0)
@@ -137,25 +168,19 @@ def test_audit_samples_add_used_and_idle_apart(svc: ControlService, tmp_path: Pa
     assert by_team["vision"]["measured_gpu_hours"] == pytest.approx(0.25)
 
 
-def test_a_wrong_window_or_store_says_what_to_do(svc: ControlService, tmp_path: Path) -> None:
-    runner = CliRunner()
-    base = ["usage", "--db", svc.store.url]
-    backwards = runner.invoke(app, [*base, "--since", "1h", "--until", "2h"])
-    assert backwards.exit_code == 1
-    assert "is not before --until" in backwards.output
-    garbled = runner.invoke(app, [*base, "--since", "last week"])
-    assert garbled.exit_code == 1
-    assert "neither a duration" in garbled.output
-    missing = runner.invoke(app, ["usage", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
-    assert missing.exit_code == 1
-    assert "cannot read the control plane's store" in missing.output
-    too_long = runner.invoke(app, [*base, "--since", "3000d", "--step", "1s"])
-    assert too_long.exit_code == 1
-    assert "a longer --step" in too_long.output
-    ahead = runner.invoke(app, [*base, "--since", "1h", "--until", "2999-01-01", "-o", "json"])
-    assert ahead.exit_code == 0, ahead.output
-    assert datetime.fromisoformat(json.loads(ahead.stdout)["until"]) <= datetime.now(UTC)
-    table = runner.invoke(app, [*base, "--since", "1h"])
-    assert table.exit_code == 0, table.output
-    assert "TEAM" in table.output
-    assert "physical" in table.output
+def test_a_wrong_window_says_what_to_do(url: str) -> None:
+    for args, message in (
+        (("--since", "1h", "--until", "2h"), "is not before until"),
+        (("--since", "last week"), "neither a duration"),
+        (("--since", "3000d", "--step", "1s"), "a longer step"),
+    ):
+        code, out = run(url, *args)
+        assert code == 1, args
+        assert message in out
+    ahead = report(url, "--since", "1h", "--until", "2999-01-01")
+    assert datetime.fromisoformat(ahead["until"]) <= datetime.now(UTC)
+    code, table = run(url, "--since", "1h")
+    assert code == 0, table
+    assert "TEAM" in table
+    assert "physical" in table
+    assert run("http://127.0.0.1:9", "--since", "1h")[0] == 1

@@ -14,12 +14,14 @@ import typer
 import uvicorn
 from typer.testing import CliRunner
 
+from gpuplane.audit.settings import AuditSettings
 from gpuplane.cli import cluster as cluster_cli
 from gpuplane.cli import events
 from gpuplane.cli import job as job_cli
 from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import token as token_cli
+from gpuplane.cli import usage as usage_cli
 from gpuplane.control.api import create_app
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import admin_token
@@ -31,17 +33,19 @@ cli_app.add_typer(cluster_cli.app, name="cluster")
 cli_app.add_typer(token_cli.app, name="token")
 cli_app.add_typer(secret_cli.app, name="secret")
 events.register(cli_app)
+cli_app.command()(usage_cli.usage)
 _runner = CliRunner()
 _admins: dict[str, str] = {}  # URL -> the admin token of the service served there
 
 
 @contextmanager
-def serving(service: ControlService) -> Iterator[str]:
-    """The API over `service` (no background loop) while the block runs; yields its URL."""
+def serving(service: ControlService, audit: AuditSettings | None = None) -> Iterator[str]:
+    """The API over `service` (no background loop; `audit`: its config's `audit:` section) while
+    the block runs; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    app = create_app(service, background=False)
+    app = create_app(service, background=False, audit=audit)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="control-api-test", daemon=True)
     thread.start()
@@ -66,8 +70,8 @@ def admin_of(url: str) -> str:
 def cli(
     url: str, *args: str, token: str | None = None, input: str | None = None
 ) -> tuple[int, str]:
-    """`gpuplane job|quota|cluster|token|secret|events ...` against `url` as `token` (default: the
-    served service's admin): its exit code and what it printed."""
+    """`gpuplane job|quota|cluster|token|secret|events|usage ...` against `url` as `token`
+    (default: the served service's admin): its exit code and what it printed."""
     env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url) if token is None else token}
     result = _runner.invoke(cli_app, list(args), env=env, input=input)
     return result.exit_code, result.output

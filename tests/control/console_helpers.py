@@ -1,11 +1,20 @@
 """The web console through its forms, as a browser uses it: log in with a token, read the
-session's CSRF token off a page."""
+session's CSRF token off a page; and a real batch run for its batch runs pages."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
+
+from gpuplane.batch.clips import list_clips
+from gpuplane.batch.driver import Driver, RunOptions
+from gpuplane.batch.packing import declared_devices
+from gpuplane.batch.pipeline import load_pipeline
+from gpuplane.batch.runners.base import WorkerSpec, make_runner
+from tests.batch.conftest import TOY, write_clips
 
 
 def csrf_of(html: str) -> str:
@@ -26,3 +35,18 @@ def console_client(http: TestClient, token: str | None = None) -> tuple[TestClie
     CSRF token ("" when not logged in). Redirects are not followed."""
     browser = TestClient(http.app, base_url=str(http.base_url), follow_redirects=False)
     return browser, (login(browser, token) if token else "")
+
+
+def batch_run(out: Path, work: Path, clips: int = 3) -> dict[str, Any]:
+    """The toy pipeline (tests/batch) over `clips` clips with the local runner, its run directory
+    `out`, its clips and stage cache under `work`: what `gpuplane batch run` leaves behind."""
+    pipe = load_pipeline(TOY, {})
+    spec = WorkerSpec(TOY, {}, str(work / "cache"))
+    options = RunOptions(
+        out_dir=out, devices=declared_devices(2), profile={s.name: 0.01 for s in pipe.stages}
+    )
+    runner = make_runner("local", threads=True, cpu_slots=2)
+    summary: dict[str, Any] = Driver(pipe, spec, runner, options).run(
+        list_clips(str(write_clips(work / "clips", clips)))
+    )
+    return summary

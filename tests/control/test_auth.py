@@ -30,7 +30,7 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.tokens import TokenBook
-from tests.control.console_helpers import console_client
+from tests.control.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,
     admin_token,
@@ -129,6 +129,7 @@ class World:
             ),
             ("DELETE", "/teams/{name}/secrets/{secret}"): ("/teams/research/secrets/old", None),
             ("GET", "/events"): ("/events", None),
+            ("GET", "/usage"): ("/usage?since=1h", None),
             ("GET", "/tokens"): ("/tokens", None),
             ("POST", "/tokens"): ("/tokens", {"role": "viewer", "team": "research"}),
             ("DELETE", "/tokens/{token_id}"): (f"/tokens/{self.token_id}", None),
@@ -143,6 +144,10 @@ class World:
             ("GET", "/ui/quotas"): ("/ui/quotas", None),
             ("GET", "/ui/gpus"): ("/ui/gpus", None),
             ("GET", "/ui/events"): ("/ui/events", None),
+            ("GET", "/ui/deployments"): ("/ui/deployments", None),
+            ("GET", "/ui/deployments/{name}"): ("/ui/deployments/chat", None),
+            ("GET", "/ui/runs"): ("/ui/runs", None),
+            ("GET", "/ui/runs/{team}/{name}"): ("/ui/runs/research/toy", None),
         }
 
     def console(self, method: str, url: str, body: Any = None, as_: str | None = None) -> Any:
@@ -155,8 +160,12 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    svc = make_service(config(str(tmp_path), nodes=2, teams=TEAMS))
+    runs = {"research": str(tmp_path / "runs")}
+    svc = make_service(
+        config(str(tmp_path), nodes=2, teams=TEAMS).model_copy(update={"runs_dirs": runs})
+    )
     try:
+        batch_run(tmp_path / "runs" / "toy", tmp_path / "batch")
         tokens = {
             r: svc.tokens.create("test", Role(r), "research")[1] for r in ("viewer", "member")
         }
@@ -324,6 +333,58 @@ def test_a_host_header_not_allowed_gets_400_even_with_a_token(world: World) -> N
     for host in ("127.0.0.1:8080", "localhost"):
         ok = world.http.get("/healthz", headers={"host": host})
         assert ok.status_code == 200, host
+
+
+_DEPLOYMENT_CALLS = [
+    ("GET", "/deployments/{}", None),
+    ("GET", "/deployments/{}/rollout", None),
+    ("POST", "/deployments/{}/scale", {"replicas": 3}),
+    ("POST", "/deployments/{}/promote", None),
+    ("POST", "/deployments/{}/rollback", None),
+    ("DELETE", "/deployments/{}", None),
+]
+
+
+def test_another_teams_deployment_answers_404_exactly_as_an_unknown_one(world: World) -> None:
+    for method, path, body in _DEPLOYMENT_CALLS:
+        theirs = world.call(method, path.format("chat"), body, as_="other")
+        unknown = world.call(method, path.format("nosuch"), body, as_="other")
+        assert theirs.status_code == unknown.status_code == 404, (path, theirs.text)
+        assert theirs.json()["detail"].replace("chat", "X") == unknown.json()["detail"].replace(
+            "nosuch", "X"
+        )
+    assert world.call("GET", "/deployments", as_="other").json() == []
+    # nothing of the calls above took effect
+    chat = world.call("GET", "/deployments/chat", as_="viewer").json()
+    assert (chat["replicas"], chat["deleting"]) == (1, False)
+    assert [v["version"] for v in world.call("GET", "/deployments/chat/rollout", as_="viewer")
+            .json()["versions"]] == ["v1", "v2"]  # fmt: skip
+    assert [d["name"] for d in world.call("GET", "/deployments", as_="viewer").json()] == ["chat"]
+    # the gateway's watch, with an admin token, sees every team's; a member's token cannot watch
+    watched = world.call("GET", "/deployments/watch?timeout_s=0", as_="admin").json()
+    assert [m["name"] for m in watched["models"]] == ["chat"]
+    assert world.call("GET", "/deployments/watch?timeout_s=0", as_="other").status_code == 403
+
+
+def test_a_member_manages_its_own_teams_deployments_only(world: World) -> None:
+    scaled = world.call("POST", "/deployments/chat/scale", {"replicas": 0}, as_="member")
+    assert scaled.status_code == 200, scaled.text
+    assert scaled.json()["replicas"] == 0
+    sneak = world.call("POST", "/deployments", {**DEPLOYMENT, "name": "sneak"}, as_="other")
+    assert sneak.status_code == 403
+    assert "submit deployments as team vision" in sneak.json()["detail"]
+    spec = {**DEPLOYMENT, "name": "mine", "replicas": 0}
+    del spec["team"]
+    assert world.call("POST", "/deployments", spec, as_="other").status_code == 201
+    assert world.call("GET", "/deployments/mine", as_="other").json()["team"] == "vision"
+    assert [d["name"] for d in world.call("GET", "/deployments", as_="other").json()] == ["mine"]
+    assert world.call("GET", "/deployments/mine", as_="member").status_code == 404
+    # names are one namespace: another team's name is taken, and whose it is is not said
+    taken = world.call("POST", "/deployments", {**spec, "name": "chat"}, as_="other")
+    assert taken.status_code == 409
+    assert "research" not in taken.text
+    assert world.call("GET", "/deployments/chat", as_="viewer").json()["team"] == "research"
+    assert world.call("DELETE", "/deployments/mine", as_="other").status_code == 200
 
 
 def test_a_member_cannot_change_quotas_or_teams(world: World) -> None:

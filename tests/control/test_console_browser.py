@@ -1,7 +1,9 @@
 """The web console in a real headless Chromium against a control plane served over HTTP: log in
-with a token, every page shows the jobs submitted through the API, a cancel from the page takes
-effect, a member cannot see another team's job; no console error and no request beyond the
-server. Screenshots of every page are kept under the test's tmp dir (its path is printed)."""
+with a token, every page shows the jobs submitted through the API, the deployments applied
+through it (on the sim engine, with a gateway's load report) and a real batch run, a cancel from
+the page takes effect, a member cannot see another team's job or deployment; no console error and
+no request beyond the server. Screenshots of every page are kept under the test's tmp dir (its
+path is printed)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 from gpuplane.control.auth import Role
 from gpuplane.control.settings import TeamConfig
 from tests.control.api_server import admin_of, serving
+from tests.control.console_helpers import batch_run
 from tests.control.svc_helpers import A100, config, job, make_service
 
 CHROMIUM = "/usr/bin/chromium"
@@ -37,9 +40,12 @@ def test_the_console_in_chromium(tmp_path: Path) -> None:
     from playwright.sync_api import Page, sync_playwright
 
     teams = (TeamConfig(name="research"), TeamConfig(name="vision"))
-    svc = make_service(config(str(tmp_path / "state"), nodes=2, teams=teams))
+    cfg = config(str(tmp_path / "state"), nodes=2, teams=teams)
+    runs = {"research": str(tmp_path / "runs")}
+    svc = make_service(cfg.model_copy(update={"runs_dirs": runs}))
     shots = tmp_path / "screenshots"
     shots.mkdir()
+    run = batch_run(tmp_path / "runs" / "toy-nightly", tmp_path / "batch")
     try:
         member = svc.tokens.create("browser", Role.member, "research")[1]
         other = svc.tokens.create("browser", Role.member, "vision")[1]
@@ -58,6 +64,20 @@ def test_the_console_in_chromium(tmp_path: Path) -> None:
             theirs = api("POST", "/jobs", other, job("theirs", team="vision", gpus=1))["id"]
             assert api("GET", f"/jobs/{train}", member)["state"] == "running"
             assert api("GET", f"/jobs/{big}", member)["state"] == "pending"
+            # a deployment of each team on the sim engine, a member's team by default
+            slice_ = {"gpu_mem_mib": 8192, "gpu_cores_pct": 25}
+            chat = {"name": "chat", "model": "sim", "engine": "sim", "slice": slice_}
+            api("POST", "/deployments", member, {**chat, "version": "v1",
+                "canary": [{"version": "v2", "weight": 20}]})  # fmt: skip
+            api("POST", "/deployments", other, {**chat, "name": "secret-bot"})
+            chat_ids = [i["id"] for i in api("GET", "/deployments/chat", member)["instances"]]
+            report = {"name": "chat", "in_flight": 1, "queued": 0, "oldest_wait_s": 0.0,
+                      "ready": 2, "instances": {chat_ids[0]: 1}, "ready_ids": chat_ids}  # fmt: skip
+            httpx.post(
+                url + "/deployments/load",
+                json={"gateway": "gw-1", "models": [report]},
+                headers={"authorization": f"Bearer {admin}"},
+            ).raise_for_status()
 
             errors: list[str] = []
 
@@ -88,7 +108,37 @@ def test_the_console_in_chromium(tmp_path: Path) -> None:
                     assert page.inner_text("#who") == "member of research"
                     assert "local" in page.inner_text("#clusters")
                     assert A100 in page.inner_text("#models")
+                    page.click("#windows a[href='/ui?window=1h']")  # the last hour's history
+                    page.wait_for_url(url + "/ui?window=1h")
+                    history = page.inner_text("#history")
+                    assert "local" in history
+                    assert A100 in history
+                    assert page.locator("#history svg rect").count() > 1
                     shot(page, "overview")
+
+                    page.goto(url + "/ui/deployments")
+                    listed = page.inner_text("#deployments")
+                    assert "chat" in listed
+                    assert "v2 (20 %" in listed
+                    assert "secret-bot" not in listed
+                    shot(page, "deployments")
+                    page.click("#deployments a[href='/ui/deployments/chat']")
+                    page.wait_for_url(url + "/ui/deployments/chat")
+                    instances = page.inner_text("#instances")
+                    assert chat_ids[0] in instances
+                    assert "local" in instances
+                    assert "1 of" in page.inner_text("#slots")
+                    shot(page, "deployment")
+
+                    page.goto(url + "/ui/runs")
+                    assert "toy-nightly" in page.inner_text("#runs")
+                    shot(page, "runs")
+                    page.click("#runs a[href='/ui/runs/research/toy-nightly']")
+                    page.wait_for_url(url + "/ui/runs/research/toy-nightly")
+                    assert page.inner_text("#status") == run["status"]
+                    for stage in run["stages"]:
+                        assert stage in page.inner_text("#stages")
+                    shot(page, "run")
 
                     page.goto(url + "/ui/jobs")
                     jobs = page.inner_text("#jobs")
@@ -131,6 +181,11 @@ def test_the_console_in_chromium(tmp_path: Path) -> None:
                     assert hidden is not None
                     assert hidden.status == 404
                     shot(page, "another-teams-job")
+                    hidden = page.goto(f"{url}/ui/deployments/secret-bot")
+                    assert hidden is not None
+                    assert hidden.status == 404
+                    assert "secret-bot" in page.inner_text("#error")  # the name asked for only
+                    shot(page, "another-teams-deployment")
                     # Chromium logs that answer's own 404 as a console error: expected here
                     errors[:] = [e for e in errors if "status of 404" not in e]
                     page.click("header button")  # log out
@@ -144,4 +199,4 @@ def test_the_console_in_chromium(tmp_path: Path) -> None:
     finally:
         svc.close()
     assert errors == []  # no console error, no request beyond the server
-    assert len(list(shots.glob("*.png"))) == 8
+    assert len(list(shots.glob("*.png"))) == 13

@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
 from gpuplane.batch.clips import list_clips
 from gpuplane.batch.driver import Driver, RunOptions
@@ -24,11 +23,10 @@ from gpuplane.batch.exporter import BatchExporter
 from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
-from gpuplane.cli.main import app
 from gpuplane.serve.settings import key_digest
 from tests.batch.conftest import TOY, write_clips
 from tests.conftest import free_port
-from tests.control.api_server import serving
+from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import (
     SLEEP,
     admin_token,
@@ -201,17 +199,16 @@ def test_every_panel_returns_series_from_a_real_prometheus(
             finally:
                 proc.terminate()
                 proc.wait(30)
+            # the tenant's traffic in the usage report, next to the store's allocations
+            code, out = cli(
+                control, "usage", "--since", "1h", "--step", "1s", "--gateway", gateway,
+                "--admin-key", ADMIN_KEY, "-o", "json",
+            )  # fmt: skip
         assert service.cancel(waiting)
     finally:
         service.close()
-    # the tenant's traffic in the usage report, next to the store's allocations
-    used = CliRunner().invoke(
-        app,
-        ["usage", "--db", service.store.url, "--since", "1h", "--step", "1s", "--gateway", gateway,
-         "--admin-key", ADMIN_KEY, "-o", "json"],
-    )  # fmt: skip
-    assert used.exit_code == 0, used.output
-    tenants = {t["tenant"]: t for t in json.loads(used.stdout)["gateway"]["tenants"]}
+    assert code == 0, out
+    tenants = {t["tenant"]: t for t in json.loads(out)["gateway"]["tenants"]}
     assert tenants["team-a"]["requests"] == 4
     assert tenants["team-a"]["completion_tokens"] > 0
-    assert {t["team"] for t in json.loads(used.stdout)["teams"]} == {"research"}
+    assert {t["team"] for t in json.loads(out)["teams"]} == {"research"}

@@ -59,7 +59,8 @@ def serve(
             for k, v in (("port", port), ("host", host), ("database_url", database_url))
             if v is not None
         )
-        control = parse_settings(data, source=str(config or "defaults")).control
+        settings = parse_settings(data, source=str(config or "defaults"))
+        control = settings.control
         service = ControlService(control)
         messages = service.start()
     except GpuplaneError as exc:
@@ -69,7 +70,7 @@ def serve(
     for line in messages:
         typer.echo(line)
     typer.echo(f"control plane on http://{control.host}:{control.port} (API docs at /docs)")
-    app_ = create_app(service)
+    app_ = create_app(service, audit=settings.audit)
     server = _server(
         uvicorn.Config(
             app_,

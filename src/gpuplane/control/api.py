@@ -34,9 +34,10 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
-from gpuplane.control import console, queries
+from gpuplane.audit.settings import AuditSettings
+from gpuplane.control import console, queries, usage
 from gpuplane.control.adapters.base import AdapterError
-from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide
+from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
@@ -128,8 +129,12 @@ class _Trail:
             )
 
 
-def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
-    """The API over a started `service`; `background` runs the admission loop while serving."""
+def create_app(
+    service: ControlService, *, background: bool = True, audit: AuditSettings | None = None
+) -> FastAPI:
+    """The API over a started `service`; `background` runs the admission loop while serving;
+    `audit`: the `audit:` section of the service's config (the usage report's prices)."""
+    audit = audit or AuditSettings()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -265,7 +270,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         dry_run: bool = Query(False, description="answer where it would go; change nothing"),
         who: Principal = Depends(caller),
     ) -> JobView | DryRunView | JSONResponse:
-        out = service.submit(_of_own_team(who, spec), dry_run=dry_run)
+        out = service.submit(of_own_team(who, spec, "jobs"), dry_run=dry_run)
         if dry_run:
             view = DryRunView(**{**out, "reasons": [r.to_json() for r in out["reasons"]]})
             return JSONResponse(view.model_dump(mode="json"), status_code=200)
@@ -276,7 +281,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         specs: list[dict[str, Any]] = Body(..., description="job specs; all queued or none"),
         who: Principal = Depends(caller),
     ) -> dict[str, list[str]]:
-        return {"ids": service.submit_many([_of_own_team(who, s) for s in specs])}
+        return {"ids": service.submit_many([of_own_team(who, s, "jobs") for s in specs])}
 
     @app.get("/jobs", response_model=list[JobView])
     def jobs(
@@ -341,7 +346,7 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
         return queries.set_quota(service, name, flavor, body)
 
-    deployment_routes.add_routes(app, service)
+    deployment_routes.add_routes(app, service, caller)
 
     @app.get("/teams/{name}/secrets", response_model=list[SecretView])
     def secrets(name: str, who: Principal = Depends(caller)) -> list[SecretView]:
@@ -374,6 +379,23 @@ def create_app(service: ControlService, *, background: bool = True) -> FastAPI:
         except ValueError as exc:
             raise ResourceError(f"since: {exc}") from None
         return queries.list_events(service, team, since_s, limit, who.teams())
+
+    @app.get("/usage")
+    def usage_report(
+        since: str = Query("7d", description="start: a duration ago (7d, 12h) or an ISO time"),
+        until: str | None = Query(None, description="end, the same way; default: now"),
+        step: str = Query("60s", description="allocations are counted once per this"),
+        team: str | None = Query(None, description="this team only"),
+        who: Principal = Depends(caller),
+    ) -> dict[str, Any]:
+        """GPU-hours, slice-hours and cost per team and GPU model (a slice counts its share of
+        the card), used and idle apart where `control.samples_dir` measured them."""
+        teams = who.teams()
+        if team is not None:
+            queries.get_team(service, team, teams)  # another team's: 404 as an unknown one
+            teams = {team}
+        window = usage.span(since, until, step, service.clock())
+        return usage.report(service.store, window, audit, service.config.samples_dir, teams)
 
     @app.get("/tokens", response_model=list[TokenView])
     def tokens() -> list[TokenView]:
@@ -409,19 +431,3 @@ def _endpoints(routes: list[BaseRoute]) -> list[tuple[str, str]]:
         methods = getattr(route, "methods", None) or set()
         out += [(m, getattr(route, "path", "")) for m in sorted(methods) if m != "HEAD"]
     return out
-
-
-def _of_own_team(who: Principal, spec: dict[str, Any]) -> dict[str, Any]:
-    """A member's or viewer's spec is their team's (one naming none becomes it); an admin's is
-    as written."""
-    if who.role is Role.admin or not isinstance(spec, dict):
-        return spec
-    if spec.get("team") is None:
-        return {**spec, "team": who.team}
-    if spec["team"] != who.team:
-        raise AuthError(
-            f"your token is for team {who.team}: submit jobs as team {who.team}, or ask an "
-            f"admin for a token of team {spec['team']}",
-            403,
-        )
-    return spec

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from gpuplane.errors import GpuplaneError
 
 
 class Role(StrEnum):
-    """What a caller may do: viewers read their team, members also submit and cancel its jobs
-    and keep its secrets, admins manage clusters, quotas, teams and tokens for every team."""
+    """What a caller may do: viewers read their team, members also submit and cancel its jobs,
+    apply, scale, roll and delete its deployments and keep its secrets; admins manage clusters,
+    quotas, teams and tokens for every team."""
 
     viewer = "viewer"
     member = "member"
@@ -105,18 +107,19 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("PUT", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
     ("DELETE", "/teams/{name}/secrets/{secret}"): MEMBER_TEAM,
     ("GET", "/events"): VIEW_TEAM,
-    # deployments are not team scoped yet: only admins (and gateways, with an admin token) see them
-    ("POST", "/deployments"): ADMIN,
-    ("GET", "/deployments"): ADMIN,
+    ("GET", "/usage"): VIEW_TEAM,
+    ("POST", "/deployments"): MEMBER_TEAM,
+    ("GET", "/deployments"): VIEW_TEAM,
+    # the gateway's discovery and load reports: every team's deployments, with an admin token
     ("GET", "/deployments/watch"): ADMIN,
     ("POST", "/deployments/load"): ADMIN,
-    ("GET", "/deployments/{name}"): ADMIN,
-    ("POST", "/deployments/{name}/scale"): ADMIN,
-    ("GET", "/deployments/{name}/rollout"): ADMIN,
-    ("POST", "/deployments/{name}/promote"): ADMIN,
-    ("POST", "/deployments/{name}/rollback"): ADMIN,
-    ("DELETE", "/deployments/{name}"): ADMIN,
-    ("POST", "/deployments/{name}/faults"): ADMIN,
+    ("GET", "/deployments/{name}"): VIEW_TEAM,
+    ("POST", "/deployments/{name}/scale"): MEMBER_TEAM,
+    ("GET", "/deployments/{name}/rollout"): VIEW_TEAM,
+    ("POST", "/deployments/{name}/promote"): MEMBER_TEAM,
+    ("POST", "/deployments/{name}/rollback"): MEMBER_TEAM,
+    ("DELETE", "/deployments/{name}"): MEMBER_TEAM,
+    ("POST", "/deployments/{name}/faults"): ADMIN,  # drills kill processes: an operator's act
     ("GET", "/tokens"): ADMIN,
     ("POST", "/tokens"): ADMIN,
     ("DELETE", "/tokens/{token_id}"): ADMIN,
@@ -132,6 +135,10 @@ POLICY: dict[tuple[str, str], Rule] = {
     ("GET", "/ui/quotas"): CONSOLE_VIEW_TEAM,
     ("GET", "/ui/gpus"): CONSOLE_VIEW_TEAM,  # another team's slices show without their jobs
     ("GET", "/ui/events"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/deployments"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/deployments/{name}"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/runs"): CONSOLE_VIEW_TEAM,
+    ("GET", "/ui/runs/{team}/{name}"): CONSOLE_VIEW_TEAM,
 }
 
 
@@ -151,3 +158,19 @@ def decide(rule: Rule, caller: Principal | None) -> None:
             f"this needs the {rule.role} role; your token is a {caller.role}'s: ask an admin",
             403,
         )
+
+
+def of_own_team(who: Principal, spec: Any, what: str) -> Any:
+    """A member's or viewer's spec (of a job or a deployment: `what`) is their team's: one naming
+    none becomes it, one naming another team is refused; an admin's is as written."""
+    if who.role is Role.admin or not isinstance(spec, dict):
+        return spec
+    if spec.get("team") is None:
+        return {**spec, "team": who.team}
+    if spec["team"] != who.team:
+        raise AuthError(
+            f"your token is for team {who.team}: submit {what} as team {who.team}, or ask an "
+            f"admin for a token of team {spec['team']}",
+            403,
+        )
+    return spec

@@ -211,6 +211,11 @@ class ControlClient:
         out: list[dict[str, Any]] = self.json("GET", "/events", params=params)
         return out
 
+    def usage(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The usage report (`GET /usage`): since, until, step and team as given."""
+        out: dict[str, Any] = self.json("GET", "/usage", params=params)
+        return out
+
     def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
         """A new API token; its secret is in `token`, this once."""
         out: dict[str, Any] = self.json("POST", "/tokens", json=body)

@@ -25,18 +25,22 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gpuplane.control import queries
+from gpuplane.control import console_fleet, history, queries
 from gpuplane.control.auth import AuthError, Principal, Role
 from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import COOKIE, Sessions, csrf_matches
 from gpuplane.control.views import NodeView, TeamView
+from gpuplane.errors import ResourceError, unknown_name
 
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
 )
 ENDED = ("succeeded", "failed", "cancelled")
+# the overview's history: how far back it looks (seconds), in this many steps
+WINDOWS = {"1h": 3600.0, "6h": 6 * 3600.0, "24h": 24 * 3600.0, "7d": 7 * 24 * 3600.0}
+STEPS = 48
 _CSS = files("gpuplane.control").joinpath("templates/console.css").read_text()
 
 
@@ -61,12 +65,13 @@ def error_page(request: Request, status: int, message: str) -> Response:
     if status == 401:
         return RedirectResponse("/ui/login", status_code=303)
     who = getattr(request.state, "principal", None)  # `api.allow`'s, when it got that far
-    return _render(request, "error.html", who, status=status, status_code=status, message=message)
+    return render(request, "error.html", who, status=status, status_code=status, message=message)
 
 
-def _render(
+def render(
     request: Request, name: str, who: Principal | None, status: int = 200, **context: Any
 ) -> HTMLResponse:
+    """The page `name` (a template) for `who`, with the console's headers."""
     session = getattr(request.state, "console_session", None)
     html = _env.get_template(name).render(
         who=who, csrf=session.csrf if session else "", path=request.url.path, **context
@@ -243,7 +248,7 @@ def add_console(
 
     @app.get("/ui/login", include_in_schema=False)
     def login_form(request: Request) -> Response:
-        return _render(request, "login.html", None, error=None)
+        return render(request, "login.html", None, error=None)
 
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
@@ -253,7 +258,7 @@ def add_console(
                 "that token is not valid (malformed, unknown, revoked or expired): paste a "
                 "token from `gpuplane token create`, or the local admin token in the state dir"
             )
-            return _render(request, "login.html", None, status=401, error=error)
+            return render(request, "login.html", None, status=401, error=error)
         sid, _ = sessions.open(token)
         response = RedirectResponse("/ui", status_code=303)
         response.set_cookie(
@@ -278,10 +283,26 @@ def add_console(
         return response
 
     @app.get("/ui", include_in_schema=False)
-    def overview(request: Request, who: Principal = Depends(caller)) -> Response:
+    def overview(
+        request: Request, window: str = "24h", who: Principal = Depends(caller)
+    ) -> Response:
+        if window not in WINDOWS:
+            raise ResourceError(unknown_name("history window", window, WINDOWS))
         clusters = queries.list_clusters(service)
         models = by_model(queries.list_nodes(service))
-        return _render(request, "overview.html", who, clusters=clusters, models=models)
+        past = history.read(
+            service.store, service.config.samples_dir, service.clock(), WINDOWS[window], STEPS
+        )
+        return render(
+            request,
+            "overview.html",
+            who,
+            clusters=clusters,
+            models=models,
+            history=past,
+            windows=list(WINDOWS),
+            window=window,
+        )
 
     @app.get("/ui/jobs", include_in_schema=False)
     def jobs(
@@ -289,7 +310,7 @@ def add_console(
     ) -> Response:
         listed = queries.list_jobs(service, team or None, state or None, 500, who.teams())
         teams = [t.name for t in queries.list_teams(service, who.teams())]
-        return _render(
+        return render(
             request,
             "jobs.html",
             who,
@@ -304,7 +325,7 @@ def add_console(
     def job(request: Request, ref: str, who: Principal = Depends(caller)) -> Response:
         view = queries.get_job(service, ref, who.teams())
         can_cancel = view.state not in ENDED and who.role.covers(Role.member)
-        return _render(request, "job.html", who, job=view, can_cancel=can_cancel)
+        return render(request, "job.html", who, job=view, can_cancel=can_cancel)
 
     @app.post("/ui/jobs/{ref}/cancel", include_in_schema=False)
     async def cancel(request: Request, ref: str, who: Principal = Depends(caller)) -> Response:
@@ -318,17 +339,19 @@ def add_console(
         teams = queries.list_teams(service)
         rows = quota_rows(teams, shown)
         mine = [t for t in teams if shown is None or t.name in shown]
-        return _render(request, "quotas.html", who, rows=rows, teams=mine)
+        return render(request, "quotas.html", who, rows=rows, teams=mine)
 
     @app.get("/ui/gpus", include_in_schema=False)
     def gpus(request: Request, who: Principal = Depends(caller)) -> Response:
         nodes = card_map(queries.list_nodes(service), _held(service), who.teams())
-        return _render(request, "gpus.html", who, nodes=nodes)
+        return render(request, "gpus.html", who, nodes=nodes)
 
     @app.get("/ui/events", include_in_schema=False)
     def events(request: Request, team: str = "", who: Principal = Depends(caller)) -> Response:
         listed = queries.list_events(service, team or None, None, 300, who.teams())
-        return _render(request, "events.html", who, events=list(reversed(listed)), team=team)
+        return render(request, "events.html", who, events=list(reversed(listed)), team=team)
+
+    console_fleet.add_pages(app, service, caller, render)
 
 
 def session_caller(

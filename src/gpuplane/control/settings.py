@@ -288,6 +288,17 @@ class ControlConfig(Section):
         "unset); otherwise it refuses to start without an unprivileged user for them",
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="tokens, hosts, OIDC")
+    samples_dir: str | None = Field(
+        default=None,
+        description="an audit sample store (`gpuplane audit collect --out DIR`): adds used and "
+        "idle GPU-hours to `GET /usage` and used GPUs to the console's history; unset: "
+        "allocations only",
+    )
+    runs_dirs: dict[str, str] = Field(
+        default_factory=dict,
+        description="team -> the directory its batch runs are written under (its "
+        "batch.runs_dir): the console lists those runs and their reports to that team",
+    )
     instance: str | None = Field(
         default=None,
         description="name of this service process: it observes the jobs it started; "

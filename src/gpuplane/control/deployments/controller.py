@@ -19,7 +19,7 @@ import hashlib
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,12 +146,20 @@ class Deployments:
 
     # -- commands ----------------------------------------------------------------------------
 
-    def apply(self, data: Any, *, dry_run: bool = False) -> Applied:
-        """Create or change a deployment; refuse a spec that can never be served here."""
+    def apply(
+        self, data: Any, *, dry_run: bool = False, teams: Collection[str] | None = None
+    ) -> Applied:
+        """Create or change a deployment; refuse a spec that can never be served here. `teams`:
+        the teams whose deployments the caller may change (None: all)."""
         spec = parse_deployment(data, self.service.config.default_team)
         self._require_local(spec)
         with self.service.store.session() as session:
             row = session.get(Deployment, spec.name)
+            if row is not None and not _shown(row, teams):
+                # names are one namespace: say it is taken, not whose it is
+                raise ConflictError(
+                    f"the deployment name {spec.name} is taken: choose another name"
+                )
             if row is not None and row.deleting:
                 raise ConflictError(
                     f"deployment {spec.name} is being deleted; apply it again once "
@@ -193,11 +201,13 @@ class Deployments:
         self.reconcile(spec.name)
         return Applied(spec.name, action, placement)
 
-    def scale(self, name: str, replicas: int) -> DeploymentSpec:
+    def scale(
+        self, name: str, replicas: int, teams: Collection[str] | None = None
+    ) -> DeploymentSpec:
         if replicas < 0:
             raise SpecError(f"replicas must be >= 0, got {replicas}")
         with self.service.store.session() as session:
-            spec = self.spec(session, name)
+            spec = self.spec(session, name, teams)
         if spec.scaling is not None:
             raise ConflictError(
                 f"deployment {name} is autoscaled (scaling: min {spec.scaling.min}, max "
@@ -208,21 +218,27 @@ class Deployments:
         self.apply(data)
         return parse_deployment(data)
 
-    def promote(self, name: str, version: str | None = None) -> DeploymentSpec:
+    def promote(
+        self, name: str, version: str | None = None, teams: Collection[str] | None = None
+    ) -> DeploymentSpec:
         """The canary `version` (the only one, when None) becomes the deployment's version:
         its instances stay, more start up to the main version's replicas, and the old
         version's drain once those serve."""
-        return self._roll(name, lambda spec: spec.promoted(version), "promoted")
+        return self._roll(name, lambda spec: spec.promoted(version), "promoted", teams)
 
-    def rollback(self, name: str) -> DeploymentSpec:
+    def rollback(self, name: str, teams: Collection[str] | None = None) -> DeploymentSpec:
         """Drop every canary: their instances drain; the main version serves everything."""
-        return self._roll(name, DeploymentSpec.rolled_back, "rolled back")
+        return self._roll(name, DeploymentSpec.rolled_back, "rolled back", teams)
 
     def _roll(
-        self, name: str, change: Callable[[DeploymentSpec], DeploymentSpec], verb: str
+        self,
+        name: str,
+        change: Callable[[DeploymentSpec], DeploymentSpec],
+        verb: str,
+        teams: Collection[str] | None,
     ) -> DeploymentSpec:
         with self.service.store.session() as session:
-            spec = self.spec(session, name)
+            spec = self.spec(session, name, teams)
         try:
             new = change(spec)
         except ConfigError as exc:
@@ -233,12 +249,12 @@ class Deployments:
         self.apply(_stored(new))
         return new
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, teams: Collection[str] | None = None) -> None:
         """Drain every instance, stop each after its requests (or the drain timeout), then
         forget the deployment."""
         now = self.service.clock()
         with self.service.store.session() as session, session.begin():
-            row = self.row(session, name)
+            row = self.row(session, name, teams)
             if not row.deleting:
                 row.deleting = True
                 session.add(row)
@@ -482,15 +498,25 @@ class Deployments:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def spec(self, session: Session, name: str) -> DeploymentSpec:
-        return parse_deployment(self.row(session, name).spec)
+    def spec(
+        self, session: Session, name: str, teams: Collection[str] | None = None
+    ) -> DeploymentSpec:
+        return parse_deployment(self.row(session, name, teams).spec)
 
-    def row(self, session: Session, name: str) -> Deployment:
+    def row(self, session: Session, name: str, teams: Collection[str] | None = None) -> Deployment:
+        """The deployment `name` of one of `teams` (None: any); another team's answers exactly
+        as an unknown one, so names do not leak."""
         row = session.get(Deployment, name)
-        if row is None:
-            names = set(session.scalars(select(Deployment.name)))
+        if row is None or not _shown(row, teams):
+            names = self.names(session, teams)
             raise NotFoundError(unknown_name("deployment", name, names))
         return row
+
+    @staticmethod
+    def names(session: Session, teams: Collection[str] | None = None) -> list[str]:
+        """The deployments of `teams` (None: all), by name."""
+        rows = session.scalars(select(Deployment).order_by(Deployment.name))
+        return [d.name for d in rows if _shown(d, teams)]
 
     @staticmethod
     def _instances(session: Session, name: str) -> list[Instance]:
@@ -581,6 +607,10 @@ class Deployments:
                 "clusters only for now); set placement.cluster"
                 + (f" to one of: {', '.join(local)}" if local else " to a local cluster")
             )
+
+
+def _shown(row: Deployment, teams: Collection[str] | None) -> bool:
+    return teams is None or row.spec.get("team") in teams
 
 
 def _stored(spec: DeploymentSpec) -> dict[str, Any]:

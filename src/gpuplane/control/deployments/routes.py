@@ -3,6 +3,10 @@
 The routes are added to the app itself, not through an included APIRouter, so they are plain
 routes of the app: `auth.POLICY` and its check over every route see them like any other.
 
+Deployments are team scoped like jobs: members apply, scale, roll and delete their own team's,
+viewers read them, and another team's answer 404 exactly as unknown names (in lists too). The
+gateway's watch and its load reports see every team's and need an admin token.
+
 Errors are the project's own and are mapped to HTTP by the app's handler (422 a spec that can
 never be served, 404 an unknown deployment, 409 one being deleted). `GET /deployments/watch` is
 the gateway's discovery: a long poll that answers once the endpoints' `resource_version` differs
@@ -14,18 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from gpuplane.control import queries
+from gpuplane.control.auth import Principal, of_own_team
 from gpuplane.control.deployments import faults
 from gpuplane.control.deployments.spec import parse_deployment
-from gpuplane.control.models import Deployment, DeploymentEvent, DeploymentInstance, Job
+from gpuplane.control.models import DeploymentEvent, DeploymentInstance, Job
 from gpuplane.control.service import ControlService
 
 WATCH_POLL_S = 0.2  # how often a waiting watch looks at the endpoints again
@@ -65,15 +71,18 @@ class ScaleBody(BaseModel):
     replicas: int = Field(ge=0, le=1000, description="instances of the current version")
 
 
-def add_routes(api: FastAPI, service: ControlService) -> None:
+def add_routes(api: FastAPI, service: ControlService, caller: Callable[..., Principal]) -> None:
+    """The routes on `api`; `caller` is the app's dependency for the authenticated caller."""
     deployments = service.deployments
 
     @api.post("/deployments", tags=["deployments"], status_code=201)
     def apply(
         spec: dict[str, Any] = Body(..., description="a deployment spec, as in the YAML file"),
         dry_run: bool = Query(False, description="validate and place one instance; change nothing"),
+        who: Principal = Depends(caller),
     ) -> JSONResponse:
-        out = deployments.apply(spec, dry_run=dry_run)
+        mine = of_own_team(who, spec, "deployments")
+        out = deployments.apply(mine, dry_run=dry_run, teams=who.teams())
         body = {
             "name": out.name,
             "action": out.action,
@@ -85,8 +94,8 @@ def add_routes(api: FastAPI, service: ControlService) -> None:
         )
 
     @api.get("/deployments", tags=["deployments"])
-    def list_() -> list[dict[str, Any]]:
-        return [_summary(d) for d in _describe_all(service)]
+    def list_(who: Principal = Depends(caller)) -> list[dict[str, Any]]:
+        return [summary(d) for d in describe_all(service, who.teams())]
 
     @api.get("/deployments/watch", tags=["deployments"])
     async def watch(
@@ -108,27 +117,29 @@ def add_routes(api: FastAPI, service: ControlService) -> None:
         deployments.report(body.gateway, [m.model_dump() for m in body.models])
 
     @api.get("/deployments/{name}", tags=["deployments"])
-    def describe(name: str) -> dict[str, Any]:
-        return _describe(service, name)
+    def describe_(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        return describe(service, name, who.teams())
 
     @api.post("/deployments/{name}/scale", tags=["deployments"])
-    def scale(name: str, body: ScaleBody) -> dict[str, Any]:
-        deployments.scale(name, body.replicas)
-        return _describe(service, name)
+    def scale(name: str, body: ScaleBody, who: Principal = Depends(caller)) -> dict[str, Any]:
+        deployments.scale(name, body.replicas, who.teams())
+        return describe(service, name)
 
     @api.get("/deployments/{name}/rollout", tags=["deployments"])
-    def rollout(name: str) -> dict[str, Any]:
-        return _rollout(service, name)
+    def rollout_(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        return rollout(service, name, who.teams())
 
     @api.post("/deployments/{name}/promote", tags=["deployments"])
-    def promote(name: str, body: PromoteBody | None = None) -> dict[str, Any]:
-        deployments.promote(name, body.version if body else None)
-        return _rollout(service, name)
+    def promote(
+        name: str, body: PromoteBody | None = None, who: Principal = Depends(caller)
+    ) -> dict[str, Any]:
+        deployments.promote(name, body.version if body else None, who.teams())
+        return rollout(service, name)
 
     @api.post("/deployments/{name}/rollback", tags=["deployments"])
-    def rollback(name: str) -> dict[str, Any]:
-        deployments.rollback(name)
-        return _rollout(service, name)
+    def rollback(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        deployments.rollback(name, who.teams())
+        return rollout(service, name)
 
     @api.post("/deployments/{name}/faults", tags=["deployments"])
     def fault(
@@ -143,22 +154,25 @@ def add_routes(api: FastAPI, service: ControlService) -> None:
         ).to_json()
 
     @api.delete("/deployments/{name}", tags=["deployments"])
-    def delete(name: str) -> dict[str, Any]:
-        deployments.delete(name)
+    def delete(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        deployments.delete(name, who.teams())
         return {"name": name, "deleting": True}
 
 
-def _describe_all(service: ControlService) -> list[dict[str, Any]]:
+def describe_all(service: ControlService, teams: Collection[str] | None) -> list[dict[str, Any]]:
+    """Every deployment of `teams` (None: all), described, by name."""
     with service.store.session() as session:
-        names = list(session.scalars(select(Deployment.name).order_by(Deployment.name)))
-    return [_describe(service, n) for n in names]
+        names = service.deployments.names(session, teams)
+    return [describe(service, n) for n in names]
 
 
-def _describe(service: ControlService, name: str) -> dict[str, Any]:
-    """A deployment's spec, state, instances (job state, cluster, node, cards, URL) and its
-    last events."""
+def describe(
+    service: ControlService, name: str, teams: Collection[str] | None = None
+) -> dict[str, Any]:
+    """A deployment's spec, state, instances (job state, cluster, node, cards, URL, slots the
+    reporting gateways hold) and its last events; one of `teams` (None: any)."""
     with service.store.session() as session:
-        row = service.deployments.row(session, name)
+        row = service.deployments.row(session, name, teams)
         insts = list(
             session.scalars(
                 select(DeploymentInstance)
@@ -220,11 +234,18 @@ def _describe(service: ControlService, name: str) -> dict[str, Any]:
     }
 
 
-def _rollout(service: ControlService, name: str) -> dict[str, Any]:
+def rollout(
+    service: ControlService, name: str, teams: Collection[str] | None = None
+) -> dict[str, Any]:
     """Per version: its share of requests, the instances wanted, running, ready in every
     reporting gateway (None: no gateway reports) and draining; the main version first, then
     the canaries, then versions that drain."""
-    d = _describe(service, name)
+    return rollout_of(service, describe(service, name, teams))
+
+
+def rollout_of(service: ControlService, d: dict[str, Any]) -> dict[str, Any]:
+    """`rollout` of a deployment `describe` gave."""
+    name = d["name"]
     spec = parse_deployment(d["spec"])
     wanted = spec.replicas_by_version(d["replicas"])
     weights = spec.weights() or {spec.version: 100.0}
@@ -247,7 +268,7 @@ def _rollout(service: ControlService, name: str) -> dict[str, Any]:
     return {"name": name, "version": spec.version, "versions": versions}
 
 
-def _summary(d: dict[str, Any]) -> dict[str, Any]:
+def summary(d: dict[str, Any]) -> dict[str, Any]:
     states = [i["state"] for i in d["instances"]]
     return {
         "name": d["name"],
