@@ -35,6 +35,7 @@ DEPLOYMENT = {
     "replicas": 1,
     "team": "research",
     "slice": {"gpu_mem_mib": 8192, "gpu_cores_pct": 25},
+    "max_concurrency": 4,
     "canary": [{"version": "v2", "weight": 10}],
 }
 

@@ -19,9 +19,12 @@ from gpuplane.control.service import ControlService
 
 def slots(d: dict[str, Any]) -> tuple[int | None, int]:
     """Slots the reporting gateways hold over a deployment's instances (None: no gateway
-    reports), and its running instances' capacity."""
+    reports), and the capacity of its running instances whose slots are known (an engine
+    that reports its own is counted once it answered)."""
     reported = [i["in_use"] for i in d["instances"] if i["in_use"] is not None]
-    capacity = sum(i["capacity"] for i in d["instances"] if i["state"] == "running")
+    capacity = sum(
+        i["capacity"] for i in d["instances"] if i["state"] == "running" and i["capacity"]
+    )
     return (sum(reported) if reported else None), capacity
 
 
