@@ -29,7 +29,6 @@ def test_an_unknown_engine_lists_the_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({"scaling": {"min": 0, "max": 3}}, "scale to zero) is not implemented yet"),
         (
             {"scaling": {"min": 1, "max": 3}, "canary": [{"version": "v2", "weight": 10}]},
             "canary with scaling is not implemented yet",
@@ -42,6 +41,14 @@ def test_fields_not_acted_on_yet_are_refused_with_the_reason(
     with pytest.raises(SpecError) as caught:
         parse_deployment({**BASE, **fields})
     assert reason in str(caught.value)
+
+
+def test_a_deployment_that_scales_to_zero_starts_at_zero_and_holds_requests() -> None:
+    spec = parse_deployment({**BASE, "scaling": {"min": 0, "max": 3, "max_queue_wait_s": 20}})
+    assert spec.desired == 0
+    assert spec.hold_s == 20.0  # the gateway holds a request this long while none is ready
+    assert parse_deployment({**BASE, "scaling": {"min": 1, "max": 3}}).hold_s is None
+    assert parse_deployment(BASE).hold_s is None
 
 
 def test_replicas_and_scaling_exclude_each_other() -> None:

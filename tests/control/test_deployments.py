@@ -42,7 +42,6 @@ def test_apply_refuses_what_can_never_be_served(client: TestClient) -> None:
         ({**SPEC, "slice": {"gpus": 4}}, 422, "can never run here"),
         ({**SPEC, "placement": {"cluster": "locl"}}, 422, "did you mean 'local'"),
         ({**SPEC, "replcas": 2}, 422, "did you mean 'replicas'"),
-        ({**SPEC, "scaling": {"min": 0, "max": 3}}, 422, "scale to zero) is not implemented"),
     ]
     for spec, status, message in cases:
         response = client.post("/deployments", json=spec)
@@ -175,7 +174,14 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
     assert all(j.spec["command"][3:5] == ["engine", "sim"] for j in jobs)
     # nothing runs yet: the gateway is shown no instance
     assert client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"] == [
-        {"name": "chat", "engine": "sim", "upstream_model": "sim", "weights": {}, "instances": []}
+        {
+            "name": "chat",
+            "engine": "sim",
+            "upstream_model": "sim",
+            "weights": {},
+            "hold_s": None,  # refused at once while no instance is ready: not min 0
+            "instances": [],
+        }
     ]
 
 

@@ -239,10 +239,16 @@ class Deployments:
 
     def report(self, gateway: str, models: Iterable[Mapping[str, Any]]) -> None:
         """A gateway's slot use per model (`POST /deployments/load`): in flight, queued, the
-        oldest queued request's wait, and its ready instances."""
+        oldest queued request's wait, how long it has been idle, and its ready instances."""
         now = self.service.clock()
         for m in models:
-            load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
+            load = Load(
+                int(m["in_flight"]),
+                int(m["queued"]),
+                float(m["oldest_wait_s"]),
+                now,
+                float(m["idle_s"]),
+            )
             held = {str(k): int(v) for k, v in m["instances"].items()}
             with self._loads_lock:
                 self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
@@ -305,6 +311,7 @@ class Deployments:
                 sum(r.load.queued for r in fresh),
                 max(r.load.oldest_wait_s for r in fresh),
                 min(r.load.at for r in fresh),
+                min(r.load.idle_s for r in fresh),
             )
             serving = min(serving, *(r.ready for r in fresh))
         new = decide(rules, wanted, serving, load, now, changed)
@@ -312,6 +319,8 @@ class Deployments:
             busy = (
                 ""
                 if load is None
+                else f": no request for {load.idle_s:.0f} s"
+                if new == 0
                 else (
                     f": {load.in_flight} slot(s) held of {serving * rules.slots_per_instance}, "
                     f"{load.queued} queued (oldest {load.oldest_wait_s:.1f} s)"
@@ -426,10 +435,12 @@ class Deployments:
                 "name": s["name"],
                 "engine": s["engine"],
                 "upstream_model": s["model"],
-                "weights": DeploymentSpec.model_validate(s).weights(),
+                "weights": spec.weights(),
+                "hold_s": spec.hold_s,
                 "instances": [],
             }
             for s in names
+            for spec in (DeploymentSpec.model_validate(s),)
         }
         for inst, spec in rows:
             models[spec["name"]]["instances"].append(

@@ -11,11 +11,13 @@ The minimal spec is a name, a model and an engine:
 a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
 tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
 (`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
-`replicas` with the autoscaler's (`autoscale.py`). `canary` lists versions served beside the
+`replicas` with the autoscaler's (`autoscale.py`); with `scaling.min: 0` the deployment scales to
+zero once idle, and the gateway holds its requests while no instance is ready (up to
+`max_queue_wait_s`) until the autoscaler has started one. `canary` lists versions served beside the
 main one during a rollout, each with its share of requests, its replicas and its engine
 arguments; `surge: false` replaces an old version in place instead of beside it. What the
-control plane does not act on yet (`scaling.min: 0`, `canary` with `scaling`) is validated and
-then refused with the reason, never silently ignored.
+control plane does not act on yet (`canary` with `scaling`) is validated and then refused with
+the reason, never silently ignored.
 """
 
 from __future__ import annotations
@@ -117,11 +119,6 @@ class DeploymentSpec(_Spec):
             raise ValueError(
                 f"scaling: min ({self.scaling.min}) must not exceed max ({self.scaling.max})"
             )
-        if self.scaling is not None and self.scaling.min == 0:
-            raise ValueError(
-                "scaling: min 0 (scale to zero) is not implemented yet: the gateway refuses a "
-                "request while no instance exists instead of holding it; set min to 1 or more"
-            )
         versions = [self.version] + [c.version for c in self.canary]
         if len(set(versions)) < len(versions):
             raise ValueError(
@@ -210,6 +207,14 @@ class DeploymentSpec(_Spec):
             sc.cooldown_s,
             self.capacity(),
         )
+
+    @property
+    def hold_s(self) -> float | None:
+        """How long the gateway holds a request while no instance is ready: a deployment that
+        scales to zero waits `max_queue_wait_s` for the instance its demand starts; any other
+        is refused at once (None)."""
+        sc = self.scaling
+        return sc.max_queue_wait_s if sc is not None and sc.min == 0 else None
 
     def to_slice(self) -> Slice:
         r = self.slice
