@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import api_client, config
+from tests.control.svc_helpers import api_client, config, make_service
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -247,3 +247,43 @@ def test_a_crashed_instance_is_replaced_after_a_back_off(
     client.delete("/deployments/chat")
     service.tick()
     service.tick()
+
+
+def test_an_instance_stopped_with_the_last_control_plane_is_replaced_at_once(
+    tmp_path: Path,
+) -> None:
+    """`up` and `control serve --stop-jobs` stop the instances when they shut down: the next
+    start replaces them without a crash back-off."""
+    first = make_service(config(str(tmp_path)))
+    try:
+        with api_client(first) as client:
+            assert client.post("/deployments", json=SPEC).status_code == 201
+        wait_until_running(first)
+    finally:
+        first.close(stop_jobs=True)
+    again = make_service(config(str(tmp_path)))
+    try:
+        again.tick()  # the stopped instance is counted
+        again.tick()  # its replacement starts
+        with api_client(again) as client:
+            events = [e["message"] for e in client.get("/deployments/chat").json()["events"]]
+            assert "ended before this control plane started" in events[-2], events
+            assert "a replacement starts now" in events[-2]
+            assert events[-1].startswith("started "), events
+            assert not [m for m in events if "ended unasked" in m]
+            client.delete("/deployments/chat")
+        again.tick()
+        again.tick()
+    finally:
+        again.close()
+
+
+def wait_until_running(service: ControlService) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        service.tick()
+        with service.store.session() as session:
+            if [j.state for j in session.query(Job)] == ["running"]:
+                return
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

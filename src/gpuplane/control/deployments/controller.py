@@ -4,7 +4,8 @@ It stores deployments, and on every service tick (and right after an apply, scal
 plans each one and carries the plan out through the service's own job paths: an instance is
 started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
-supervisor's `Backoff`) before its replacement starts. `endpoints()` is what the gateway
+supervisor's `Backoff`) before its replacement starts; one that ended before this process
+started (stopped with the previous one: `up`, `control serve --stop-jobs`) is replaced at once. `endpoints()` is what the gateway
 watches: per deployment, its instances whose job runs and which do not drain, with a resource
 version that changes exactly when that list does.
 """
@@ -95,6 +96,7 @@ class Deployments:
         self._loads: dict[str, dict[str, Report]] = {}
         self._loads_lock = threading.Lock()  # reports arrive on the API's threads
         self._scaled: dict[str, tuple[int, float | None]] = {}
+        self._since = service.clock()  # an instance that ended before this did no crash here
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -355,6 +357,18 @@ class Deployments:
 
     def _crashed(self, session: Session, spec: DeploymentSpec, inst: Instance, now: float) -> None:
         job = session.get(Job, inst.job_id)
+        why = job.message if job is not None and job.message else inst.job_state
+        if job is not None and job.finished_at is not None and job.finished_at < self._since:
+            # stopped with an earlier control plane process (`control serve --stop-jobs`, `up`):
+            # no crash loop to slow down, so its replacement starts now
+            _event(
+                session,
+                now,
+                spec.name,
+                f"instance {inst.job_id} ({inst.version}) ended before this control plane "
+                f"started ({why}); a replacement starts now",
+            )
+            return
         up = 0.0
         if job is not None and job.started_at is not None:
             up = (job.finished_at or now) - job.started_at
@@ -362,7 +376,6 @@ class Deployments:
         backoff = self._backoff.setdefault(key, Backoff(RESTART_BACKOFF_S))
         pause = backoff.after_exit(up)
         self._next_start[key] = now + pause
-        why = job.message if job is not None and job.message else inst.job_state
         _event(
             session,
             now,
