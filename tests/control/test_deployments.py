@@ -71,10 +71,14 @@ def test_a_canary_that_cannot_be_honoured_is_refused_with_the_rule(client: TestC
         response = client.post("/deployments", json={**SPEC, "canary": canary})
         assert response.status_code == 422, canary
         assert message in response.json()["detail"], response.json()
-    scaled = {**SPEC, "scaling": {"min": 1, "max": 2}, "canary": [{"version": "v2", "weight": 5}]}
+    scaled = {
+        **SPEC,
+        "scaling": {"min": 1, "max": 2},
+        "canary": [{"version": "v2", "weight": 5, "replicas": 1}],
+    }
     refused = client.post("/deployments", json=scaled)
     assert refused.status_code == 422
-    assert "canary with scaling is not implemented yet" in refused.json()["detail"]
+    assert "the autoscaler sizes every version by its weight" in refused.json()["detail"]
     assert client.get("/deployments").json() == []
 
 
@@ -287,3 +291,25 @@ def wait_until_running(service: ControlService) -> None:
                 return
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_an_autoscaled_rollout_shares_the_replicas_by_weight(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    _, client = held
+    spec = {
+        **SPEC,
+        "slice": {"gpu_mem_mib": 1024},
+        "scaling": {"min": 2, "max": 4},
+        "canary": [{"version": "v2", "weight": 10}],
+    }
+    assert client.post("/deployments", json=spec).status_code == 201
+    rollout = client.get("/deployments/chat/rollout").json()
+    assert [(v["version"], v["weight"], v["replicas"]) for v in rollout["versions"]] == [
+        ("v1", 90.0, 1),
+        ("v2", 10.0, 1),
+    ]
+    instances = client.get("/deployments/chat").json()["instances"]
+    assert sorted(i["version"] for i in instances) == ["v1", "v2"]
+    rolled = client.post("/deployments/chat/rollback").json()
+    assert [(v["version"], v["replicas"]) for v in rolled["versions"]] == [("v1", 2), ("v2", 0)]

@@ -220,6 +220,55 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
     assert scaled[1].startswith("autoscaled from 2 to 1 replica(s): 0 slot(s) held of 8")
 
 
+async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
+    control: tuple[ControlService, str],
+) -> None:
+    """`canary` with `scaling`: the versions share the autoscaler's replicas by weight. One
+    instance is the main version's; the load that asks for a second starts the canary's, and
+    requests then go to both versions; once the load is gone, the canary's drains."""
+    _, url = control
+    spec = {
+        **SPEC,
+        "scaling": {"min": 1, "max": 2, "target_slot_util": 0.5, "cooldown_s": 1},
+        "canary": [{"version": "v2", "weight": 50}],
+        "drain_timeout_s": 3600,  # it stops because the gateway released it
+    }
+    spec.pop("replicas")
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "one ready instance",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        assert set(gateway.routers["chat"].versions.values()) == {"v1"}
+        load = [asyncio.create_task(chat(client, gw_url)) for _ in range(4)]
+        await wait_for(
+            "the canary's instance ready", lambda: gateway.routers["chat"].slots.healthy_count == 2
+        )
+        answers = await asyncio.gather(*load)
+        assert [s for s, _ in answers] == [200] * 4
+        router = gateway.routers["chat"]
+        assert sorted(router.versions.values()) == ["v1", "v2"]
+        picked = [router.pick_version() for _ in range(10)]
+        assert sorted(str(v) for v in picked) == ["v1"] * 5 + ["v2"] * 5
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+            rollout = (await api.get(url + "/deployments/chat/rollout")).json()
+        assert [(v["version"], v["replicas"], v["running"]) for v in rollout["versions"]] == [
+            ("v1", 1, 1),
+            ("v2", 1, 1),
+        ]
+        await wait_for(
+            "back to the main version's one instance",
+            lambda: sorted(gateway.routers["chat"].versions.values()) == ["v1"],
+            timeout_s=60,
+        )
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        await api.delete(url + "/deployments/chat")
+
+
 async def test_a_deployment_scaled_to_zero_holds_requests_until_an_instance_serves(
     control: tuple[ControlService, str],
 ) -> None:

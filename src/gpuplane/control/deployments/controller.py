@@ -5,9 +5,9 @@ plans each one and carries the plan out through the service's own job paths: an 
 started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
 supervisor's `Backoff`) before its replacement starts; one that ended before this process
-started (stopped with the previous one: `up`, `control serve --stop-jobs`) is replaced at once. `endpoints()` is what the gateway
-watches: per deployment, its instances whose job runs and which do not drain, with a resource
-version that changes exactly when that list does.
+started (stopped with the previous one: `up`, `control serve --stop-jobs`) is replaced at once.
+`endpoints()` is what the gateway watches: per deployment, its instances whose job runs and
+which do not drain, with a resource version that changes exactly when that list does.
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ class Deployments:
                 assert row is not None
                 row.spec, row.updated_at = _stored(spec), now
                 session.add(row)
+            wanted = spec.replicas_by_version(spec.desired)
             canary = "".join(
-                f", canary {c.version} ({c.weight:g} %, {c.replicas} replica(s))"
+                f", canary {c.version} ({c.weight:g} %, {wanted[c.version]} replica(s))"
                 for c in spec.canary
             )
             _event(
@@ -298,10 +299,9 @@ class Deployments:
         rules = spec.rules()
         if rules is None:
             return spec.desired
+        versions = {spec.version} | {c.version for c in spec.canary}  # sized together
         live = [
-            i
-            for i in seen
-            if i.version == spec.version and not i.ended and i.draining_since is None
+            i for i in seen if i.version in versions and not i.ended and i.draining_since is None
         ]
         wanted, changed = self._scaled.get(spec.name, (max(len(live), rules.min), None))
         fresh = self._fresh(spec.name, now)
