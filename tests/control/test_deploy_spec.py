@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuplane.control.deployments.spec import parse_deployment, split_by_weight
 from gpuplane.control.spec import SpecError, parse_spec
@@ -151,3 +153,11 @@ def test_split_by_weight_hands_out_every_instance(total: int) -> None:
             split[min(weights, key=lambda v: weights[v])]
             <= split[max(weights, key=lambda v: weights[v])]
         )
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "examples" / "deploy").glob("*.yaml")), ids=str
+)
+def test_every_example_spec_is_valid(path: Path) -> None:
+    spec = parse_deployment(yaml.safe_load(path.read_text()))
+    assert spec.name
