@@ -142,6 +142,7 @@ async def _until_ready(
     stopped first (Ctrl-C while starting)."""
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
+        await gateway.probe_once()  # not only every health.probe_interval_s: it serves sooner
         router = gateway.routers.get(plane.model)
         if router is not None and router.slots.healthy_count >= plane.replicas:
             return True
