@@ -113,7 +113,10 @@ async def run_up(
         token_file = service.tokens.local_admin(Path(control.state_dir)).resolve()
         with stop_on_signal() as stop:
             app = create_app(service)
-            async with uvicorn_serving(server_config(app, control), "control plane") as port:
+            config = server_config(app, control)
+            async with uvicorn_serving(
+                config, "control plane", "control.port, --control-port"
+            ) as port:
                 control_url = f"http://{control.host}:{port}"
                 started = service.clock()
                 await asyncio.to_thread(service.deployments.apply, spec)

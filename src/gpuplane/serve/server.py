@@ -15,6 +15,7 @@ import functools
 import logging
 import resource
 import signal
+import socket
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import cast
 
@@ -37,25 +38,45 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_serving(config: uvicorn.Config, what: str) -> AsyncIterator[int]:
+async def uvicorn_serving(config: uvicorn.Config, what: str, setting: str) -> AsyncIterator[int]:
     """Serve `config`'s app on the current loop while the block runs; yields the port it
-    listens on (port 0 picks a free one). `what` names the server in the error when it cannot
-    listen."""
+    listens on (port 0 picks a free one). The socket is bound here, not by uvicorn, which exits
+    the process when it cannot bind: a taken port is a `ConfigError` naming `what` and its
+    `setting`."""
+    sock = listen_socket(config.host, config.port, what, setting)
     server = _Server(config)
-    serving_task = asyncio.create_task(server.serve())
+    serving_task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
             if serving_task.done():
-                raise ConfigError(
-                    f"the {what} could not listen on {config.host}:{config.port}; "
-                    "is the port taken? choose another"
-                )
+                serving_task.result()  # its error, if it raised one
+                raise ConfigError(f"the {what} stopped while starting; see the log above")
             await asyncio.sleep(0.02)
-        yield int(server.servers[0].sockets[0].getsockname()[1])
+        yield int(sock.getsockname()[1])
     finally:
         server.should_exit = True
-        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
-            await serving_task
+        await serving_task
+        sock.close()
+
+
+def listen_socket(host: str, port: int, what: str, setting: str) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), as uvicorn binds one."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"the {what} cannot listen on {host}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"the {what} could not listen on {host}:{port} ({exc.strerror}); is the port "
+            f"taken? choose another ({setting})"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @contextlib.asynccontextmanager
@@ -86,7 +107,7 @@ async def serving(settings: ServeSettings, gateway: Gateway | None = None) -> As
         http=cast(type[asyncio.Protocol], functools.partial(EdgeProtocol, edge=edge)),
         ws="none",  # no websocket routes; an upgraded connection would leave the edge's count
     )
-    async with uvicorn_serving(config, "gateway") as port:
+    async with uvicorn_serving(config, "gateway", "gateway.port, --port") as port:
         try:
             url = f"http://{gw.host}:{port}"
             leadership = app.gateway.leadership
