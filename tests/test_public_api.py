@@ -14,6 +14,7 @@ def test_public_surface_is_exactly_all() -> None:
         "averages",
         "sections",
         "audit",
+        "plane",
     }
     assert public <= set(gpuplane.__all__)
     for name in gpuplane.__all__:

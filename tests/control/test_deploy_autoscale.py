@@ -81,3 +81,13 @@ def test_no_oscillation_at_constant_load(in_flight: int) -> None:
                 moves.append(new - wanted)
                 wanted, changed = new, float(now)
         assert len(set(moves)) <= 1, (start, moves)
+
+
+def test_to_zero_only_after_a_whole_cooldown_without_a_request() -> None:
+    zero = Rules(0, 3, 0.7, 5.0, 60.0, 4)
+    quiet = Load(0, 0, 0.0, at=100.0, idle_s=59.0)  # nothing now, but a request 59 s ago
+    assert decide(zero, 1, 1, quiet, now=100.0, last_change_at=0.0) == 1
+    idle = Load(0, 0, 0.0, at=100.0, idle_s=60.0)
+    assert decide(zero, 1, 1, idle, now=100.0, last_change_at=0.0) == 0
+    assert decide(zero, 1, 1, idle, now=100.0, last_change_at=50.0) == 1  # cooling
+    assert decide(RULES, 1, 1, idle, now=100.0, last_change_at=0.0) == 1  # min 1 keeps one

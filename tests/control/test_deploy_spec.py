@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.deployments.spec import parse_deployment, split_by_weight
 from gpuplane.control.spec import SpecError, parse_spec
 
 BASE: dict[str, Any] = {"name": "chat", "model": "sim", "engine": "sim", "team": "research"}
@@ -29,10 +31,13 @@ def test_an_unknown_engine_lists_the_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({"scaling": {"min": 0, "max": 3}}, "scale to zero) is not implemented yet"),
         (
-            {"scaling": {"min": 1, "max": 3}, "canary": [{"version": "v2", "weight": 10}]},
-            "canary with scaling is not implemented yet",
+            {
+                "scaling": {"min": 1, "max": 3},
+                "canary": [{"version": "v2", "weight": 10, "replicas": 2}],
+            },
+            "canary v2: `replicas` with `scaling`: the autoscaler sizes every version by its "
+            "weight",
         ),
     ],
 )
@@ -42,6 +47,14 @@ def test_fields_not_acted_on_yet_are_refused_with_the_reason(
     with pytest.raises(SpecError) as caught:
         parse_deployment({**BASE, **fields})
     assert reason in str(caught.value)
+
+
+def test_a_deployment_that_scales_to_zero_starts_at_zero_and_holds_requests() -> None:
+    spec = parse_deployment({**BASE, "scaling": {"min": 0, "max": 3, "max_queue_wait_s": 20}})
+    assert spec.desired == 0
+    assert spec.hold_s == 20.0  # the gateway holds a request this long while none is ready
+    assert parse_deployment({**BASE, "scaling": {"min": 1, "max": 3}}).hold_s is None
+    assert parse_deployment(BASE).hold_s is None
 
 
 def test_replicas_and_scaling_exclude_each_other() -> None:
@@ -114,3 +127,42 @@ def test_scaling_starts_from_min_and_min_may_not_exceed_max() -> None:
     )
     with pytest.raises(SpecError, match=r"min \(3\) must not exceed max \(2\)"):
         parse_deployment({**BASE, "scaling": {"min": 3, "max": 2}})
+
+
+def test_autoscaled_versions_share_the_replicas_by_weight() -> None:
+    spec = parse_deployment(
+        {**BASE, "scaling": {"min": 0, "max": 10}, "canary": [{"version": "v2", "weight": 10}]}
+    )
+    assert [spec.replicas_by_version(n) for n in (0, 1, 2, 3, 10)] == [
+        {"v1": 0, "v2": 0},
+        {"v1": 1, "v2": 0},  # one instance: the heaviest version
+        {"v1": 1, "v2": 1},  # from two on, every version with a weight runs one
+        {"v1": 2, "v2": 1},
+        {"v1": 9, "v2": 1},
+    ]
+    fixed = parse_deployment({**BASE, "replicas": 3, "canary": [{"version": "v2", "weight": 10}]})
+    assert fixed.replicas_by_version(3) == {"v1": 3, "v2": 1}  # a canary's own, default 1
+
+
+@pytest.mark.parametrize("total", range(0, 21))
+def test_split_by_weight_hands_out_every_instance(total: int) -> None:
+    for weights in (
+        {"a": 50.0, "b": 50.0},
+        {"a": 80.0, "b": 15.0, "c": 5.0},
+        {"a": 0.0, "b": 100.0},
+    ):
+        split = split_by_weight(total, weights)
+        assert sum(split.values()) == total
+        assert all(abs(split[v] - total * w / 100) < 1 + len(weights) for v, w in weights.items())
+        assert (
+            split[min(weights, key=lambda v: weights[v])]
+            <= split[max(weights, key=lambda v: weights[v])]
+        )
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "examples" / "deploy").glob("*.yaml")), ids=str
+)
+def test_every_example_spec_is_valid(path: Path) -> None:
+    spec = parse_deployment(yaml.safe_load(path.read_text()))
+    assert spec.name

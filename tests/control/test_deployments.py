@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from gpuplane.control.deployments.controller import read_capacity
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import api_client, config
+from tests.control.svc_helpers import api_client, config, make_service
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -46,7 +46,6 @@ def test_apply_refuses_what_can_never_be_served(client: TestClient) -> None:
         ({**SPEC, "slice": {"gpus": 4}}, 422, "can never run here"),
         ({**SPEC, "placement": {"cluster": "locl"}}, 422, "did you mean 'local'"),
         ({**SPEC, "replcas": 2}, 422, "did you mean 'replicas'"),
-        ({**SPEC, "scaling": {"min": 0, "max": 3}}, 422, "scale to zero) is not implemented"),
     ]
     for spec, status, message in cases:
         response = client.post("/deployments", json=spec)
@@ -76,10 +75,14 @@ def test_a_canary_that_cannot_be_honoured_is_refused_with_the_rule(client: TestC
         response = client.post("/deployments", json={**SPEC, "canary": canary})
         assert response.status_code == 422, canary
         assert message in response.json()["detail"], response.json()
-    scaled = {**SPEC, "scaling": {"min": 1, "max": 2}, "canary": [{"version": "v2", "weight": 5}]}
+    scaled = {
+        **SPEC,
+        "scaling": {"min": 1, "max": 2},
+        "canary": [{"version": "v2", "weight": 5, "replicas": 1}],
+    }
     refused = client.post("/deployments", json=scaled)
     assert refused.status_code == 422
-    assert "canary with scaling is not implemented yet" in refused.json()["detail"]
+    assert "the autoscaler sizes every version by its weight" in refused.json()["detail"]
     assert client.get("/deployments").json() == []
 
 
@@ -179,7 +182,14 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
     assert all(j.spec["command"][3:5] == ["engine", "sim"] for j in jobs)
     # nothing runs yet: the gateway is shown no instance
     assert client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"] == [
-        {"name": "chat", "engine": "sim", "upstream_model": "sim", "weights": {}, "instances": []}
+        {
+            "name": "chat",
+            "engine": "sim",
+            "upstream_model": "sim",
+            "weights": {},
+            "hold_s": None,  # refused at once while no instance is ready: not min 0
+            "instances": [],
+        }
     ]
 
 
@@ -312,3 +322,65 @@ def test_read_capacity_asks_the_engine_over_http(
         assert found[0] == expected[0]
         assert found[1].startswith(expected[1]), found
     assert read_capacity(f"http://127.0.0.1:{server.server_port}", "llamacpp") is None  # gone
+
+
+def test_an_instance_stopped_with_the_last_control_plane_is_replaced_at_once(
+    tmp_path: Path,
+) -> None:
+    """`up` and `control serve --stop-jobs` stop the instances when they shut down: the next
+    start replaces them without a crash back-off."""
+    first = make_service(config(str(tmp_path)))
+    try:
+        with api_client(first) as client:
+            assert client.post("/deployments", json=SPEC).status_code == 201
+        wait_until_running(first)
+    finally:
+        first.close(stop_jobs=True)
+    again = make_service(config(str(tmp_path)))
+    try:
+        again.tick()  # the stopped instance is counted
+        again.tick()  # its replacement starts
+        with api_client(again) as client:
+            events = [e["message"] for e in client.get("/deployments/chat").json()["events"]]
+            assert "ended before this control plane started" in events[-2], events
+            assert "a replacement starts now" in events[-2]
+            assert events[-1].startswith("started "), events
+            assert not [m for m in events if "ended unasked" in m]
+            client.delete("/deployments/chat")
+        again.tick()
+        again.tick()
+    finally:
+        again.close()
+
+
+def wait_until_running(service: ControlService) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        service.tick()
+        with service.store.session() as session:
+            if [j.state for j in session.query(Job)] == ["running"]:
+                return
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_an_autoscaled_rollout_shares_the_replicas_by_weight(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    _, client = held
+    spec = {
+        **SPEC,
+        "slice": {"gpu_mem_mib": 1024},
+        "scaling": {"min": 2, "max": 4},
+        "canary": [{"version": "v2", "weight": 10}],
+    }
+    assert client.post("/deployments", json=spec).status_code == 201
+    rollout = client.get("/deployments/chat/rollout").json()
+    assert [(v["version"], v["weight"], v["replicas"]) for v in rollout["versions"]] == [
+        ("v1", 90.0, 1),
+        ("v2", 10.0, 1),
+    ]
+    instances = client.get("/deployments/chat").json()["instances"]
+    assert sorted(i["version"] for i in instances) == ["v1", "v2"]
+    rolled = client.post("/deployments/chat/rollback").json()
+    assert [(v["version"], v["replicas"]) for v in rolled["versions"]] == [("v1", 2), ("v2", 0)]

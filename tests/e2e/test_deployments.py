@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from gpuplane.cli import deploy as deploy_cli
 from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.models import Job
+from gpuplane.control.models import DeploymentEvent, Job
 from gpuplane.control.service import ControlService
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
@@ -218,6 +218,122 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
     scaled = [e["message"] for e in events if e["message"].startswith("autoscaled")]
     assert re.match(r"autoscaled from 1 to 2 replica\(s\): [34] slot\(s\) held of 4,", scaled[0])
     assert scaled[1].startswith("autoscaled from 2 to 1 replica(s): 0 slot(s) held of 8")
+
+
+async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
+    control: tuple[ControlService, str],
+) -> None:
+    """`canary` with `scaling`: the versions share the autoscaler's replicas by weight. One
+    instance is the main version's; the load that asks for a second starts the canary's, and
+    requests then go to both versions; once the load is gone, the canary's drains."""
+    _, url = control
+    spec = {
+        **SPEC,
+        "scaling": {"min": 1, "max": 2, "target_slot_util": 0.5, "cooldown_s": 1},
+        "canary": [{"version": "v2", "weight": 50}],
+        "drain_timeout_s": 3600,  # it stops because the gateway released it
+    }
+    spec.pop("replicas")
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
+        await wait_for(
+            "one ready instance",
+            lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
+        )
+        assert set(gateway.routers["chat"].versions.values()) == {"v1"}
+        load = [asyncio.create_task(chat(client, gw_url)) for _ in range(4)]
+        await wait_for(
+            "the canary's instance ready", lambda: gateway.routers["chat"].slots.healthy_count == 2
+        )
+        answers = await asyncio.gather(*load)
+        assert [s for s, _ in answers] == [200] * 4
+        router = gateway.routers["chat"]
+        assert sorted(router.versions.values()) == ["v1", "v2"]
+        picked = [router.pick_version() for _ in range(10)]
+        assert sorted(str(v) for v in picked) == ["v1"] * 5 + ["v2"] * 5
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+            rollout = (await api.get(url + "/deployments/chat/rollout")).json()
+        assert [(v["version"], v["replicas"], v["running"]) for v in rollout["versions"]] == [
+            ("v1", 1, 1),
+            ("v2", 1, 1),
+        ]
+        await wait_for(
+            "back to the main version's one instance",
+            lambda: sorted(gateway.routers["chat"].versions.values()) == ["v1"],
+            timeout_s=60,
+        )
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        await api.delete(url + "/deployments/chat")
+
+
+async def test_a_deployment_scaled_to_zero_holds_requests_until_an_instance_serves(
+    control: tuple[ControlService, str],
+) -> None:
+    """`scaling.min: 0`: no instance until a request comes; the gateway holds it in its queue,
+    reports the demand, the autoscaler starts an instance and the held request is served;
+    after the cooldown without requests it scales back to zero. When no instance can come in
+    time (the cards are taken), the held request gets 503 with Retry-After."""
+    service, url = control
+    spec = {
+        **SPEC,
+        "scaling": {"min": 0, "max": 1, "max_queue_wait_s": 120, "cooldown_s": 1},
+        "drain_timeout_s": 3600,  # it stops because the gateway released it
+    }
+    spec.pop("replicas")
+    async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+        assert (await api.post(url + "/deployments", json=spec)).status_code == 201
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=180) as client:
+        await wait_for("the deployment discovered", lambda: "chat" in gateway.routers)
+        assert cli_json(url, "describe", "chat")["instances"] == []
+        status, text = await chat(client, gw_url)  # held while an instance starts
+        assert status == 200, text
+        assert text.rstrip().endswith("data: [DONE]"), text
+        assert '"error"' not in text, text
+        await wait_for(
+            "scaled back to zero",
+            lambda: cli_json(url, "describe", "chat")["instances"] == [],
+            timeout_s=60,
+        )
+
+        # every card taken: the instance the demand asks for waits for one, and the request
+        # waits only max_queue_wait_s
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+            blocker = {
+                "name": "blocker",
+                "team": "research",
+                "command": ["sleep", "3600"],
+                "resources": {"gpus": 2},
+            }
+            job = (await api.post(url + "/jobs", json=blocker)).json()["id"]
+            short = {**spec, "scaling": {"min": 0, "max": 1, "max_queue_wait_s": 1}}
+            assert (await api.post(url + "/deployments", json=short)).status_code == 200
+        await wait_for("the shorter hold seen", lambda: gateway.routers["chat"].hold_s == 1)
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        refused = await client.post(gw_url + "/v1/chat/completions", json=body)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert "scales to zero and no instance of it became ready within 1 s" in refused.text
+        assert refused.json()["error"]["code"] == "queue_timeout"
+        async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
+            await api.post(url + f"/jobs/{job}/cancel")
+            await api.delete(url + "/deployments/chat")
+        await wait_for(
+            "the deployment gone",
+            lambda: cli(url, "list", "-o", "json")[1].strip() == "[]",
+            timeout_s=60,
+        )
+    with service.store.session() as session:
+        events = [m for (m,) in session.query(DeploymentEvent.message)]
+    scaled = [m for m in events if m.startswith("autoscaled")]
+    assert re.match(
+        r"autoscaled from 0 to 1 replica\(s\): 0 slot\(s\) held of 0, 1 queued", scaled[0]
+    )
+    assert re.match(r"autoscaled from 1 to 0 replica\(s\): no request for \d+ s", scaled[1])
 
 
 async def test_the_embedded_llama_cpp_is_deployed_and_answers(

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.serve.test_crash_diagnosis import NO_ENGINE
 
 GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]
 
@@ -110,28 +115,96 @@ def test_gateway_refuses_a_bad_config(tmp_path: Path) -> None:
     assert "did you mean 'max_concurrency'" in done.stderr
 
 
-@pytest.mark.slow
-def test_up_serves_real_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    port, engine_port = free_port(), free_port()
-    config = tmp_path / "gpuplane.yaml"
-    config.write_text(f"engine: {{base_port: {engine_port}, instances: 2}}\n")
-    up = subprocess.Popen(
-        [*GPUPLANE, "up", "--config", str(config), "--port", str(port),
-         "--log-dir", str(tmp_path / "logs")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+    out: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+def alive(pid: int) -> bool:
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", up)
-        answer = run_cli("chat", "What is 2 + 2?", "--server", f"http://127.0.0.1:{port}",
-                         "--max-tokens", "20")  # fmt: skip
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason=NO_ENGINE)
+def test_up_runs_the_whole_plane_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
+    """`gpuplane up` in a fresh directory: a control plane, its default deployment of the
+    embedded llama.cpp and the gateway; a chat answers through the gateway, the deployment is
+    listed through the control API with the token whose file `up` printed (and by the CLI,
+    which finds that token by itself), and Ctrl-C leaves no process behind."""
+    port, control_port = free_port(), free_port()
+    (tmp_path / "gpuplane.yaml").write_text(
+        f"engine: {{instances: 1}}\ngateway: {{port: {port}}}\ncontrol: {{port: {control_port}}}\n"
+    )
+    up = subprocess.Popen(
+        [*GPUPLANE, "up", "--config", "gpuplane.yaml"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "1000"},
+    )  # fmt: skip
+    lines: list[str] = []
+
+    def read() -> None:
+        assert up.stdout is not None
+        for line in up.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    gateway, control = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control_port}"
+    try:
+        deadline = time.monotonic() + 300
+        while not any("Ctrl-C stops everything." in line for line in lines):
+            assert up.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        out = "".join(lines)
+        assert f"{gateway}/v1" in out
+        assert f"{control}/ui" in out
+        token_file = Path(re.findall(r"admin token +(\S+)", out)[0])
+        assert token_file == tmp_path / ".gpuplane" / "admin.token"
+
+        answer = run_cli("chat", "Say hi.", "--server", gateway, "--max-tokens", "10")
         assert answer.returncode == 0, answer.stderr
         assert answer.stdout.strip()
+        token = token_file.read_text().strip()
+        listed = httpx.get(
+            control + "/deployments", headers={"authorization": f"Bearer {token}"}, timeout=30
+        )
+        assert listed.status_code == 200, listed.text
+        assert [(d["name"], d["engine"], d["running"]) for d in listed.json()] == [
+            ("smollm2", "llamacpp", 1)
+        ]
+        assert httpx.get(control + "/deployments", timeout=30).status_code == 401
+        by_cli = subprocess.run(
+            [*GPUPLANE, "deploy", "list", "--server", control, "-o", "json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert by_cli.returncode == 0, by_cli.stderr
+        assert json.loads(by_cli.stdout)[0]["name"] == "smollm2"
+        status = run_cli("gateway", "status", "--gateway", gateway, "-o", "json")
+        assert status.returncode == 0, status.stderr
+        assert [i["state"] for i in json.loads(status.stdout)["instances"]] == ["ready"]
+        children = descendants(up.pid)
+        assert children  # the engine and its wrapper
     finally:
         up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=60)
-    assert up.returncode == 0, out
-    assert f"http://127.0.0.1:{port}/v1" in out
-    assert "stopped" in out
-    for p in (engine_port, engine_port + 1):
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{p}/docs", timeout=1)
+        up.wait(120)
+        reader.join(30)
+    assert up.returncode == 0, "".join(lines)
+    assert "stopped: gateway, control plane and engines are down" in "".join(lines)
+    assert not [p for p in children if alive(p)]

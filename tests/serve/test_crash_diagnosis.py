@@ -117,17 +117,16 @@ def test_up_prints_why_an_engine_failed_to_start(tmp_path: Path) -> None:
     model = tmp_path / "not-a-model.gguf"
     model.write_bytes(b"this is no GGUF file")
     config = tmp_path / "gpuplane.yaml"
-    config.write_text(
-        f"engine: {{base_port: {free_port()}, instances: 1, model_path: '{model}'}}\n"
-    )
+    config.write_text(f"engine: {{instances: 1, model_path: '{model}'}}\n")
     done = subprocess.run(
         [*GPUPLANE, "up", "--config", str(config), "--port", str(free_port()),
-         "--log-dir", str(tmp_path / "logs")],
+         "--control-port", "0"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "1000"},
+        cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1
     assert "exited with code 1 while starting: its log ends with:" in done.stderr
-    assert str(tmp_path / "logs") in done.stderr
+    assert str(tmp_path / ".gpuplane" / "clusters" / "local" / "logs") in done.stderr
 
 
 class _CrashLoopingGateway(BaseHTTPRequestHandler):

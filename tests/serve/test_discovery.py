@@ -99,8 +99,20 @@ async def test_a_load_report_carries_the_exact_slot_use(gateway: Gateway) -> Non
             "in_flight": 1,
             "queued": 0,
             "oldest_wait_s": 0.0,
+            "idle_s": 0.0,  # a request in flight
             "ready": 1,
             "instances": {"a": 1},
             "ready_ids": ["a"],
         }
     ]
+
+
+async def test_a_deployment_that_scales_to_zero_has_its_requests_held(gateway: Gateway) -> None:
+    assert gateway.discovery is not None
+    gateway.discovery.apply([{**model("chat"), "hold_s": 20.0}])
+    assert gateway.routers["chat"].hold_s == 20.0
+    gateway.discovery.apply([model("chat")])  # scaling changed to min 1: refused at zero
+    assert gateway.routers["chat"].hold_s is None
+    gateway.discovery.apply([{**model("chat"), "hold_s": 20.0}])
+    gateway.discovery.apply([])  # deleted: nothing comes for it any more
+    assert gateway.routers["chat"].hold_s is None

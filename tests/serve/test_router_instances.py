@@ -92,3 +92,60 @@ async def test_the_oldest_wait_is_the_longest_queued_requests() -> None:
     router.finish(granted)
     router.finish(await second)
     assert router.oldest_wait_s() == 0.0
+
+
+async def test_at_zero_a_model_that_scales_to_zero_holds_requests_until_one_is_ready() -> None:
+    router, _ = make_router([1])
+    router.drain_instance("http://i0")
+    router.hold_s = 30.0  # its deployment scales to zero
+    waiting = [asyncio.create_task(router.acquire({})) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(router.queue) == 2  # held, not refused: this is the demand the autoscaler sees
+    router.add_instance("new", "http://new/", 1)
+    await asyncio.sleep(0)
+    assert len(router.queue) == 2  # added but not ready yet
+    router.health.report_success("new")
+    first = await waiting[0]
+    assert first.lease.instance_id == "new"
+    router.finish(first)
+    second = await waiting[1]
+    router.finish(second)
+    assert len(router.queue) == 0
+
+
+async def test_a_request_held_at_zero_gets_retry_after_once_the_hold_ends() -> None:
+    router, _ = make_router([1], queue={"timeout_s": 600})
+    router.drain_instance("http://i0")
+    router.hold_s = 0.05  # shorter than the queue's own timeout: the hold is what counts
+    with pytest.raises(Rejected) as caught:
+        await router.acquire({})
+    assert caught.value.reason is Rejection.QUEUE_TIMEOUT
+    assert caught.value.retry_after_s == 1
+    assert "scales to zero and no instance of it became ready within 0.05 s" in str(caught.value)
+    assert len(router.queue) == 0
+
+
+async def test_a_request_held_at_zero_can_be_cancelled() -> None:
+    router, _ = make_router([1])
+    router.drain_instance("http://i0")
+    router.hold_s = 30.0
+    waiting = asyncio.create_task(router.acquire({}))
+    await asyncio.sleep(0)
+    assert len(router.queue) == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(router.queue) == 0
+
+
+async def test_idle_time_counts_from_the_last_request_that_left() -> None:
+    clock = Clock()
+    router, _ = make_router([1], clock)
+    clock.now = 4.0
+    assert router.idle_s() == 4.0
+    held = await router.acquire({})
+    clock.now = 10.0
+    assert router.idle_s() == 0.0  # a request in flight
+    router.finish(held)
+    clock.now = 25.0
+    assert router.idle_s() == 15.0

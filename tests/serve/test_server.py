@@ -4,10 +4,12 @@ edge's own parts are tested in test_edge.py, its limits in test_limits.py)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.errors import ConfigError
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
 
@@ -29,3 +31,16 @@ async def test_idle_client_connections_close_after_the_keepalive_setting() -> No
         # bound tells the two apart; it is not a speed claim)
         assert await asyncio.wait_for(reader.read(), 3.5) == b""
         writer.close()
+
+
+async def test_a_taken_port_is_a_clear_error_not_an_exit() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = parse_settings(gateway_settings([], port=port))
+        with pytest.raises(ConfigError) as caught:
+            async with serving(settings):
+                pass
+    assert f"the gateway could not listen on 127.0.0.1:{port}" in str(caught.value)
+    assert "choose another (gateway.port, --port)" in str(caught.value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from gpuplane.config import parse_settings
 from gpuplane.errors import EngineError
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec
-from gpuplane.serve.server import engine_reporter
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.supervisor import (
     Backoff,
     EngineState,
@@ -28,6 +28,22 @@ from gpuplane.serve.supervisor import (
     Supervisor,
 )
 from tests.conftest import free_port, gateway_settings
+
+
+def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:
+    """The supervisor's `on_status` for the router of the model its instances serve (with no
+    `name`, an instance's id is its URL)."""
+
+    def report(status: EngineStatus) -> None:
+        router.health.report_engine(
+            status.url,
+            up=status.state is EngineState.RUNNING,
+            error=status.error,
+            crash_looping=status.state is EngineState.CRASH_LOOPING,
+        )
+
+    return report
+
 
 pytestmark = pytest.mark.anyio
 

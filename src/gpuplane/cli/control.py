@@ -45,9 +45,7 @@ def serve(
     recording the exit code of any that ended meanwhile. With --stop-jobs, shutting down stops
     them too.
     """
-    import uvicorn
-
-    from gpuplane.control.api import create_app
+    from gpuplane.control.api import create_app, server_config
     from gpuplane.control.service import ControlService
     from gpuplane.errors import GpuplaneError
 
@@ -70,17 +68,7 @@ def serve(
     for line in messages:
         typer.echo(line)
     typer.echo(f"control plane on http://{control.host}:{control.port} (API docs at /docs)")
-    app_ = create_app(service, audit=settings.audit)
-    server = _server(
-        uvicorn.Config(
-            app_,
-            host=control.host,
-            port=control.port,
-            log_level="warning",
-            # a gateway's deployment watch is a long poll: shut down without waiting it out
-            timeout_graceful_shutdown=5,
-        )
-    )
+    server = _server(server_config(create_app(service, audit=settings.audit), control))
     try:
         server.run()
     finally:

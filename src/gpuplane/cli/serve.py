@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import typer
@@ -17,8 +17,11 @@ from gpuplane import logs
 from gpuplane.cli import _loop
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
 from gpuplane.config import Settings, load_settings
+from gpuplane.control.client import DEFAULT_SERVER
 from gpuplane.errors import GpuplaneError
-from gpuplane.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from gpuplane.plane import Plane
 
 err = Console(stderr=True, soft_wrap=True)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
@@ -145,10 +148,13 @@ def up(
     instances: int | None = typer.Option(None, help="llama.cpp instances (engine.instances)"),
     host: str | None = typer.Option(None, help="gateway address"),
     port: int | None = typer.Option(None, help="gateway port"),
-    log_dir: Path = typer.Option(Path(".gpuplane/logs"), help="engine logs"),
+    control_port: int | None = typer.Option(
+        None, help="control plane port (control.port); 0 picks a free one"
+    ),
 ) -> None:
-    """Start llama.cpp instances and the gateway in front of them; Ctrl-C stops everything."""
-    from gpuplane.serve.server import run_up
+    """Start the whole plane: a control plane on loopback, a deployment of the embedded
+    llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops everything."""
+    from gpuplane.plane import embedded_control, run_up
 
     logs.configure()
     try:
@@ -156,47 +162,59 @@ def up(
         if instances is not None:
             engine = settings.engine.model_copy(update={"instances": instances})
             settings = settings.model_copy(update={"engine": engine})
+        if control_port is not None:
+            control = settings.control.model_copy(update={"port": control_port})
+            settings = settings.model_copy(update={"control": control})
+        control, team, note = embedded_control(settings.control, os.geteuid())
+        if note:
+            err.print(f"note: {note}", highlight=False)
+        unused = sorted(settings.engine.model_fields_set & UNUSED_BY_UP)
+        if unused:
+            err.print(
+                f"note: engine.{', engine.'.join(unused)} no longer apply: the control plane "
+                "picks the engines' ports and restarts a crashed one (1 s, doubling to 60 s)",
+                highlight=False,
+            )
         err.print(
-            f"starting {settings.engine.instances} llama.cpp instance(s) "
-            f"on ports {settings.engine.base_port}+ (logs in {log_dir}) ..."
+            f"starting the control plane and {settings.engine.instances} llama.cpp instance(s) ...",
+            highlight=False,
         )
         _loop.settle_gc()
-        _loop.run(run_up(settings, log_dir, _print_usage))
+        _loop.run(run_up(settings, control, team, lambda plane: _print_usage(plane, settings)))
     except GpuplaneError as exc:
         raise _fail(exc) from None
-    err.print("stopped: gateway and engines are down")
+    err.print("stopped: gateway, control plane and engines are down")
 
 
-def _print_usage(settings: ServeSettings) -> None:
-    gw = settings.gateway
-    base = f"http://{gw.host}:{gw.port}"
-    model = settings.engine.model_name
+# what the supervisor of the previous `up` read; the control plane's deployments decide these
+UNUSED_BY_UP = frozenset({"base_port", "host", "restart_backoff_s", "crash_loop_after"})
+
+
+def _print_usage(plane: Plane, settings: Settings) -> None:
+    model, base = plane.model, plane.gateway_url
     body = json.dumps(
         {"model": model, "messages": [{"role": "user", "content": "Hi!"}], "stream": True}
     )
-    key_hint = (
-        "  # add -H 'Authorization: Bearer KEY' if tenants have keys" if settings.tenants else ""
-    )
+    chat_flag = "" if base == DEFAULT_GATEWAY else f" --server {base}"
     status_flag = "" if base == DEFAULT_GATEWAY else f" --gateway {base}"
     if any(t.digests for t in settings.tenants) or settings.gateway.admin.key_sha256:
+        chat_flag += " --api-key KEY"
         status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
+    server_flag = "" if plane.control_url == DEFAULT_SERVER else f" --server {plane.control_url}"
     err.print(
         f"""
-[bold green]gpuplane is serving '{model}' at {base}/v1[/bold green]
-  slots: {", ".join(f"{i.url} x{i.max_concurrency}" for m in settings.models for i in m.instances)}
+[bold green]gpuplane is serving '{model}' ({plane.replicas} llama.cpp instance(s))[/bold green]
+  gateway (OpenAI API)  {base}/v1   metrics: {base}/metrics
+  control plane         {plane.control_url}   API docs: /docs
+  web console           {plane.control_url}/ui
+  admin token           {plane.token_file}
 
-curl:
-  curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'{key_hint}
-
-Python (openai):
-  from openai import OpenAI
-  client = OpenAI(base_url="{base}/v1", api_key="unused")
-  for chunk in client.chat.completions.create(model="{model}", stream=True,
-          messages=[{{"role": "user", "content": "Hi!"}}]):
-      print(chunk.choices[0].delta.content or "", end="", flush=True)
-
-or: gpuplane chat "What is a GPU?"
-state: gpuplane gateway status{status_flag}   metrics: {base}/metrics   Ctrl-C stops everything
+try:
+  gpuplane chat{chat_flag} "What is a GPU?"
+  gpuplane deploy list{server_flag}
+  gpuplane gateway status{status_flag}
+  curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
+Ctrl-C stops everything.
 """,
         highlight=False,
     )

@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +42,7 @@ from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
+from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import check_name, parse_duration
 from gpuplane.control.views import (
     ClusterAdd,
@@ -63,6 +64,9 @@ from gpuplane.control.views import (
     TokenView,
 )
 from gpuplane.errors import ConfigError, GpuplaneError, ResourceError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("gpuplane.control.api")
 
@@ -127,6 +131,20 @@ class _Trail:
                 client[0] if client else "unknown",
                 status,
             )
+
+
+def server_config(app: FastAPI, control: ControlConfig) -> uvicorn.Config:
+    """uvicorn's settings for the control API on control.host:port."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=control.host,
+        port=control.port,
+        log_level="warning",
+        # a gateway's deployment watch is a long poll: shut down without waiting it out
+        timeout_graceful_shutdown=5,
+    )
 
 
 def create_app(

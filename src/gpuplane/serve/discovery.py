@@ -9,11 +9,14 @@ longer listed (scaled down, replaced, deleted) drains: no new requests, and it l
 last lease is released (its engine is stopped by the control plane after the deployment's
 `drain_timeout_s`). A model that the gateway's own config lists is never touched. When the
 control plane cannot be reached, what was discovered keeps serving and the watch retries with a
-pause that doubles up to `MAX_RETRY_S`. Every `REPORT_S` the gateway also reports each
-discovered model's exact slot use (leases held, requests queued, the oldest one's wait, ready
+pause that doubles up to `MAX_RETRY_S`. A deployment that scales to zero comes with `hold_s`:
+while none of its instances is ready, its requests wait that long in the fair queue instead of
+being refused. Every `REPORT_S` the gateway also reports each discovered model's exact slot use
+(leases held, requests queued, the oldest one's wait, how long it has been idle, ready
 instances, leases per instance it still has) to `POST /deployments/load`: the control plane's
-autoscaler acts on it, and an instance drained here and gone from every report is stopped
-without waiting out its drain timeout.
+autoscaler acts on it (a request held at zero is the demand that starts an instance), and an
+instance drained here and gone from every report is stopped without waiting out its drain
+timeout.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class Discovery:
                 "in_flight": router.slots.in_flight,
                 "queued": len(router.queue),
                 "oldest_wait_s": router.oldest_wait_s(),
+                "idle_s": router.idle_s(),
                 "ready": router.slots.healthy_count,
                 "instances": {i.id: len(i.leases) for i in router.instances},
                 "ready_ids": [i.id for i in router.instances if i.healthy],
@@ -165,8 +169,10 @@ class Discovery:
                 continue
             self._sync(name, {str(i["id"]): i for i in model["instances"]})
             gw.routers[name].set_weights(model.get("weights") or {})
-        for name in self.owned - seen:
+            gw.routers[name].hold_s = model.get("hold_s")
+        for name in self.owned - seen:  # deleted: refused at once from now on
             self._sync(name, {})
+            gw.routers[name].hold_s = None
 
     def _sync(self, name: str, wanted: Mapping[str, Mapping[str, Any]]) -> None:
         router = self.gateway.routers[name]

@@ -147,6 +147,10 @@ class ModelRouter:
         self.versions: dict[str, str] = {}
         self.weights: dict[str, float] = {}
         self._picker = VersionPicker(self._rng)
+        # a deployment that scales to zero (discovery): while no instance is ready, a request
+        # waits in the queue up to this long for the one its demand starts (None: refused)
+        self.hold_s: float | None = None
+        self._last_active = clock()  # when a request last arrived or left (`idle_s`)
         self.shared = shared
         if shared is not None:
             shared.attach(self)
@@ -208,6 +212,12 @@ class ModelRouter:
         since = min((w.since for w in self.queue.items()), default=None)
         return 0.0 if since is None else self._clock() - since
 
+    def idle_s(self) -> float:
+        """How long the model has had no request in flight or queued (0 while it has one)."""
+        if self.slots.in_flight or len(self.queue):
+            return 0.0
+        return self._clock() - self._last_active
+
     # -- a request: acquire, observe_first_byte, finish -----------------------------------------
 
     async def acquire(
@@ -224,14 +234,17 @@ class ModelRouter:
         """A slot on the best instance for the completion request `body` (parsed JSON), now or
         after waiting in the fair queue.
 
-        Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance.
+        Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance
+        (with `hold_s`, a model that scales to zero, it waits that long for one instead).
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         With shared slots, a slot the view granted but another gateway holds sends the request
         back to placement (or the queue's tail) with what is left of its timeout.
         In a rollout the request picks a version by weight (`pick_version`), or keeps
         `version` (a retry), and is placed only on that version's instances.
         """
-        if not self.slots.healthy_count:
+        self._last_active = self._clock()
+        held = not self.slots.healthy_count
+        if held and self.hold_s is None:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
         version = version or self.pick_version()
         blocks = self._blocks(body)
@@ -265,7 +278,9 @@ class ModelRouter:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(blocks, loop.create_future(), since=self._clock(), version=version)
         waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
-        timeout = self.cfg.queue.timeout_s if timeout_s is None else timeout_s
+        timeout = timeout_s if timeout_s is not None else self.cfg.queue.timeout_s
+        if held and self.hold_s is not None and timeout_s is None:
+            timeout = self.hold_s
         waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
         if wait is not None:
             waiter.preferred = wait.instances
@@ -470,6 +485,7 @@ class ModelRouter:
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
         if self.slots.release(lease):
+            self._last_active = self._clock()
             if self.shared is not None:
                 self.shared.release(self.name, lease)
             self.delay.held(lease.instance_id, self._clock() - lease.acquired_at)
@@ -531,20 +547,27 @@ class ModelRouter:
         if waiter.future.done() or waiter.ticket is None:
             return
         self.queue.remove(waiter.ticket)
-        capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-        retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self.delay.mean_hold_s))
-        self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
-        waiter.future.set_exception(
-            Rejected(
-                Rejection.QUEUE_TIMEOUT,
-                f"no slot on model '{self.name}' became free within {timeout:g} s; "
-                f"retry after {retry} s or raise gateway.queue.timeout_s",
-                retry,
+        self._last_active = self._clock()
+        if not self.slots.healthy_count and self.hold_s is not None:
+            retry = max(1, math.ceil(self.hold_s))  # about when the instance it asked for serves
+            message = (
+                f"model '{self.name}' scales to zero and no instance of it became ready within "
+                f"{timeout:g} s (its deployment's scaling.max_queue_wait_s); retry after "
+                f"{retry} s, or see `gpuplane deploy describe {self.name}`"
             )
-        )
+        else:
+            capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
+            retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self.delay.mean_hold_s))
+            message = (
+                f"no slot on model '{self.name}' became free within {timeout:g} s; "
+                f"retry after {retry} s or raise gateway.queue.timeout_s"
+            )
+        self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
+        waiter.future.set_exception(Rejected(Rejection.QUEUE_TIMEOUT, message, retry))
 
     def _withdraw(self, waiter: _Waiter) -> None:
         """The waiter's caller was cancelled: leave the queue, or free the slot it was handed."""
+        self._last_active = self._clock()
         if waiter.ticket is not None:
             self.queue.remove(waiter.ticket)
         fut = waiter.future

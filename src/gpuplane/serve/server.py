@@ -1,9 +1,10 @@
-"""Run the gateway (and, for `gpuplane up`, the embedded engines) until Ctrl-C.
+"""Run the gateway until Ctrl-C (`gpuplane gateway serve`; `gpuplane up` in `plane.py`).
 
-uvicorn serves the ASGI app on the same event loop as the engine supervisor; signals are handled
-here so that shutdown is ordered: stop accepting, drain the gateway, then stop the engines.
-Each client connection runs the edge's protocol (`edge.py`: corked writes, a cap per client
-address, deadlines for a request's head and body).
+uvicorn serves the ASGI app on the current event loop (`uvicorn_serving`, which `up` uses for
+the control API too); signals are handled here (`stop_on_signal`) so that shutdown is ordered:
+stop accepting, drain the gateway, then whatever the caller stops after it. Each client
+connection runs the edge's protocol (`edge.py`: corked writes, a cap per client address,
+deadlines for a request's head and body).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import functools
 import logging
 import resource
 import signal
-from collections.abc import AsyncIterator, Callable, Generator
-from pathlib import Path
+import socket
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import cast
 
 import uvicorn
@@ -23,20 +24,59 @@ import uvicorn
 from gpuplane.errors import ConfigError
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.edge import ClientConnections, Edge, EdgeProtocol
-from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
-from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import InstanceConfig, ModelConfig, ServeSettings
-from gpuplane.serve.supervisor import EngineState, EngineStatus, Supervisor
+from gpuplane.serve.settings import ServeSettings
 
 log = logging.getLogger("gpuplane.gateway")
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: `serve_until_signal` owns the signals."""
+    """uvicorn without its own signal handling: `stop_on_signal` owns the signals."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_serving(config: uvicorn.Config, what: str, setting: str) -> AsyncIterator[int]:
+    """Serve `config`'s app on the current loop while the block runs; yields the port it
+    listens on (port 0 picks a free one). The socket is bound here, not by uvicorn, which exits
+    the process when it cannot bind: a taken port is a `ConfigError` naming `what` and its
+    `setting`."""
+    sock = listen_socket(config.host, config.port, what, setting)
+    server = _Server(config)
+    serving_task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if serving_task.done():
+                serving_task.result()  # its error, if it raised one
+                raise ConfigError(f"the {what} stopped while starting; see the log above")
+            await asyncio.sleep(0.02)
+        yield int(sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        await serving_task
+        sock.close()
+
+
+def listen_socket(host: str, port: int, what: str, setting: str) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), as uvicorn binds one."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"the {what} cannot listen on {host}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"the {what} could not listen on {host}:{port} ({exc.strerror}); is the port "
+            f"taken? choose another ({setting})"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @contextlib.asynccontextmanager
@@ -67,27 +107,15 @@ async def serving(settings: ServeSettings, gateway: Gateway | None = None) -> As
         http=cast(type[asyncio.Protocol], functools.partial(EdgeProtocol, edge=edge)),
         ws="none",  # no websocket routes; an upgraded connection would leave the edge's count
     )
-    server = _Server(config)
-    serving_task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if serving_task.done():
-                raise ConfigError(
-                    f"the gateway could not listen on {gw.host}:{gw.port}; "
-                    "is the port taken? choose another with --port"
-                )
-            await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://{gw.host}:{port}"
-        leadership = app.gateway.leadership
-        if leadership is not None and leadership.url is None:
-            leadership.url = url  # where standbys send clients (gateway.ha.advertise_url)
-        yield url
-    finally:
-        await app.gateway.step_down()  # a standby takes over while admitted requests finish
-        server.should_exit = True
-        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
-            await serving_task
+    async with uvicorn_serving(config, "gateway", "gateway.port, --port") as port:
+        try:
+            url = f"http://{gw.host}:{port}"
+            leadership = app.gateway.leadership
+            if leadership is not None and leadership.url is None:
+                leadership.url = url  # where standbys send clients (gateway.ha.advertise_url)
+            yield url
+        finally:
+            await app.gateway.step_down()  # a standby takes over while admitted ones finish
 
 
 def raise_open_files_limit() -> None:
@@ -105,78 +133,28 @@ def raise_open_files_limit() -> None:
     log.info("raised the open-file limit from %d to %d", soft, hard)
 
 
+@contextlib.contextmanager
+def stop_on_signal() -> Iterator[asyncio.Event]:
+    """An event that SIGINT or SIGTERM sets, on the running loop, while the block runs."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def serve_until_signal(
     settings: ServeSettings,
     on_ready: Callable[[], None] | None = None,
     gateway: Gateway | None = None,
 ) -> None:
     """Serve the gateway until SIGINT/SIGTERM, then shut down in order."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_on_signal() as stop:
         async with serving(settings, gateway):
             if on_ready:
                 on_ready()
             await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
-def with_embedded_model(settings: ServeSettings, urls: list[str]) -> ServeSettings:
-    """Add the embedded engine's instances to the settings as one model."""
-    name = settings.engine.model_name
-    if any(m.name == name for m in settings.models):
-        raise ConfigError(
-            f"model '{name}' is both in `models` and the embedded engine (engine.model_name); "
-            "rename one"
-        )
-    model = ModelConfig(
-        name=name,
-        engine=LlamaCpp.name,
-        instances=[InstanceConfig(url=u, max_concurrency=LlamaCpp.default_capacity) for u in urls],
-        cached_prefix_chars=cached_prefix_chars(settings.engine),
-    )
-    return settings.model_copy(update={"models": [*settings.models, model]})
-
-
-def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:
-    """The supervisor's `on_status` for the router of the model its instances serve (with
-    no `name`, an instance's id is its URL)."""
-
-    def report(status: EngineStatus) -> None:
-        router.health.report_engine(
-            status.url,
-            up=status.state is EngineState.RUNNING,
-            error=status.error,
-            crash_looping=status.state is EngineState.CRASH_LOOPING,
-        )
-
-    return report
-
-
-async def run_up(
-    settings: ServeSettings, log_dir: Path, on_ready: Callable[[ServeSettings], None]
-) -> None:
-    """Start the embedded llama.cpp instances and the gateway in front of them. An engine that
-    fails to start fails this with its diagnosis; one that exits later is marked down in the
-    gateway with the supervisor's diagnosis until it answers again."""
-    launches = embedded_launches(settings.engine)
-    full = with_embedded_model(settings, [url for _, url, _ in launches])
-    gateway = Gateway(full)
-    supervisor = Supervisor(
-        LlamaCpp(),
-        launches,
-        log_dir=log_dir,
-        start_timeout_s=settings.engine.start_timeout_s,
-        restart_backoff_s=settings.engine.restart_backoff_s,
-        crash_loop_after=settings.engine.crash_loop_after,
-        on_status=engine_reporter(gateway.routers[settings.engine.model_name]),
-    )
-    await supervisor.start()
-    try:
-        await serve_until_signal(full, lambda: on_ready(full), gateway)
-    finally:
-        await supervisor.stop()

@@ -8,7 +8,9 @@ per call (the controller's tick), one step at a time:
   with no instance at all (scale from zero); not while an instance is still starting (it is the
   step already taken), and never past `max`;
 - down by one only when those slots would stay within the target on one instance fewer, nothing
-  waits, `cooldown_s` has passed since the last change, and never below `min`;
+  waits, `cooldown_s` has passed since the last change, and never below `min`; down to zero
+  (`min: 0`) only once the model has had no request at all for `cooldown_s` (the gateway's
+  exact idle time, not a sample of its load);
 - otherwise, and whenever the report is older than `stale_s` (a silent gateway), unchanged.
 Up needs demand > target x N slots and down needs demand < target x (N - 1) slots, so a constant
 load never moves the replicas back and forth.
@@ -24,12 +26,14 @@ STALE_S = 10.0  # a load report older than this is not acted on
 @dataclass(frozen=True, slots=True)
 class Load:
     """A gateway's report for one deployment's model: slots held, requests waiting in its fair
-    queue and the longest wait among them, at `at` (on the control plane's clock)."""
+    queue and the longest wait among them, at `at` (on the control plane's clock); `idle_s`:
+    how long it has had no request in flight or queued (0 while it has one)."""
 
     in_flight: int
     queued: int
     oldest_wait_s: float
     at: float
+    idle_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,8 @@ def decide(
         return wanted + 1
     cooled = last_change_at is None or now - last_change_at >= rules.cooldown_s
     fits = demand <= rules.target_slot_util * (wanted - 1) * slots
+    if wanted == 1:  # to zero: no request for a whole cooldown, not just none right now
+        fits = load.idle_s >= rules.cooldown_s
     if wanted > rules.min and not load.queued and cooled and fits:
         return wanted - 1
     return wanted

@@ -4,12 +4,14 @@ It stores deployments, and on every service tick (and right after an apply, scal
 plans each one and carries the plan out through the service's own job paths: an instance is
 started by submitting its job (quotas, packing and pending reasons are the scheduler's), and
 stopped by cancelling it. A crashed instance's version waits out a doubling back-off (the
-supervisor's `Backoff`) before its replacement starts; an instance lost with its cluster (which
-stopped answering) is recorded ended without asking it (`abandon`: its quota is freed), drains,
-and is replaced elsewhere at once. An instance of a spec without `max_concurrency` has its slots
-read from its engine once it answers (`read_capacity`). `endpoints()` is what the gateway
-watches: per deployment, its instances whose job runs, whose slots are known and which do not
-drain, with a resource version that changes exactly when that list does.
+supervisor's `Backoff`) before its replacement starts; one that ended before this process
+started (stopped with the previous one: `up`, `control serve --stop-jobs`) is replaced at once.
+An instance lost with its cluster (which stopped answering) is recorded ended without asking it
+(`abandon`: its quota is freed), drains, and is replaced elsewhere at once. An instance of a
+spec without `max_concurrency` has its slots read from its engine once it answers
+(`read_capacity`). `endpoints()` is what the gateway watches: per deployment, its instances
+whose job runs, whose slots are known and which do not drain, with a resource version that
+changes exactly when that list does.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class Deployments:
         self._loads: dict[str, dict[str, Report]] = {}
         self._loads_lock = threading.Lock()  # reports arrive on the API's threads
         self._scaled: dict[str, tuple[int, float | None]] = {}
+        self._since = service.clock()  # an instance that ended before this did no crash here
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -187,8 +190,9 @@ class Deployments:
                 assert row is not None
                 row.spec, row.updated_at = _stored(spec), now
                 session.add(row)
+            wanted = spec.replicas_by_version(spec.desired)
             canary = "".join(
-                f", canary {c.version} ({c.weight:g} %, {c.replicas} replica(s))"
+                f", canary {c.version} ({c.weight:g} %, {wanted[c.version]} replica(s))"
                 for c in spec.canary
             )
             _event(
@@ -338,10 +342,16 @@ class Deployments:
 
     def report(self, gateway: str, models: Iterable[Mapping[str, Any]]) -> None:
         """A gateway's slot use per model (`POST /deployments/load`): in flight, queued, the
-        oldest queued request's wait, and its ready instances."""
+        oldest queued request's wait, how long it has been idle, and its ready instances."""
         now = self.service.clock()
         for m in models:
-            load = Load(int(m["in_flight"]), int(m["queued"]), float(m["oldest_wait_s"]), now)
+            load = Load(
+                int(m["in_flight"]),
+                int(m["queued"]),
+                float(m["oldest_wait_s"]),
+                now,
+                float(m["idle_s"]),
+            )
             held = {str(k): int(v) for k, v in m["instances"].items()}
             with self._loads_lock:
                 self._loads.setdefault(str(m["name"]), {})[gateway] = Report(
@@ -389,10 +399,9 @@ class Deployments:
         rules = spec.rules(self.slots_per_instance(session, spec))
         if rules is None:
             return spec.desired
+        versions = {spec.version} | {c.version for c in spec.canary}  # sized together
         live = [
-            i
-            for i in seen
-            if i.version == spec.version and not i.ended and i.draining_since is None
+            i for i in seen if i.version in versions and not i.ended and i.draining_since is None
         ]
         wanted, changed = self._scaled.get(spec.name, (max(len(live), rules.min), None))
         fresh = self._fresh(spec.name, now)
@@ -404,6 +413,7 @@ class Deployments:
                 sum(r.load.queued for r in fresh),
                 max(r.load.oldest_wait_s for r in fresh),
                 min(r.load.at for r in fresh),
+                min(r.load.idle_s for r in fresh),
             )
             serving = min(serving, *(r.ready for r in fresh))
         new = decide(rules, wanted, serving, load, now, changed)
@@ -411,6 +421,8 @@ class Deployments:
             busy = (
                 ""
                 if load is None
+                else f": no request for {load.idle_s:.0f} s"
+                if new == 0
                 else (
                     f": {load.in_flight} slot(s) held of {serving * rules.slots_per_instance}, "
                     f"{load.queued} queued (oldest {load.oldest_wait_s:.1f} s)"
@@ -459,6 +471,18 @@ class Deployments:
 
     def _crashed(self, session: Session, spec: DeploymentSpec, inst: Instance, now: float) -> None:
         job = session.get(Job, inst.job_id)
+        why = job.message if job is not None and job.message else inst.job_state
+        if job is not None and job.finished_at is not None and job.finished_at < self._since:
+            # stopped with an earlier control plane process (`control serve --stop-jobs`, `up`):
+            # no crash loop to slow down, so its replacement starts now
+            _event(
+                session,
+                now,
+                spec.name,
+                f"instance {inst.job_id} ({inst.version}) ended before this control plane "
+                f"started ({why}); a replacement starts now",
+            )
+            return
         up = 0.0
         if job is not None and job.started_at is not None:
             up = (job.finished_at or now) - job.started_at
@@ -466,7 +490,6 @@ class Deployments:
         backoff = self._backoff.setdefault(key, Backoff(RESTART_BACKOFF_S))
         pause = backoff.after_exit(up)
         self._next_start[key] = now + pause
-        why = job.message if job is not None and job.message else inst.job_state
         _event(
             session,
             now,
@@ -564,10 +587,12 @@ class Deployments:
                 "name": s["name"],
                 "engine": s["engine"],
                 "upstream_model": s["model"],
-                "weights": DeploymentSpec.model_validate(s).weights(),
+                "weights": spec.weights(),
+                "hold_s": spec.hold_s,
                 "instances": [],
             }
             for s in names
+            for spec in (DeploymentSpec.model_validate(s),)
         }
         for inst, spec in rows:
             models[spec["name"]]["instances"].append(

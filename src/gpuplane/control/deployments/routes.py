@@ -42,6 +42,12 @@ class ModelLoad(BaseModel):
     in_flight: int = Field(ge=0, description="slots its requests hold on this gateway")
     queued: int = Field(ge=0, description="requests waiting in its fair queue")
     oldest_wait_s: float = Field(ge=0, description="how long the oldest of them has waited")
+    idle_s: float = Field(
+        0.0,
+        ge=0,
+        description="how long it has had no request in flight or queued (0 while it has one); "
+        "a deployment scales to zero only after `cooldown_s` of it",
+    )
     ready: int = Field(ge=0, description="instances that take requests")
     instances: dict[str, int] = Field(
         default_factory=dict,

@@ -11,17 +11,21 @@ The minimal spec is a name, a model and an engine:
 a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
 tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
 (`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
-`replicas` with the autoscaler's (`autoscale.py`). `canary` lists versions served beside the
-main one during a rollout, each with its share of requests, its replicas and its engine
-arguments; `surge: false` replaces an old version in place instead of beside it. What the
-control plane does not act on yet (`scaling.min: 0`, `canary` with `scaling`) is validated and
-then refused with the reason, never silently ignored.
+`replicas` with the autoscaler's (`autoscale.py`); with `scaling.min: 0` the deployment scales to
+zero once idle, and the gateway holds its requests while no instance is ready (up to
+`max_queue_wait_s`) until the autoscaler has started one. `canary` lists versions served
+beside the main one during a rollout, each with its share of requests, its replicas and its
+engine arguments; autoscaled, the versions share the autoscaler's replicas by weight (a
+canary's own `replicas` is then refused). `surge: false` replaces an old version in place
+instead of beside it. A field the control plane cannot honour is refused with the reason, never
+silently ignored.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -68,7 +72,10 @@ class CanarySpec(_Spec):
 
     version: str
     weight: Annotated[float, Field(ge=0, le=100, description="percent of requests")]
-    replicas: Annotated[int, bounded(1, 1000, "instances of this version")] = 1
+    replicas: Annotated[
+        int | None,
+        bounded(1, 1000, "instances of this version (default 1; autoscaled: by its weight)"),
+    ] = None
     engine_args: list[str] | None = None
 
     _version = field_validator("version")(_check_version)
@@ -120,11 +127,6 @@ class DeploymentSpec(_Spec):
             raise ValueError(
                 f"scaling: min ({self.scaling.min}) must not exceed max ({self.scaling.max})"
             )
-        if self.scaling is not None and self.scaling.min == 0:
-            raise ValueError(
-                "scaling: min 0 (scale to zero) is not implemented yet: the gateway refuses a "
-                "request while no instance exists instead of holding it; set min to 1 or more"
-            )
         versions = [self.version] + [c.version for c in self.canary]
         if len(set(versions)) < len(versions):
             raise ValueError(
@@ -137,10 +139,11 @@ class DeploymentSpec(_Spec):
                 f"canary: the weights add up to {total:g} %; they must add up to at most 100 "
                 f"(version {self.version} takes the rest)"
             )
-        if self.canary and self.scaling is not None:
+        fixed = [c.version for c in self.canary if c.replicas is not None]
+        if self.scaling is not None and fixed:
             raise ValueError(
-                "canary with scaling is not implemented yet: the autoscaler sizes one version; "
-                "give `replicas` during the rollout, or promote or roll back first"
+                f"canary {', '.join(fixed)}: `replicas` with `scaling`: the autoscaler sizes "
+                "every version by its weight; drop the canary's replicas"
             )
         return self
 
@@ -189,9 +192,13 @@ class DeploymentSpec(_Spec):
             raise ConfigError(f"deployment {self.name} has no canary to roll back")
         return self.model_copy(update={"canary": []})
 
-    def replicas_by_version(self, main: int) -> dict[str, int]:
-        """The instances each version keeps: `main` of the main version, each canary's own."""
-        return {self.version: main} | {c.version: c.replicas for c in self.canary}
+    def replicas_by_version(self, replicas: int) -> dict[str, int]:
+        """The instances each version keeps: `replicas` of the main version and each canary's
+        own; autoscaled (`scaling`), the autoscaler's `replicas` split over the versions by
+        weight (`split_by_weight`)."""
+        if self.scaling is not None and self.canary:
+            return split_by_weight(replicas, self.weights())
+        return {self.version: replicas} | {c.version: c.replicas or 1 for c in self.canary}
 
     @property
     def desired(self) -> int:
@@ -214,6 +221,14 @@ class DeploymentSpec(_Spec):
             sc.cooldown_s,
             slots_per_instance or self.capacity(),
         )
+
+    @property
+    def hold_s(self) -> float | None:
+        """How long the gateway holds a request while no instance is ready: a deployment that
+        scales to zero waits `max_queue_wait_s` for the instance its demand starts; any other
+        is refused at once (None)."""
+        sc = self.scaling
+        return sc.max_queue_wait_s if sc is not None and sc.min == 0 else None
 
     def to_slice(self) -> Slice:
         r = self.slice
@@ -260,6 +275,25 @@ class DeploymentSpec(_Spec):
             "resources": self.slice.model_dump(exclude_none=True),
             "selector": self.placement.model_dump(exclude_none=True),
         }
+
+
+def split_by_weight(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """`total` instances over versions in proportion to their weights (largest remainders; on a
+    tie the version listed first), then every version with a weight above 0 and none gets one
+    from the version with the most, while that one keeps one: a canary runs as soon as there
+    are two instances, and its share of requests is the gateway's (per request, by weight)."""
+    share = sum(weights.values()) or 1.0
+    quotas = {v: total * w / share for v, w in weights.items()}
+    out = {v: int(q) for v, q in quotas.items()}
+    by_remainder = sorted(quotas, key=lambda v: out[v] - quotas[v])  # stable: listed first
+    for v in by_remainder[: total - sum(out.values())]:
+        out[v] += 1
+    for v in sorted(weights, key=lambda v: -weights[v]):
+        richest = max(out, key=lambda u: out[u])
+        if weights[v] > 0 and out[v] == 0 and out[richest] > 1:
+            out[richest] -= 1
+            out[v] += 1
+    return out
 
 
 def parse_deployment(data: Any, default_team: str | None = None) -> DeploymentSpec:

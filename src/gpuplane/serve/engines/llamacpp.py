@@ -2,7 +2,8 @@
 
 The embedded engine: one process serves one generation at a time (capacity 1), with a RAM prompt
 cache so a repeated prefix is not prefilled again. `embedded_launches` gives the instances that
-`gpuplane up` and the tests supervise; `generate_one_token` is `gpuplane engine smoke`'s check.
+the tests and benchmarks supervise (`gpuplane up` deploys it through the control plane);
+`generate_one_token` is `gpuplane engine smoke`'s check.
 """
 
 from __future__ import annotations
@@ -67,15 +68,27 @@ class LlamaCpp(EngineAdapter):
             "--model", model_path,
             "--host", host,
             "--port", str(port),
-            "--n_ctx", str(n_ctx),
-            "--n_threads", str(threads),
-            "--n_threads_batch", str(threads),
         ]  # fmt: skip
         if alias:
             argv += ["--model_alias", alias]
+        argv += LlamaCpp.tuning(n_ctx=n_ctx, threads=threads, cache_bytes=cache_bytes)
+        return LaunchSpec(argv, {"OMP_NUM_THREADS": str(threads)})
+
+    @staticmethod
+    def tuning(*, n_ctx: int, threads: int, cache_bytes: int) -> list[str]:
+        """The server's arguments for its context window, CPU threads and RAM prompt cache (0:
+        none); `gpuplane up` appends them to its deployment's `engine_args` too."""
+        argv = [
+            "--n_ctx",
+            str(n_ctx),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+        ]
         if cache_bytes:
             argv += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(cache_bytes)]
-        return LaunchSpec(argv, {"OMP_NUM_THREADS": str(threads)})
+        return argv
 
 
 def default_model_path() -> str:

@@ -1,0 +1,187 @@
+"""`gpuplane up`: the whole plane on this machine in one process, until Ctrl-C.
+
+A control plane on loopback with the config's `control` section (embedded defaults: SQLite in
+the state dir, the `local` cluster, the local admin token it writes there), a default
+deployment of the embedded engine applied through it (`default_deployment`: the `engine`
+section as a deployment spec), and the gateway in front, which finds that deployment (and any
+applied later) by watching the control plane, beside the config's own `models`.
+
+In process, not as a child process: one process to start and to stop, the imports paid once, no
+control plane left behind when `up` dies, and one signal handler that orders shutdown: the
+gateway stops admitting and drains, the control API stops, then the service stops every job it
+runs (the engines) and closes its store. The control API shares the gateway's event loop for
+its async glue only; its handlers and its tick run on threads. `gpuplane control serve` and
+`gpuplane gateway serve --control URL` run the same two parts as separate processes, as on a
+cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from gpuplane.config import Settings
+from gpuplane.control.adapters.local import LocalAdapter
+from gpuplane.control.api import create_app, server_config
+from gpuplane.control.models import Job
+from gpuplane.control.service import ControlService
+from gpuplane.control.settings import ControlConfig, TeamConfig
+from gpuplane.errors import ConfigError, EngineError
+from gpuplane.serve.app import Gateway
+from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of
+from gpuplane.serve.engines.llamacpp import LlamaCpp, check_installed
+from gpuplane.serve.server import serving, stop_on_signal, uvicorn_serving
+from gpuplane.serve.settings import EngineConfig
+
+UP_TEAM = "default"  # the default deployment's team when the config declares none
+READY_POLL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Plane:
+    """What `up` serves, for the summary it prints."""
+
+    gateway_url: str
+    control_url: str
+    token_file: Path
+    model: str
+    replicas: int
+
+
+def embedded_control(control: ControlConfig, euid: int) -> tuple[ControlConfig, str, str | None]:
+    """The control plane `up` runs, the default deployment's team (`control.default_team`, else
+    the first declared team, else a team `default` added to the config), and a note to print
+    when `up` chose something for the user: run as root (`euid` 0) with neither
+    `control.job_user` nor `control.allow_root_jobs` set, its jobs run as root, as `up` ran its
+    engines before it deployed them (an unprivileged job user often cannot reach a virtualenv
+    under /root)."""
+    team = control.default_team or (control.teams[0].name if control.teams else UP_TEAM)
+    if all(t.name != team for t in control.teams):
+        control = control.model_copy(update={"teams": [*control.teams, TeamConfig(name=team)]})
+    note = None
+    if euid == 0 and not {"job_user", "allow_root_jobs"} & control.model_fields_set:
+        control = control.model_copy(update={"allow_root_jobs": True})
+        note = (
+            "running as root: the plane's jobs (its engines too) run as root; set "
+            "control.job_user to run them as an unprivileged user who can run this Python"
+        )
+    return control, team, note
+
+
+def default_deployment(engine: EngineConfig, team: str) -> dict[str, Any]:
+    """The deployment `up` applies: `engine.instances` replicas of the embedded llama.cpp serving
+    `engine.model_path` (default: the bundled SmolLM2) as `engine.model_name`, with the engine
+    section's context window, threads and RAM prompt cache."""
+    tuning = LlamaCpp.tuning(
+        n_ctx=engine.n_ctx, threads=engine.threads, cache_bytes=engine.cache_bytes
+    )
+    return {
+        "name": engine.model_name,
+        "model": engine.model_path or "smollm2",
+        "version": "v1",
+        "engine": LlamaCpp.name,
+        "replicas": engine.instances,
+        "team": team,
+        "engine_args": tuning,
+    }
+
+
+async def run_up(
+    settings: Settings, control: ControlConfig, team: str, on_ready: Callable[[Plane], None]
+) -> None:
+    """Serve the plane (`control`, `team`: from `embedded_control`) until SIGINT or SIGTERM.
+    Fails, with the engine's diagnosis, when an instance of the default deployment ends while
+    starting, or when not every one serves within `engine.start_timeout_s`."""
+    check_installed()
+    name = settings.engine.model_name
+    if any(m.name == name for m in settings.models):
+        raise ConfigError(
+            f"model '{name}' is both in `models` and the embedded engine (engine.model_name); "
+            "rename one"
+        )
+    spec = default_deployment(settings.engine, team)
+    service = ControlService(control)
+    try:
+        service.start()
+        token_file = service.tokens.local_admin(Path(control.state_dir)).resolve()
+        with stop_on_signal() as stop:
+            app = create_app(service, audit=settings.audit)
+            config = server_config(app, control)
+            async with uvicorn_serving(
+                config, "control plane", "control.port, --control-port"
+            ) as port:
+                control_url = f"http://{control.host}:{port}"
+                started = service.clock()
+                await asyncio.to_thread(service.deployments.apply, spec)
+                gateway = Gateway(
+                    settings, control=control_url, control_token=token_file.read_text().strip()
+                )
+                async with serving(settings, gateway) as gateway_url:
+                    plane = Plane(gateway_url, control_url, token_file, name, spec["replicas"])
+                    wait = settings.engine.start_timeout_s
+                    if await _until_ready(service, gateway, plane, started, wait, stop):
+                        on_ready(plane)
+                        await stop.wait()
+    finally:
+        service.close(stop_jobs=True)
+
+
+async def _until_ready(
+    service: ControlService,
+    gateway: Gateway,
+    plane: Plane,
+    since: float,
+    timeout_s: float,
+    stop: asyncio.Event,
+) -> bool:
+    """Wait until the gateway admits to every replica of the default deployment; False when
+    stopped first (Ctrl-C while starting)."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        await gateway.probe_once()  # not only every health.probe_interval_s: it serves sooner
+        router = gateway.routers.get(plane.model)
+        if router is not None and router.slots.healthy_count >= plane.replicas:
+            return True
+        failed = await asyncio.to_thread(_failed_start, service, plane.model, since)
+        if failed is not None:
+            raise EngineError(failed)
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"deployment {plane.model} did not serve {plane.replicas} instance(s) within "
+                f"{timeout_s:g} s (engine.start_timeout_s); its events say why: run `gpuplane "
+                f"up` again and `gpuplane deploy describe {plane.model}`, or raise the timeout"
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), READY_POLL_S)
+    return False
+
+
+def _failed_start(service: ControlService, deployment: str, since: float) -> str | None:
+    """The diagnosis of an instance of `deployment` (its version v1, as `default_deployment`
+    makes it) that failed since `since`, if any: what its exit means and the end of its log."""
+    with service.store.session() as session:
+        job = session.scalars(
+            select(Job)
+            .where(Job.name == f"{deployment}-v1", Job.state == "failed")
+            .where(Job.created_at >= since)
+            .order_by(Job.finished_at)
+        ).first()
+        if job is None:
+            return None
+        job_id, cluster, code, message = job.id, job.cluster_name, job.exit_code, job.message
+    adapter = service.adapters.get(str(cluster))
+    if code is None or not isinstance(adapter, LocalAdapter):  # it never ran: why not
+        return f"instance {job_id} of deployment {deployment} could not start: {message}"
+    tail = tail_of(b"".join(adapter.logs(job_id, tail=TAIL_LINES)).decode("utf-8", "replace"))
+    diagnosis = classify_exit(code, tail)
+    return (
+        f"instance {job_id} of deployment {deployment} {diagnosis.cause} while starting: "
+        f"{diagnosis.hint} (log: {Path(adapter.log_path(job_id)).resolve()})"
+    )
