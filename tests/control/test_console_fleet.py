@@ -100,6 +100,7 @@ def test_the_deployments_pages_show_versions_instances_and_reported_slots(plane:
                 "in_flight": 1,
                 "queued": 0,
                 "oldest_wait_s": 0.0,
+                "idle_s": 0.0,
                 "ready": len(ids),
                 "instances": {ids[0]: 1},
                 "ready_ids": ids,
