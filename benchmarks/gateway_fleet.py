@@ -181,11 +181,8 @@ def contender_argv(
     config["gateway"] |= {"host": "127.0.0.1", "port": port}
     path = Path(tempfile.mkdtemp(prefix="gpuplane-bench-")) / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
-    code = (
-        "import sys; from pathlib import Path; from gpuplane.cli.serve import gateway; "
-        "gateway(config=Path(sys.argv[1]), host=None, port=None)"
-    )
-    return [sys.executable, "-c", code, str(path)]
+    # the CLI's own entry point, as a user starts it
+    return [sys.executable, "-m", "gpuplane.cli.main", "gateway", "serve", "--config", str(path)]
 
 
 @contextlib.asynccontextmanager
