@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from gpuplane.control.scheduler import (
-    JobWork,
     Nomination,
     ReasonCode,
     Request,
@@ -65,28 +64,6 @@ def test_the_nominated_node_is_the_one_its_jobs_limits_drain_first() -> None:
     assert nomination_node(snap, big, set(), ends, 0.0) == "many"  # by limits: done at 200
     del ends["m2"]  # a job without a limit: that node's start is a guess, ranked after
     assert nomination_node(snap, big, set(), ends, 0.0) == "one"
-
-
-def test_a_long_job_is_nominated_the_node_that_would_finish_it_first() -> None:
-    nodes = [node("fast", cards=4, pool="fast"), node("slow", cards=4, model="A10", pool="slow")]
-    snap = Snapshot(nodes, gpu_speeds={"A100": 1.0, "A10": 0.5})
-    rng = np.random.default_rng(0)
-    ends = {"f": 200.0, "s": 100.0}  # the slow node drains first
-    for job_id, where in (("f", "fast"), ("s", "slow")):
-        request = Request(job_id, gpus=1, selector=Selector({"pool": where}))
-        decision = schedule(snap, request, make_policy(), rng)
-        assert decision.placement is not None
-        snap.commit(decision.placement)
-    big = Request("big", gpus=4)
-    assert nomination_node(snap, big, set(), ends, 0.0) == "slow"  # its length unknown
-    # 10,000 s of work: done at 200 + 10,000 on the fast node, at 100 + 20,000 on the slow one
-    long = JobWork(work_s=10_000.0, mean_s=1_000.0)
-    assert nomination_node(snap, big, set(), ends, 0.0, long) == "fast"
-    short = JobWork(work_s=50.0, mean_s=1_000.0)  # done at 250 there, at 200 here
-    assert nomination_node(snap, big, set(), ends, 0.0, short) == "slow"
-    # without limits to bound the starts: one job to wait for on each, H(1) = 1 job's work w
-    assert nomination_node(snap, big, set(), None, 0.0, short) == "fast"  # (1 + 0.05) / speed
-    assert nomination_node(snap, big, set()) == "fast"
 
 
 def test_nominations_hold_only_what_the_nominated_job_needs() -> None:

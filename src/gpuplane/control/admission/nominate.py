@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from gpuplane.control.admission.decision import Admission, NominationPolicy, PendingJob
 from gpuplane.control.admission.estate import Estate
 from gpuplane.control.admission.reasons import PendingReason, nominated
-from gpuplane.control.scheduler import JobWork, Nomination, nomination_node
+from gpuplane.control.scheduler import Nomination, nomination_node
 
 
 def refresh_nominations(estate: Estate, jobs: Mapping[str, PendingJob], now: float) -> None:
@@ -57,26 +57,13 @@ def grant_nominations(
         if answer.admitted is not None or answer.eligible is None:
             continue  # fits now (this pass admits it), or its quota allows no GPU model
         taken = {h.node for h in estate.nominated.values()}
-        work = job_work(estate, job)
-        node = nomination_node(estate.snapshot, answer.eligible, taken, estate.ends, now, work)
+        node = nomination_node(estate.snapshot, answer.eligible, taken, estate.ends, now)
         if node is None:
             continue
         estate.nominated[job.job_id] = estate.nomination(node, job.request, now)
         free -= 1
         if free == 0:
             return
-
-
-def job_work(estate: Estate, job: PendingJob) -> JobWork | None:
-    """The job's expected work for choosing its node: its time limit times the share of their
-    limits that completed jobs used, else the mean work of completed jobs; None before enough
-    jobs completed to know either."""
-    history = estate.work
-    if not history.ready or history.mean_s <= 0:
-        return None
-    limit = job.request.time_limit_s
-    work = history.mean_s if limit is None else limit * history.limit_fill()
-    return JobWork(work, history.mean_s)
 
 
 def with_nomination(

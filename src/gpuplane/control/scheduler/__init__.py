@@ -37,7 +37,6 @@ from gpuplane.control.scheduler.filter import filter_nodes, filter_when_empty
 from gpuplane.control.scheduler.fragmentation import OnlineWorkloadMix, TaskClass, WorkloadMix
 from gpuplane.control.scheduler.nodeinfo import DeviceInfo, NodeInfo, wall_seconds
 from gpuplane.control.scheduler.nomination import (
-    JobWork,
     Nomination,
     blocking,
     expected_start,
@@ -67,7 +66,6 @@ __all__ = [
     "DeviceInfo",
     "FloatArray",
     "IntArray",
-    "JobWork",
     "NodeInfo",
     "Nomination",
     "OnlineWorkloadMix",

@@ -162,22 +162,12 @@ def _held_cards(snapshot: Snapshot, i: int, r: Request) -> tuple[BoolArray, int]
     return blocked, 0
 
 
-@dataclass(frozen=True, slots=True)
-class JobWork:
-    """What a nomination knows of the job's length: its expected work and the mean work of
-    completed jobs, both in seconds on a card of speed 1.0."""
-
-    work_s: float
-    mean_s: float
-
-
 def nomination_node(
     snapshot: Snapshot,
     request: Request,
     taken: Set[str],
     ends: Mapping[str, float] | None = None,
     now: float = 0.0,
-    work: JobWork | None = None,
 ) -> str | None:
     """The node to nominate for `request`: of the schedulable nodes where it fits when empty
     and that no other nomination holds, the one expected to drain first; None when there is
@@ -188,12 +178,7 @@ def nomination_node(
     + ... + 1/k times one job's, as for memoryless runtimes) at its GPU speed (`gpu_speed`:
     slower cards run the same work longer): the lowest H(k) / speed wins. Then the most wholly
     free cards, the most free GPU compute, the earliest. Fewer jobs to wait for also means
-    fewer cards left idle.
-
-    With the job's own expected `work`, the node expected to *finish* it first wins instead:
-    its start plus the job's work at the node's speed (earliest finish time, as list schedulers
-    on unequal machines rank them). A long job then holds a fast node that drains a little
-    later rather than a slow one that drains first and runs it for twice as long."""
+    fewer cards left idle."""
     rows = filter_when_empty(snapshot, request).nodes
     rows = rows[[snapshot.nodes[int(i)].name not in taken for i in rows]] if taken else rows
     if len(rows) == 0:
@@ -201,16 +186,13 @@ def nomination_node(
     placed = [snapshot.placements_on(snapshot.nodes[int(i)].name) for i in rows]
     jobs = np.array([len(p) for p in placed])
     harmonic = np.cumsum(np.concatenate(([0.0], 1.0 / np.arange(1, int(jobs.max()) + 1))))
-    speed = snapshot.gpu_speed[rows]
-    # unknown starts in units of one job's remaining work w; the job's own work in those too
-    drain = (harmonic[jobs] + (work.work_s / work.mean_s if work else 0.0)) / speed
+    drain = harmonic[jobs] / snapshot.gpu_speed[rows]
     unknown = np.ones(len(rows), dtype=bool)
     if ends:
         for k, i in enumerate(rows):
             start = expected_start(snapshot, int(i), request, placed[k], ends, now)
             if start is not None:
-                unknown[k] = False
-                drain[k] = start + (work.work_s / speed[k] if work else 0.0)
+                unknown[k], drain[k] = False, start
     order = np.lexsort(
         (rows, -snapshot.gpu_milli_free[rows], -snapshot.full_free[rows], drain, unknown)
     )
