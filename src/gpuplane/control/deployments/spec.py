@@ -274,6 +274,8 @@ class DeploymentSpec(_Spec):
             "env": launch.env,
             "resources": self.slice.model_dump(exclude_none=True),
             "selector": self.placement.model_dump(exclude_none=True),
+            # a version's instances go to different clusters, then nodes, where capacity allows
+            "spread": f"deployment/{self.name}/{self.version}",
         }
 
 
