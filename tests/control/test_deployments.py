@@ -188,7 +188,8 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
             "engine": "sim",
             "upstream_model": "sim",
             "weights": {},
-            "hold_s": None,  # refused at once while no instance is ready: not min 0
+            "hold": True,  # held while no instance is ready...
+            "hold_s": None,  # ...for the gateway's queue timeout: not autoscaled
             "instances": [],
         }
     ]
