@@ -53,7 +53,9 @@ def test_a_deployment_that_scales_to_zero_starts_at_zero_and_holds_requests() ->
     spec = parse_deployment({**BASE, "scaling": {"min": 0, "max": 3, "max_queue_wait_s": 20}})
     assert spec.desired == 0
     assert spec.hold_s == 20.0  # the gateway holds a request this long while none is ready
-    assert parse_deployment({**BASE, "scaling": {"min": 1, "max": 3}}).hold_s is None
+    # an autoscaled one holds as long whenever none is ready; a fixed one for the gateway's
+    # own queue timeout (None)
+    assert parse_deployment({**BASE, "scaling": {"min": 1, "max": 3}}).hold_s == 5.0
     assert parse_deployment(BASE).hold_s is None
 
 

@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from gpuplane.control.deployments.controller import read_capacity
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
-from tests.control.svc_helpers import api_client, config, make_service
+from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
+from tests.control.svc_helpers import A100, api_client, config, make_service
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -187,10 +188,66 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
             "engine": "sim",
             "upstream_model": "sim",
             "weights": {},
-            "hold_s": None,  # refused at once while no instance is ready: not min 0
+            "hold": True,  # held while no instance is ready...
+            "hold_s": None,  # ...for the gateway's queue timeout: not autoscaled
             "instances": [],
         }
     ]
+
+
+def _held_on(tmp_path: Path, clusters: list[str]) -> ControlService:
+    """A service over local `clusters` of one two-card node each that places jobs but starts
+    none (as `held`)."""
+    declared = [
+        ClusterConfig(
+            name=name,
+            discover_gpus=False,
+            nodes=[
+                DeclaredNode(
+                    name=f"{name}-n0",
+                    cpu_millis=64_000,
+                    memory_mib=512 * 1024,
+                    gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=2)],
+                )
+            ],
+        )
+        for name in clusters
+    ]
+    service = ControlService(config(str(tmp_path), clusters=declared), bind_on_submit=False)
+    service.start()
+    return service
+
+
+def test_replicas_are_spread_over_clusters_and_still_placed_when_one_is_full(
+    tmp_path: Path,
+) -> None:
+    service = _held_on(tmp_path / "spread", ["east", "west"])
+    try:
+        with api_client(service) as client:
+            assert client.post("/deployments", json={**SPEC, "replicas": 2}).status_code == 201
+            insts = client.get("/deployments/chat").json()["instances"]
+            # a packing scheduler would put both on one cluster's two cards
+            assert sorted(i["cluster"] for i in insts) == ["east", "west"]
+            assert {i["state"] for i in insts} == {"admitted"}
+    finally:
+        service.close()
+    service = _held_on(tmp_path / "full", ["east", "west"])
+    try:
+        with api_client(service) as client:
+            fill = {
+                "name": "fill",
+                "team": "research",
+                "command": ["sleep", "60"],
+                "resources": {"gpus": 2},
+                "selector": {"cluster": "west"},
+            }
+            assert client.post("/jobs", json=fill).status_code == 201
+            assert client.post("/deployments", json={**SPEC, "replicas": 2}).status_code == 201
+            insts = client.get("/deployments/chat").json()["instances"]
+            # the preference never keeps one pending: both go where there is room
+            assert [(i["cluster"], i["state"]) for i in insts] == [("east", "admitted")] * 2
+    finally:
+        service.close()
 
 
 def test_scale_down_stops_instances_that_never_ran_at_once(

@@ -317,7 +317,7 @@ async def test_a_deployment_scaled_to_zero_holds_requests_until_an_instance_serv
         refused = await client.post(gw_url + "/v1/chat/completions", json=body)
         assert refused.status_code == 503, refused.text
         assert refused.headers["retry-after"] == "1"
-        assert "scales to zero and no instance of it became ready within 1 s" in refused.text
+        assert "has no ready instance and none became ready within 1 s" in refused.text
         assert refused.json()["error"]["code"] == "queue_timeout"
         async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
             await api.post(url + f"/jobs/{job}/cancel")

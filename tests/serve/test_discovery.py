@@ -107,12 +107,18 @@ async def test_a_load_report_carries_the_exact_slot_use(gateway: Gateway) -> Non
     ]
 
 
-async def test_a_deployment_that_scales_to_zero_has_its_requests_held(gateway: Gateway) -> None:
+async def test_a_deployments_requests_are_held_while_none_of_its_instances_is_ready(
+    gateway: Gateway,
+) -> None:
     assert gateway.discovery is not None
-    gateway.discovery.apply([{**model("chat"), "hold_s": 20.0}])
+    gateway.discovery.apply([{**model("chat"), "hold": True, "hold_s": 20.0}])
     assert gateway.routers["chat"].hold_s == 20.0
-    gateway.discovery.apply([model("chat")])  # scaling changed to min 1: refused at zero
+    # not autoscaled: held while the control plane replaces them, up to the queue's timeout
+    gateway.discovery.apply([{**model("chat"), "hold": True}])
+    assert gateway.routers["chat"].hold_s == gateway.settings.gateway.queue.timeout_s
+    # being deleted: nothing will replace them, refused at once
+    gateway.discovery.apply([{**model("chat"), "hold": False, "hold_s": 20.0}])
     assert gateway.routers["chat"].hold_s is None
-    gateway.discovery.apply([{**model("chat"), "hold_s": 20.0}])
+    gateway.discovery.apply([{**model("chat"), "hold": True, "hold_s": 20.0}])
     gateway.discovery.apply([])  # deleted: nothing comes for it any more
     assert gateway.routers["chat"].hold_s is None

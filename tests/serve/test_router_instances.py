@@ -121,7 +121,7 @@ async def test_a_request_held_at_zero_gets_retry_after_once_the_hold_ends() -> N
         await router.acquire({})
     assert caught.value.reason is Rejection.QUEUE_TIMEOUT
     assert caught.value.retry_after_s == 1
-    assert "scales to zero and no instance of it became ready within 0.05 s" in str(caught.value)
+    assert "has no ready instance and none became ready within 0.05 s" in str(caught.value)
     assert len(router.queue) == 0
 
 

@@ -28,6 +28,7 @@ from gpuplane.control.scheduler import (
     Placement,
     Snapshot,
 )
+from gpuplane.control.spec import spread_group
 from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_NODE, LABEL_REGION
 
@@ -216,7 +217,13 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
         grants = tuple(sorted(grants, key=lambda g: g.index))
         node_name = node_names[job.node_id]
         placement = Placement(
-            job.id, split_qualified(node_name)[0], node_name, grants, job.cpu_millis, job.memory_mib
+            job.id,
+            split_qualified(node_name)[0],
+            node_name,
+            grants,
+            job.cpu_millis,
+            job.memory_mib,
+            spread_group(job.team_name, job.spec.get("spread")),
         )
         placements.append(placement)
         if job.time_limit_s is not None:

@@ -7,6 +7,10 @@ The minimal spec is a name, a team, a command and resources:
     command: ["python", "-c", "print(42)"]
     resources: {gpu_mem_mib: 10240, gpu_cores_pct: 25}
 
+`spread` (optional): a name shared by jobs that should not share a failure domain (a
+deployment's instances of one version): the scheduler places each on the cluster, then the node,
+holding the fewest jobs of its team with that name, where one fits; it never keeps a job pending.
+
 `time_limit` (optional, like Slurm's `--time` or Kubernetes' `activeDeadlineSeconds`): the most
 the job may run, in seconds or as a duration such as "2h", "90m", "1h30m", "45s"; on a card of
 relative speed f (`gpu_speeds`, the `gpuplane.io/gpu-speed` label) it gets time_limit / f, so
@@ -152,6 +156,13 @@ class JobSpec(_Spec):
         float | None,
         bounded(1, MAX_SECONDS, "most seconds it may run on a card of speed 1.0 (or '2h')"),
     ] = None
+    spread: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="jobs of the team with this name go to different clusters, then nodes, "
+        "where capacity allows",
+    )
 
     @field_validator("time_limit", mode="before")
     @classmethod
@@ -196,7 +207,16 @@ class JobSpec(_Spec):
 
     def to_request(self, job_id: str) -> Request:
         resources = self.to_resources()
-        return Request.from_resources(job_id, resources, self.to_selector(), self.time_limit)
+        spread = spread_group(self.team, self.spread)
+        return Request.from_resources(
+            job_id, resources, self.to_selector(), self.time_limit, spread
+        )
+
+
+def spread_group(team: str, spread: object) -> str | None:
+    """The scheduler's spread group of a job of `team` whose spec says `spread` (None: none):
+    one team's names never spread another team's jobs."""
+    return f"{team}/{spread}" if isinstance(spread, str) else None
 
 
 def _ref_name(value: SecretRef | FromEnv) -> str:

@@ -1,22 +1,24 @@
 """Discovery: the gateway takes models and instances from a control plane's deployments.
 
 A watch by long poll (`GET /deployments/watch?resource_version=V&timeout_s=T`): the control plane
-answers as soon as its endpoints differ from version V, or with V again after T seconds; the
-gateway then asks again with the version it holds. Each answer is applied as a difference
-(`apply`, no I/O): a new deployment gets a router, a new instance is added unready and admitted
-to only once it answers its engine's health probe (the gateway's prober), and an instance no
-longer listed (scaled down, replaced, deleted) drains: no new requests, and it leaves once its
-last lease is released (its engine is stopped by the control plane after the deployment's
-`drain_timeout_s`). A model that the gateway's own config lists is never touched. When the
-control plane cannot be reached, what was discovered keeps serving and the watch retries with a
-pause that doubles up to `MAX_RETRY_S`. A deployment that scales to zero comes with `hold_s`:
-while none of its instances is ready, its requests wait that long in the fair queue instead of
-being refused. Every `REPORT_S` the gateway also reports each discovered model's exact slot use
-(leases held, requests queued, the oldest one's wait, how long it has been idle, ready
-instances, leases per instance it still has) to `POST /deployments/load`: the control plane's
-autoscaler acts on it (a request held at zero is the demand that starts an instance), and an
-instance drained here and gone from every report is stopped without waiting out its drain
-timeout.
+answers as soon as its endpoints differ from version V, or with V again after T seconds; the gateway
+then asks again with the version it holds. Each answer is applied as a difference (`apply`, no I/O):
+a new deployment gets a router, a new instance is added unready and admitted to only once it answers
+its engine's health probe (the gateway's prober), and an instance no longer listed (scaled down,
+replaced, deleted) drains: no new requests, and it leaves once its last lease is released (its
+engine is stopped by the control plane after the deployment's `drain_timeout_s`). A model that the
+gateway's own config lists is never touched. When the control plane cannot be reached, what was
+discovered keeps serving and the watch retries with a pause that doubles up to `MAX_RETRY_S`. While
+none of a discovered deployment's instances is ready (it scaled to zero, or they all crashed or were
+lost with their node or cluster), its requests wait in the fair queue for the instances the control
+plane starts or replaces, up to its `hold_s` (an autoscaled deployment's `max_queue_wait_s`) or else
+the gateway's own `queue.timeout_s`, instead of being refused (not once it is being deleted: its
+`hold` is false); then 503 with `Retry-After`. Every `REPORT_S` the gateway also reports each
+discovered model's exact slot use (leases held, requests queued, the oldest one's wait, how long it
+has been idle, ready instances, leases per instance it still has) to `POST /deployments/load`: the
+control plane's autoscaler acts on it (a request held at zero is the demand that starts an
+instance), and an instance drained here and gone from every report is stopped without waiting out
+its drain timeout.
 """
 
 from __future__ import annotations
@@ -169,7 +171,9 @@ class Discovery:
                 continue
             self._sync(name, {str(i["id"]): i for i in model["instances"]})
             gw.routers[name].set_weights(model.get("weights") or {})
-            gw.routers[name].hold_s = model.get("hold_s")
+            router = gw.routers[name]
+            hold_s = model.get("hold_s") or router.cfg.queue.timeout_s
+            router.hold_s = hold_s if model.get("hold") else None
         for name in self.owned - seen:  # deleted: refused at once from now on
             self._sync(name, {})
             gw.routers[name].hold_s = None

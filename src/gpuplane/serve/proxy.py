@@ -285,7 +285,8 @@ class ProxyCall:
         connection, a 5xx answer, an engine killed mid-prefill; never silence) is retried
         elsewhere up to `retries` times (`after_failure`). A refused connection uses up no
         retry: nothing reached an engine, and the instance is marked down at once, so the next
-        try goes elsewhere (with every instance down the router refuses with 503)."""
+        try goes elsewhere (with every instance down the router refuses with 503, or, for a
+        discovered deployment, holds it until one is ready again)."""
         avoid: frozenset[str] = frozenset()
         version: str | None = None  # a retry stays on the rollout version it was placed on
         retries_left = self.retries

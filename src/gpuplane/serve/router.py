@@ -147,8 +147,8 @@ class ModelRouter:
         self.versions: dict[str, str] = {}
         self.weights: dict[str, float] = {}
         self._picker = VersionPicker(self._rng)
-        # a deployment that scales to zero (discovery): while no instance is ready, a request
-        # waits in the queue up to this long for the one its demand starts (None: refused)
+        # a deployment (discovery): while no instance is ready, a request waits in the queue
+        # up to this long for the ones the control plane starts or replaces (None: refused)
         self.hold_s: float | None = None
         self._last_active = clock()  # when a request last arrived or left (`idle_s`)
         self.shared = shared
@@ -235,7 +235,8 @@ class ModelRouter:
         after waiting in the fair queue.
 
         Raises `Rejected` for a full queue, a wait past the timeout, or no healthy instance
-        (with `hold_s`, a model that scales to zero, it waits that long for one instead).
+        (with `hold_s`, a deployment whose instances the control plane starts or replaces, it
+        waits that long for one instead).
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         With shared slots, a slot the view granted but another gateway holds sends the request
         back to placement (or the queue's tail) with what is left of its timeout.
@@ -549,11 +550,12 @@ class ModelRouter:
         self.queue.remove(waiter.ticket)
         self._last_active = self._clock()
         if not self.slots.healthy_count and self.hold_s is not None:
-            retry = max(1, math.ceil(self.hold_s))  # about when the instance it asked for serves
+            retry = max(1, math.ceil(self.hold_s))  # about when the instance it awaits serves
             message = (
-                f"model '{self.name}' scales to zero and no instance of it became ready within "
-                f"{timeout:g} s (its deployment's scaling.max_queue_wait_s); retry after "
-                f"{retry} s, or see `gpuplane deploy describe {self.name}`"
+                f"model '{self.name}' has no ready instance and none became ready within "
+                f"{timeout:g} s (its deployment's scaling.max_queue_wait_s, else "
+                f"gateway.queue.timeout_s); retry after {retry} s, or see "
+                f"`gpuplane deploy describe {self.name}`"
             )
         else:
             capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1

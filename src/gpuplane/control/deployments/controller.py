@@ -568,7 +568,9 @@ class Deployments:
     def endpoints(self) -> dict[str, Any]:
         """What the gateway watches: every deployment's instances that serve (job running,
         slots known, not draining) with their version, its versions' weights during a rollout,
-        and `resource_version`, a digest of all that."""
+        whether the gateway holds its requests while none is ready (`hold`: the control plane
+        starts or replaces them; not once it is being deleted) and for how long (`hold_s`, None:
+        the gateway's queue timeout), and `resource_version`, a digest of all that."""
         with self.service.store.session() as session:
             rows = session.execute(
                 select(DeploymentInstance, Deployment.spec)
@@ -581,17 +583,20 @@ class Deployments:
                 )
                 .order_by(DeploymentInstance.deployment, DeploymentInstance.job_id)
             ).all()
-            names = list(session.scalars(select(Deployment.spec).order_by(Deployment.name)))
+            names = session.execute(
+                select(Deployment.spec, Deployment.deleting).order_by(Deployment.name)
+            ).all()
         models: dict[str, dict[str, Any]] = {
             s["name"]: {
                 "name": s["name"],
                 "engine": s["engine"],
                 "upstream_model": s["model"],
                 "weights": spec.weights(),
+                "hold": not deleting,
                 "hold_s": spec.hold_s,
                 "instances": [],
             }
-            for s in names
+            for s, deleting in names
             for spec in (DeploymentSpec.model_validate(s),)
         }
         for inst, spec in rows:

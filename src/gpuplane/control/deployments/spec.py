@@ -7,18 +7,18 @@ The minimal spec is a name, a model and an engine:
     engine: sim
     replicas: 2
 
-`name` is the model name clients send to the gateway; `model` is what the engine loads (a path,
-a hub id, or the simulator's model name) and the name the gateway sends upstream; `version`
-tells versions of one deployment apart. Every instance is a job of the control plane's scheduler
+`name` is the model name clients send to the gateway; `model` is what the engine loads (a path, a
+hub id, or the simulator's model name) and the name the gateway sends upstream; `version` tells
+versions of one deployment apart. Every instance is a job of the control plane's scheduler
 (`to_job`): same team quotas, same packing, same pending reasons. `scaling` replaces a fixed
 `replicas` with the autoscaler's (`autoscale.py`); with `scaling.min: 0` the deployment scales to
 zero once idle, and the gateway holds its requests while no instance is ready (up to
-`max_queue_wait_s`) until the autoscaler has started one. `canary` lists versions served
-beside the main one during a rollout, each with its share of requests, its replicas and its
-engine arguments; autoscaled, the versions share the autoscaler's replicas by weight (a
-canary's own `replicas` is then refused). `surge: false` replaces an old version in place
-instead of beside it. A field the control plane cannot honour is refused with the reason, never
-silently ignored.
+`max_queue_wait_s`) until the autoscaler has started one; so it does for any deployment whose
+instances all crashed or were lost, while the control plane replaces them. `canary` lists versions
+served beside the main one during a rollout, each with its share of requests, its replicas and its
+engine arguments; autoscaled, the versions share the autoscaler's replicas by weight (a canary's own
+`replicas` is then refused). `surge: false` replaces an old version in place instead of beside it. A
+field the control plane cannot honour is refused with the reason, never silently ignored.
 """
 
 from __future__ import annotations
@@ -224,11 +224,11 @@ class DeploymentSpec(_Spec):
 
     @property
     def hold_s(self) -> float | None:
-        """How long the gateway holds a request while no instance is ready: a deployment that
-        scales to zero waits `max_queue_wait_s` for the instance its demand starts; any other
-        is refused at once (None)."""
-        sc = self.scaling
-        return sc.max_queue_wait_s if sc is not None and sc.min == 0 else None
+        """How long the gateway holds a request while none of the deployment's instances is
+        ready (scaled to zero, or every one crashed or lost: the control plane is starting
+        or replacing them): an autoscaled deployment's `max_queue_wait_s`; None: the gateway's
+        own `queue.timeout_s`."""
+        return self.scaling.max_queue_wait_s if self.scaling is not None else None
 
     def to_slice(self) -> Slice:
         r = self.slice
@@ -274,6 +274,8 @@ class DeploymentSpec(_Spec):
             "env": launch.env,
             "resources": self.slice.model_dump(exclude_none=True),
             "selector": self.placement.model_dump(exclude_none=True),
+            # a version's instances go to different clusters, then nodes, where capacity allows
+            "spread": f"deployment/{self.name}/{self.version}",
         }
 
 

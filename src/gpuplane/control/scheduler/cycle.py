@@ -41,11 +41,12 @@ def schedule(
     highest wins; ties go to a random candidate drawn with `rng`, or the earliest for policies
     with `ties = "first"`. Added to the policy's score: the weighted GPU-speed term, which
     prefers faster cards when candidates of several speeds fit (neutral when all are equally
-    fast). Cards: the policy's choice, else the best-fitting card (fractions) or the
-    lowest-numbered free cards (whole). `nominations`: what nominated nodes hold from this
-    request (`nomination.py`; leave the request's own nomination out); where only they stand
-    in the way, the cluster's reason is `BlockedByNomination` (`explain.why_not`). Pure: the
-    caller commits `decision.placement`.
+    fast); a request with a `spread` group goes to the candidates whose cluster, then node,
+    holds the fewest of its group. Cards: the policy's choice, else the best-fitting card
+    (fractions) or the lowest-numbered free cards (whole). `nominations`: what nominated nodes
+    hold from this request (`nomination.py`; leave the request's own nomination out); where
+    only they stand in the way, the cluster's reason is `BlockedByNomination`
+    (`explain.why_not`). Pure: the caller commits `decision.placement`.
     """
     policy.observe(request)
     state = held_state(snapshot, nominations)
@@ -66,7 +67,13 @@ def schedule(
         grants = _whole_cards(snapshot, state, int(cands.nodes[chosen]), request.gpus)
     node = snapshot.nodes[int(cands.nodes[chosen])]
     placement = Placement(
-        request.job_id, node.cluster, node.name, grants, request.cpu_millis, request.memory_mib
+        request.job_id,
+        node.cluster,
+        node.name,
+        grants,
+        request.cpu_millis,
+        request.memory_mib,
+        request.spread,
     )
     return Decision(request.job_id, placement, (), policy.name, total)
 

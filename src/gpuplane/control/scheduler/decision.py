@@ -41,7 +41,9 @@ class Request:
     (`gpu_milli` compute and/or `gpu_mem_mib` memory), or neither (CPU-only). `time_limit_s`:
     the job's time limit in seconds on a card of speed 1.0 (`nodeinfo.wall_seconds` gives it on a
     node), None when it has none; nominated nodes let a job whose limit ends before their
-    expected start use the node meanwhile (`nomination.py`).
+    expected start use the node meanwhile (`nomination.py`). `spread`: a group of jobs (a
+    deployment's version) spread over clusters, then nodes, where capacity allows (`score.py`);
+    it never keeps a request from a node that fits.
     """
 
     job_id: str
@@ -52,6 +54,7 @@ class Request:
     memory_mib: int = 0
     selector: Selector = field(default_factory=Selector)
     time_limit_s: float | None = None
+    spread: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpu_milli < 0 or self.cpu_millis < 0 or self.memory_mib < 0:
@@ -72,6 +75,7 @@ class Request:
         resources: Resources,
         selector: Selector | None = None,
         time_limit_s: float | None = None,
+        spread: str | None = None,
     ) -> Request:
         """Map the shared vocabulary (`gpuplane.resources`) to a scheduler request."""
         s = resources.slice
@@ -85,6 +89,7 @@ class Request:
             memory_mib=resources.memory_mib,
             selector=selector or Selector(),
             time_limit_s=time_limit_s,
+            spread=spread,
         )
 
     @property
@@ -147,7 +152,8 @@ class DeviceGrant:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a request goes: one node, its cards (whole, or one shared), CPU and memory."""
+    """Where a request goes: one node, its cards (whole, or one shared), CPU and memory; and
+    the request's spread group, which the snapshot counts per node (`Snapshot.spread_counts`)."""
 
     job_id: str
     cluster: str
@@ -155,6 +161,7 @@ class Placement:
     devices: tuple[DeviceGrant, ...]
     cpu_millis: int
     memory_mib: int
+    spread: str | None = None
 
     @property
     def device_indices(self) -> tuple[int, ...]:

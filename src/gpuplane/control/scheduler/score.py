@@ -7,6 +7,13 @@ policy's score. When every candidate has the same speed (one GPU model allowed, 
 data), or the weight is 0 (the default: measured, a greedy preference for fast cards cost
 placements and throughput, see `base.DEFAULT_SPEED_WEIGHT`), the term is left out entirely, so
 policies decide exactly as without it. Where a node's speed comes from: `nodeinfo.py`.
+
+A request with a `spread` group (a deployment's version) is placed on the candidate whose
+cluster holds the fewest of its group, then whose node does (Kubernetes'
+topologySpreadConstraints with `whenUnsatisfiable: ScheduleAnyway`, applied lexicographically:
+clusters, then nodes); the policy decides among those. Only candidates are compared, so the
+preference never leaves a request unplaced: a full cluster simply is not one. Losing one failure
+domain then leaves the group's other instances serving.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ def pick(cands: Candidates, policy: Policy, rng: np.random.Generator) -> tuple[i
     candidate drawn with `rng`, or the earliest for policies with `ties = "first"`."""
     cands.rng = rng
     scores = policy.score(cands)
-    total = _with_speed(scores.nodes, cands, policy)
+    total = _spread(_with_speed(scores.nodes, cands, policy), cands)
     best = np.flatnonzero(total == total.max())
     if len(best) > 1 and policy.ties == "random":
         chosen = int(best[rng.integers(len(best))])
@@ -43,6 +50,20 @@ def _with_speed(nodes: FloatArray, cands: Candidates, policy: Policy) -> FloatAr
     if term is None:
         return nodes
     out: FloatArray = nodes + term * (policy.speed_weight * policy.max_score / MAX_NODE_SCORE)
+    return out
+
+
+def _spread(total: FloatArray, cands: Candidates) -> FloatArray:
+    """`total` where a candidate's cluster, then node, holds the fewest of the request's spread
+    group; -inf elsewhere. Unchanged without a group."""
+    group = cands.request.spread
+    if group is None:
+        return total
+    snap = cands.snapshot
+    on_cluster, on_node = snap.spread_counts(group)
+    key = on_cluster[snap.node_cluster[cands.nodes]] * (int(on_node.max()) + 1)
+    key += on_node[cands.nodes]
+    out: FloatArray = np.where(key == key.min(), total, -np.inf)
     return out
 
 

@@ -127,6 +127,7 @@ class Snapshot:
         self.max_node_cpu = max(int(self.cpu_cap.max()) if n else 0, 1)
         self.max_node_gpu_milli = max(d * MILLI_PER_GPU, 1)
         self._refresh(slice(None))
+        self._spread: dict[str, IntArray] = {}  # spread group -> its placements per node
         self._selector_cache: dict[tuple[object, ...], BoolArray] = {}
         self.cluster_masks: tuple[BoolArray, ...] = tuple(
             self.node_cluster == i for i in range(len(self.clusters))
@@ -172,6 +173,15 @@ class Snapshot:
         """The committed placements on `node` (a node name), oldest first."""
         return list(self._on_node.get(node, {}).values())
 
+    def spread_counts(self, group: str) -> tuple[IntArray, IntArray]:
+        """How many placements of spread `group` each cluster (by `clusters` index) and each
+        node (by row) holds."""
+        on_node = self._spread.get(group)
+        if on_node is None:
+            return np.zeros(len(self.clusters), np.int64), np.zeros(len(self.nodes), np.int64)
+        on_cluster = np.bincount(self.node_cluster, weights=on_node, minlength=len(self.clusters))
+        return on_cluster.astype(np.int64), on_node
+
     def selector_mask(self, selector: Selector) -> BoolArray:
         """Nodes whose labels satisfy `selector` (cached per selector; do not mutate)."""
         key = (tuple(sorted(selector.match_labels.items())), selector.gpu_models)
@@ -190,6 +200,7 @@ class Snapshot:
             setattr(other, name, getattr(self, name).copy())
         other._allocations = dict(self._allocations)
         other._on_node = {node: dict(jobs) for node, jobs in self._on_node.items()}
+        other._spread = {group: counts.copy() for group, counts in self._spread.items()}
         other._selector_cache = dict(self._selector_cache)
         other.token = object()
         return other
@@ -252,6 +263,7 @@ class Snapshot:
         self._apply(placement, sign=-1)
         self._allocations[placement.job_id] = placement
         self._on_node.setdefault(placement.node, {})[placement.job_id] = placement
+        self._count_spread(placement, +1)
 
     def release(self, job_id: str) -> Placement | None:
         """Give back `job_id`'s resources. Idempotent: a second call returns None, never raises."""
@@ -259,7 +271,17 @@ class Snapshot:
         if placement is not None:
             self._apply(placement, sign=+1)
             del self._on_node[placement.node][job_id]
+            self._count_spread(placement, -1)
         return placement
+
+    def _count_spread(self, placement: Placement, sign: int) -> None:
+        group = placement.spread
+        if group is None:
+            return
+        counts = self._spread.setdefault(group, np.zeros(len(self.nodes), np.int64))
+        counts[self.index[placement.node]] += sign
+        if not counts.any():
+            del self._spread[group]
 
     def _apply(self, placement: Placement, sign: int) -> None:
         i = self.index[placement.node]
