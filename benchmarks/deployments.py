@@ -57,7 +57,7 @@ from _results import save
 from gpuplane.config import parse_settings
 from gpuplane.control.api import create_app
 from gpuplane.control.client import ADMIN_TOKEN_FILE
-from gpuplane.control.deployments.autoscale import Load, Rules, decide
+from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
@@ -445,11 +445,12 @@ def oscillation(args: argparse.Namespace) -> dict[str, Any]:
             ]
             for level in levels
         }
+        totals = [sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))]
         out[noise] = {
             "median_per_level": [statistics.median(runs[level]) for level in levels],
-            "median_total": statistics.median(
-                sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))
-            ),
+            "max_per_level": [max(runs[level]) for level in levels],
+            "totals_per_seed": totals,
+            "median_total": statistics.median(totals),
         }
     return out
 
@@ -461,7 +462,7 @@ def _reversals(
     wanted, changed = rules.min, None
     starting: list[float] = []  # when each instance of a step serves
     serving = wanted
-    load: Load | None = None
+    window = Window(rules.cooldown_s)
     last_dir, reversals = 0, 0
     waited_since: float | None = None
     t = 0.0
@@ -474,8 +475,8 @@ def _reversals(
             queued = max(0, demand - slots)
             waited_since = (waited_since if waited_since is not None else t) if queued else None
             wait = 0.0 if waited_since is None else t - waited_since
-            load = Load(min(demand, slots), queued, wait, t)
-        new = decide(rules, wanted, serving, load, t, changed)
+            window.add(Load(min(demand, slots), queued, wait, t))
+        new = decide(rules, wanted, serving, window, t, changed)
         if new != wanted:
             direction = 1 if new > wanted else -1
             reversals += last_dir != 0 and direction != last_dir
