@@ -1,7 +1,7 @@
-"""Deployments under load: rollouts, canary weights, autoscaling and scale-downs, end to end.
+"""Deployments under load: rollouts, canary weights, autoscaling, scale-downs and drills, end to end.
 
 One process tree on this machine: the control plane (`ControlService`, its API over HTTP with the
-tick loop `control serve` runs, a local cluster of declared cards), a gateway that discovers the
+tick loop `control serve` runs, two local clusters of declared cards), a gateway that discovers the
 deployment by watching it (`Gateway(control=URL)`, served over HTTP), and the simulated engines
 (`gpuplane engine sim`, each one a job of the local adapter, a process of its own) that take
 `--start-delay` seconds to start listening, as an engine loads its model. The load is a fixed
@@ -22,14 +22,21 @@ Scenarios (each figure is printed and written to benchmarks/results/deployments.
               throughout; median of `--step-runs` runs.
   scaledown   4 instances under 4 streams, scaled down by one every `--scaledown-every` seconds
               (30 s; 8 s with --quick) to 1: failed and truncated requests.
-  oscillation the autoscaler's pure core (`autoscale.decide`, its clock injected) on virtual time:
-              30 simulated minutes at each constant load from 1 to 24 requests in flight, ticks
-              every 0.5 s, load reports every second, an instance serving `--start-delay` + 1 s
-              after the decision; the demand either exact or Poisson around the level (seeded);
-              direction changes of the replicas after the first one (0 is the goal).
-  drills      the hook for `gpuplane drill crash|node|cluster` (see `drills`): not measured yet.
+  oscillation the autoscaler's pure core (`autoscale.decide` and its `Window`, clock injected)
+              on virtual time: 30 simulated minutes at each constant load from 1 to 24
+              requests in flight, ticks every 0.5 s, load reports every second, an instance
+              serving `--start-delay` + 1 s after the decision; the demand either exact or
+              Poisson around the level (seeded); direction changes of the replicas after the
+              first one (0 is the goal), at each cooldown of `--osc-cooldowns` (60 and 300 s).
+  drills      `run_drill` (what `gpuplane drill crash|node|cluster` runs) on 2 instances under 4
+              streams, `--drill-runs` times each, on two local clusters (east, west) probed
+              every second, a lost node or cluster answering again after 10 s: seconds from
+              the fault to each recovery step, and requests failed, cut and retried.
+  llama       (with --llama) the rollout on the real engine: llama.cpp with the bundled
+              SmolLM2-135M, one instance per version, under 2 streams.
 
-    .venv/bin/python benchmarks/deployments.py [--quick] [--seeds 5] [--start-delay 2] [--json]
+    .venv/bin/python benchmarks/deployments.py [--quick] [--seeds 5] [--start-delay 2] [--llama]
+        [--only rollout,step,scaledown,drills,oscillation,llama] [--json]
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from gpuplane.control.settings import (
     DeclaredNode,
     TeamConfig,
 )
+from gpuplane.errors import unknown_name
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 
@@ -306,7 +314,8 @@ async def llama(control: Control, args: argparse.Namespace) -> dict[str, Any]:
     instance per version (two engines on this machine's cores), under 2 streams."""
     body = {"name": "chat", "model": "smollm2", "engine": "llamacpp", "team": "bench"}
     result = await _rollout(control, args, {**body, "drain_timeout_s": 600}, 1, 2, [])
-    return result["rollout"]
+    rolled: dict[str, Any] = result["rollout"]
+    return rolled
 
 
 async def _rollout(
@@ -652,7 +661,7 @@ def main() -> None:
     args.seed_list = list(range(args.seeds))
     args.only += ["llama"] * args.llama
     for name in set(args.only) - set(SCENARIOS):
-        parser.error(f"--only: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+        parser.error(f"--only: {unknown_name('scenario', name, SCENARIOS)}")
     began = time.monotonic()
     out = asyncio.run(run(args))
     out["wall_s"] = round(time.monotonic() - began, 1)
