@@ -1,4 +1,4 @@
-"""Deployments under load: rollouts, canary weights, autoscaling, scale-downs and drills, end to end.
+"""Deployments under load: rollouts, canary weights, autoscaling, scale-downs, drills, end to end.
 
 One process tree on this machine: the control plane (`ControlService`, its API over HTTP with the
 tick loop `control serve` runs, two local clusters of declared cards), a gateway that discovers the
