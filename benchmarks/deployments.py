@@ -630,7 +630,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, short holds (< 2 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one seed, short holds, one drill each (~2 min)"
+    )
     parser.add_argument("--seeds", type=int, default=5, help="seeds where randomness enters")
     parser.add_argument("--start-delay", type=float, default=2.0, help="engine start, seconds")
     parser.add_argument("--streams", type=int, default=4, help="streaming clients in rollouts")

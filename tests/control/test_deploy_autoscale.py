@@ -159,3 +159,18 @@ def test_to_zero_only_after_a_whole_cooldown_without_a_request() -> None:
     assert decide(zero, 1, 1, seen(idle, rules=zero), now=100.0, last_change_at=0.0) == 0
     assert decide(zero, 1, 1, seen(idle, rules=zero), now=100.0, last_change_at=50.0) == 1
     assert decide(RULES, 1, 1, seen(idle), now=100.0, last_change_at=0.0) == 1  # min 1 keeps one
+
+
+def test_a_report_seen_again_is_not_added_twice_and_old_ones_leave_the_window() -> None:
+    """The controller adds the gateways' merged report at every tick (0.5 s) while they report
+    every second: the same report comes twice."""
+    window = Window(10.0)
+    window.add(load(3, at=1.0))
+    window.add(load(3, at=1.0))
+    window.add(load(9, at=0.5))  # older than the latest: ignored
+    assert [r.at for r in window.reports] == [1.0]
+    window.add(load(2, at=12.0))
+    assert [r.at for r in window.reports] == [12.0]
+    assert window.since == 1.0
+    assert window.stayed_within(2, now=12.0)
+    assert not window.stayed_within(1, now=12.0)
