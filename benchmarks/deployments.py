@@ -1,7 +1,7 @@
-"""Deployments under load: rollouts, canary weights, autoscaling and scale-downs, end to end.
+"""Deployments under load: rollouts, canary weights, autoscaling, scale-downs, drills, end to end.
 
 One process tree on this machine: the control plane (`ControlService`, its API over HTTP with the
-tick loop `control serve` runs, a local cluster of declared cards), a gateway that discovers the
+tick loop `control serve` runs, two local clusters of declared cards), a gateway that discovers the
 deployment by watching it (`Gateway(control=URL)`, served over HTTP), and the simulated engines
 (`gpuplane engine sim`, each one a job of the local adapter, a process of its own) that take
 `--start-delay` seconds to start listening, as an engine loads its model. The load is a fixed
@@ -22,14 +22,21 @@ Scenarios (each figure is printed and written to benchmarks/results/deployments.
               throughout; median of `--step-runs` runs.
   scaledown   4 instances under 4 streams, scaled down by one every `--scaledown-every` seconds
               (30 s; 8 s with --quick) to 1: failed and truncated requests.
-  oscillation the autoscaler's pure core (`autoscale.decide`, its clock injected) on virtual time:
-              30 simulated minutes at each constant load from 1 to 24 requests in flight, ticks
-              every 0.5 s, load reports every second, an instance serving `--start-delay` + 1 s
-              after the decision; the demand either exact or Poisson around the level (seeded);
-              direction changes of the replicas after the first one (0 is the goal).
-  drills      the hook for `gpuplane drill crash|node|cluster` (see `drills`): not measured yet.
+  oscillation the autoscaler's pure core (`autoscale.decide` and its `Window`, clock injected)
+              on virtual time: 30 simulated minutes at each constant load from 1 to 24
+              requests in flight, ticks every 0.5 s, load reports every second, an instance
+              serving `--start-delay` + 1 s after the decision; the demand either exact or
+              Poisson around the level (seeded); direction changes of the replicas after the
+              first one (0 is the goal), at each cooldown of `--osc-cooldowns` (60 and 300 s).
+  drills      `run_drill` (what `gpuplane drill crash|node|cluster` runs) on 2 instances under 4
+              streams, `--drill-runs` times each, on two local clusters (east, west) probed
+              every second, a lost node or cluster answering again after 10 s: seconds from
+              the fault to each recovery step, and requests failed, cut and retried.
+  llama       (with --llama) the rollout on the real engine: llama.cpp with the bundled
+              SmolLM2-135M, one instance per version, under 2 streams.
 
-    .venv/bin/python benchmarks/deployments.py [--quick] [--seeds 5] [--start-delay 2] [--json]
+    .venv/bin/python benchmarks/deployments.py [--quick] [--seeds 5] [--start-delay 2] [--llama]
+        [--only rollout,step,scaledown,drills,oscillation,llama] [--json]
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ from _results import save
 from gpuplane.config import parse_settings
 from gpuplane.control.api import create_app
 from gpuplane.control.client import ADMIN_TOKEN_FILE
-from gpuplane.control.deployments.autoscale import Load, Rules, decide
+from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
+from gpuplane.control.deployments.drills import run_drill
+from gpuplane.control.deployments.faults import FAULTS
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
@@ -66,6 +75,7 @@ from gpuplane.control.settings import (
     DeclaredNode,
     TeamConfig,
 )
+from gpuplane.errors import unknown_name
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 
@@ -74,6 +84,8 @@ SLICE = {"gpu_mem_mib": 8192, "gpu_cores_pct": 25}  # four instances per card
 STREAM_TOKENS = 32  # a streaming request: 32 tokens at 20 ms, ~0.7 s
 TICK_S = 0.5  # the control plane's schedule_interval_s (its default)
 REPORT_S = 1.0  # the gateway's load reports (discovery.REPORT_S)
+PROBE_S = 1.0  # each cluster's sync_interval_s: how soon a lost one is found unreachable
+LOST_FOR_S = 10.0  # a drill's lost node or cluster answers again after this
 
 
 # -- the stack: control plane, gateway, load -------------------------------------------------
@@ -94,19 +106,26 @@ class Control:
 @contextlib.contextmanager
 def control_plane(state_dir: str) -> Iterator[Control]:
     """The control plane as `gpuplane control serve` runs it (API + tick loop), on a free port:
-    one local cluster of 2 nodes x 4 declared A100s."""
-    nodes = [
-        DeclaredNode(
-            name=f"n{i}",
-            cpu_millis=64_000,
-            memory_mib=512 * 1024,
-            gpus=[DeclaredGpus(model="A100-80GB", mem_mib=81920, count=4)],
+    two local clusters (east, west; a drill loses one) of one node x 4 declared A100s each."""
+    clusters = [
+        ClusterConfig(
+            name=name,
+            discover_gpus=False,
+            sync_interval_s=PROBE_S,
+            nodes=[
+                DeclaredNode(
+                    name=f"{name}-n0",
+                    cpu_millis=64_000,
+                    memory_mib=512 * 1024,
+                    gpus=[DeclaredGpus(model="A100-80GB", mem_mib=81920, count=4)],
+                )
+            ],
         )
-        for i in range(2)
+        for name in ("east", "west")
     ]
     config = ControlConfig(
         state_dir=state_dir,
-        clusters=[ClusterConfig(name="local", discover_gpus=False, nodes=nodes)],
+        clusters=clusters,
         teams=[TeamConfig(name="bench")],
         kill_grace_s=2.0,
         allow_root_jobs=True,  # run as root here, the engines need this interpreter
@@ -283,31 +302,54 @@ async def events(control: Control) -> list[dict[str, Any]]:
 
 
 async def rollout(control: Control, args: argparse.Namespace) -> dict[str, Any]:
-    """v1 → 10 % → 50 % → promoted, under streaming load; and the canary's share at 10 and 50
-    % over `args.weight_requests` requests per seed."""
-    base = spec(args.start_delay, replicas=2)
+    """v1 → 10 % → 50 % → promoted on simulated engines, under streaming load; and the
+    canary's share at 10 and 50 % over `args.weight_requests` requests per seed."""
+    return await _rollout(
+        control, args, spec(args.start_delay, replicas=2), 2, args.streams, args.seed_list
+    )
+
+
+async def llama(control: Control, args: argparse.Namespace) -> dict[str, Any]:
+    """The same rollout on the real engine: llama.cpp with the bundled SmolLM2-135M, one
+    instance per version (two engines on this machine's cores), under 2 streams."""
+    body = {"name": "chat", "model": "smollm2", "engine": "llamacpp", "team": "bench"}
+    result = await _rollout(control, args, {**body, "drain_timeout_s": 600}, 1, 2, [])
+    rolled: dict[str, Any] = result["rollout"]
+    return rolled
+
+
+async def _rollout(
+    control: Control,
+    args: argparse.Namespace,
+    base: dict[str, Any],
+    replicas: int,
+    streams: int,
+    seeds: list[int],
+) -> dict[str, Any]:
+    """`base` (v1, `replicas` instances) → canary v2 at 10 %, 50 % → promoted, under
+    `streams` streams; the canary's share per seed in `seeds` at 10 and 50 %."""
     await apply(control, base)
     tally = Tally()
     weights: dict[str, list[float]] = {"10": [], "50": []}
     async with gateway(control, 0) as (gw, url):
-        await wait_for("v1 ready", lambda: versions(gw) == ["v1", "v1"])
+        await wait_for("v1 ready", lambda: versions(gw) == ["v1"] * replicas)
         load = Streams(url, tally)
-        load.resize(args.streams)
+        load.resize(streams)
         stages = []
         for pct in (10, 50):
             started = time.time()
-            canary = {**base, "canary": [{"version": "v2", "weight": pct, "replicas": 2}]}
+            canary = {**base, "canary": [{"version": "v2", "weight": pct, "replicas": replicas}]}
             await apply(control, canary)
-            await wait_for(f"v2 ready at {pct} %", lambda: versions(gw).count("v2") == 2)
+            await wait_for(f"v2 ready at {pct} %", lambda: versions(gw).count("v2") == replicas)
             await asyncio.sleep(args.hold)
             stages.append({"weight": pct, "seconds": round(time.time() - started, 1)})
             print(f"  rollout at {pct} %: {tally.to_json()}", flush=True)
-            for seed in args.seed_list:  # a fresh gateway per seed: its picker starts anew
+            for seed in seeds:  # a fresh gateway per seed: its picker starts anew
                 weights[str(pct)].append(await canary_share(control, seed, args.weight_requests))
         started = time.time()
         async with control.api() as api:
             (await api.post("/deployments/chat/promote", json={})).raise_for_status()
-        await wait_for("only v2 in the gateway", lambda: versions(gw, False) == ["v2", "v2"])
+        await wait_for("only v2 in the gateway", lambda: versions(gw, False) == ["v2"] * replicas)
         await asyncio.sleep(args.hold)
         stages.append({"weight": 100, "seconds": round(time.time() - started, 1)})
         await load.close()
@@ -319,10 +361,16 @@ async def rollout(control: Control, args: argparse.Namespace) -> dict[str, Any]:
             "max_error_points": round(max(abs(s - int(pct)) for s in shares), 2),
         }
         for pct, shares in weights.items()
+        if shares
     }
     return {
-        "rollout": {"streams": args.streams, "stages": stages, **tally.to_json()},
-        "weights": {"requests_per_seed": args.weight_requests, "seeds": args.seed_list, **error},
+        "rollout": {
+            "engine": base["engine"],
+            "streams": streams,
+            "stages": stages,
+            **tally.to_json(),
+        },
+        "weights": {"requests_per_seed": args.weight_requests, "seeds": seeds, **error},
     }
 
 
@@ -431,12 +479,22 @@ async def scaledown(control: Control, args: argparse.Namespace) -> dict[str, Any
 
 
 def oscillation(args: argparse.Namespace) -> dict[str, Any]:
-    """The autoscaler's core on virtual time: direction changes at constant loads."""
-    rules = Rules(min=1, max=8, target_slot_util=0.7, max_queue_wait_s=5.0, cooldown_s=60.0,
-                  slots_per_instance=4)  # fmt: skip
+    """The autoscaler's core on virtual time: direction changes at constant loads, for each
+    cooldown in `args.osc_cooldowns` (the span of the scale-down window)."""
     duration = 30 * 60.0
     levels = list(range(1, 25))
     out: dict[str, Any] = {"simulated_s": duration, "levels": levels}
+    for cooldown in args.osc_cooldowns:
+        rules = Rules(min=1, max=8, target_slot_util=0.7, max_queue_wait_s=5.0,
+                      cooldown_s=cooldown, slots_per_instance=4)  # fmt: skip
+        out[f"cooldown_{cooldown:g}s"] = _oscillations(rules, levels, duration, args)
+    return out
+
+
+def _oscillations(
+    rules: Rules, levels: list[int], duration: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for noise in ("exact", "poisson"):
         runs = {  # level -> reversals per seed
             level: [
@@ -445,11 +503,13 @@ def oscillation(args: argparse.Namespace) -> dict[str, Any]:
             ]
             for level in levels
         }
+        totals = [sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))]
         out[noise] = {
             "median_per_level": [statistics.median(runs[level]) for level in levels],
-            "median_total": statistics.median(
-                sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))
-            ),
+            "max_per_level": [max(runs[level]) for level in levels],
+            "totals_per_seed": totals,
+            "median_total": statistics.median(totals),
+            "range_total": [min(totals), max(totals)],
         }
     return out
 
@@ -461,7 +521,7 @@ def _reversals(
     wanted, changed = rules.min, None
     starting: list[float] = []  # when each instance of a step serves
     serving = wanted
-    load: Load | None = None
+    window = Window(rules.cooldown_s)
     last_dir, reversals = 0, 0
     waited_since: float | None = None
     t = 0.0
@@ -474,8 +534,8 @@ def _reversals(
             queued = max(0, demand - slots)
             waited_since = (waited_since if waited_since is not None else t) if queued else None
             wait = 0.0 if waited_since is None else t - waited_since
-            load = Load(min(demand, slots), queued, wait, t)
-        new = decide(rules, wanted, serving, load, t, changed)
+            window.add(Load(min(demand, slots), queued, wait, t))
+        new = decide(rules, wanted, serving, window, t, changed)
         if new != wanted:
             direction = 1 if new > wanted else -1
             reversals += last_dir != 0 and direction != last_dir
@@ -490,13 +550,65 @@ def _reversals(
 
 
 async def drills(control: Control, args: argparse.Namespace) -> dict[str, Any]:
-    """HOOK for `gpuplane drill crash|node|cluster DEPLOYMENT` (issue 20 item 7), written
-    elsewhere: each drill, run here under streaming load, should return its time to recover and
-    its failed/truncated requests. Until it is wired in, nothing is measured."""
-    return {d: None for d in ("crash", "node", "cluster")} | {"status": "not wired in yet"}
+    """`gpuplane drill crash|node|cluster` (`run_drill`) on 2 instances under 4 streams,
+    `args.drill_runs` times each: the time to each recovery step, and what the clients saw."""
+    out: dict[str, Any] = {"runs": args.drill_runs, "lost_for_s": LOST_FOR_S}
+    await apply(control, spec(args.start_delay, replicas=2))
+    async with gateway(control, 0) as (gw, url):
+        for fault in FAULTS:
+            runs = []
+            for _ in range(args.drill_runs):
+                await wait_for("2 instances ready", lambda: len(versions(gw)) == 2)
+                await wait_for("every cluster answers", lambda: not control.service.clusters.down)
+                result = await run_drill(
+                    fault,
+                    "chat",
+                    control=control.url,
+                    gateway=url,
+                    control_token=control.token,
+                    clients=4,
+                    max_tokens=STREAM_TOKENS,
+                    lost_for_s=LOST_FOR_S,
+                )
+                runs.append(result.to_json())
+                print(f"  drill {fault}: {json.dumps(runs[-1])}", flush=True)
+            out[fault] = _drill_summary(runs)
+        await delete(control)
+    return out
+
+
+def _drill_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of each step's time over the runs, and the clients' totals."""
+    steps = ("out_of_rotation_s", "detected_s", "switched_s", "replaced_s")
+    out: dict[str, Any] = {"recovered": sum(r["recovered"] for r in runs)}
+    for step in (*steps, "replaced_after_detection_s"):
+        seen = [r[step] for r in runs if r[step] is not None]
+        out[step] = (
+            {
+                "median": round(statistics.median(seen), 2),
+                "min": round(min(seen), 2),
+                "max": round(max(seen), 2),
+            }
+            if seen
+            else None
+        )
+    for count in ("requests", "failed", "cut", "retried"):
+        out[count] = sum(r[count] for r in runs)
+    out["first_errors"] = [e for r in runs for e in r["errors"]][:3]
+    return out
 
 
 # -- main ------------------------------------------------------------------------------------
+
+
+LIVE = {
+    "rollout": rollout,
+    "step": step,
+    "scaledown": scaledown,
+    "drills": drills,
+    "llama": llama,
+}
+SCENARIOS = (*LIVE, "oscillation")  # llama only with --llama
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -505,20 +617,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="gpuplane-bench-deploy-") as tmp,
         control_plane(tmp) as control,
     ):
-        for name, scenario in (("rollout", rollout), ("step", step), ("scaledown", scaledown)):
+        for name in [n for n in LIVE if n in args.only]:
             began = time.monotonic()
-            result = await scenario(control, args)
+            result = await LIVE[name](control, args)
             out.update(result if name == "rollout" else {name: result})
             print(f"{name}: {json.dumps(result)} ({time.monotonic() - began:.0f} s)", flush=True)
-        out["drills"] = await drills(control, args)
-    out["oscillation"] = oscillation(args)
-    print(f"oscillation: {json.dumps(out['oscillation'])}", flush=True)
+    if "oscillation" in args.only:
+        out["oscillation"] = oscillation(args)
+        print(f"oscillation: {json.dumps(out['oscillation'])}", flush=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, short holds (< 2 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one seed, short holds, one drill each (~2 min)"
+    )
     parser.add_argument("--seeds", type=int, default=5, help="seeds where randomness enters")
     parser.add_argument("--start-delay", type=float, default=2.0, help="engine start, seconds")
     parser.add_argument("--streams", type=int, default=4, help="streaming clients in rollouts")
@@ -526,14 +640,30 @@ def main() -> None:
     parser.add_argument("--step-runs", type=int, default=3, help="load steps, for medians")
     parser.add_argument("--scaledown-every", type=float, default=30.0)
     parser.add_argument("--cooldown", type=float, default=10.0, help="scaling.cooldown_s")
+    parser.add_argument(
+        "--osc-cooldowns", type=lambda v: [float(c) for c in v.split(",")], default=[60.0, 300.0],
+        help="cooldown_s values of the oscillation runs (default 60,300)",
+    )  # fmt: skip
+    parser.add_argument("--drill-runs", type=int, default=3, help="runs of each drill")
     parser.add_argument("--hold", type=float, default=5.0, help="seconds under load per stage")
+    parser.add_argument(
+        "--only", type=lambda v: v.split(","), default=[s for s in SCENARIOS if s != "llama"],
+        help=f"comma-separated scenarios, of {', '.join(SCENARIOS)} (default: all but llama)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--llama", action="store_true",
+        help="also the rollout on real llama.cpp (SmolLM2-135M; a few minutes on 2 cores)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.step_runs, args.scaledown_every = 1, 1, 8.0
+        args.seeds, args.step_runs, args.scaledown_every, args.drill_runs = 1, 1, 8.0, 1
         args.hold, args.cooldown = 2.0, 5.0
     args.seed_list = list(range(args.seeds))
+    args.only += ["llama"] * args.llama
+    for name in set(args.only) - set(SCENARIOS):
+        parser.error(f"--only: {unknown_name('scenario', name, SCENARIOS)}")
     began = time.monotonic()
     out = asyncio.run(run(args))
     out["wall_s"] = round(time.monotonic() - began, 1)

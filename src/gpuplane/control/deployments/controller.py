@@ -29,7 +29,7 @@ import httpx
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from gpuplane.control.deployments.autoscale import STALE_S, Load, decide
+from gpuplane.control.deployments.autoscale import STALE_S, Load, Window, decide
 from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
 from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
@@ -141,10 +141,11 @@ class Deployments:
         self._backoff: dict[tuple[str, str], Backoff] = {}
         self._next_start: dict[tuple[str, str], float] = {}
         # autoscaled deployments: the gateways' last reports (by gateway), and the replicas
-        # wanted now with when that last changed
+        # wanted now with when that last changed, and the reports of the last cooldown acted on
         self._loads: dict[str, dict[str, Report]] = {}
         self._loads_lock = threading.Lock()  # reports arrive on the API's threads
         self._scaled: dict[str, tuple[int, float | None]] = {}
+        self._windows: dict[str, Window] = {}
         self._since = service.clock()  # an instance that ended before this did no crash here
 
     # -- commands ----------------------------------------------------------------------------
@@ -303,6 +304,7 @@ class Deployments:
             with self._loads_lock:
                 self._loads.pop(name, None)
             self._scaled.pop(name, None)
+            self._windows.pop(name, None)
 
     def _discover(self, session: Session, spec: DeploymentSpec, now: float) -> None:
         """Read the slots of the running instances whose engine has not reported them yet."""
@@ -407,6 +409,9 @@ class Deployments:
         fresh = self._fresh(spec.name, now)
         load = None
         serving = sum(i.running for i in live)
+        window = self._windows.get(spec.name)
+        if window is None or window.span_s != rules.cooldown_s:
+            window = self._windows[spec.name] = Window(rules.cooldown_s)
         if fresh:  # every gateway sees the same instances: sum their requests
             load = Load(
                 sum(r.load.in_flight for r in fresh),
@@ -416,7 +421,8 @@ class Deployments:
                 min(r.load.idle_s for r in fresh),
             )
             serving = min(serving, *(r.ready for r in fresh))
-        new = decide(rules, wanted, serving, load, now, changed)
+            window.add(load)
+        new = decide(rules, wanted, serving, window, now, changed)
         if new != wanted:
             busy = (
                 ""
