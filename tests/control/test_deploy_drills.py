@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpuplane.cli import drill as drill_cli
+from gpuplane.cli.main import app
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.deployments.drills import Recovery, Tally
 from tests.control.api_server import serving
@@ -69,11 +69,14 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_the_drill_cli_says_what_is_wrong(control: str) -> None:
     args = ["--server", control, "--gateway", "http://127.0.0.1:9"]
-    result = CliRunner().invoke(drill_cli.app, ["crash", "chta", *args])
+    result = CliRunner().invoke(app, ["drill", "crash", "chta", *args])
     assert result.exit_code == 1
     assert "unknown deployment 'chta'" in result.output
     no_control = CliRunner().invoke(
-        drill_cli.app, ["node", "chat", "--server", "http://127.0.0.1:9"]
+        app, ["drill", "node", "chat", "--server", "http://127.0.0.1:9"]
     )
     assert no_control.exit_code == 1
     assert "cannot reach the control plane" in no_control.output
+    unknown = CliRunner().invoke(app, ["drill", "disk", "chat"])
+    assert unknown.exit_code == 2
+    assert "'disk' is not one of" in unknown.output

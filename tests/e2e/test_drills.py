@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpuplane.cli import drill as drill_cli
+from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.deployments.drills import DrillResult, run_drill
@@ -203,9 +203,9 @@ async def test_cluster_then_node_drill_move_the_instances_and_back(
 
 async def _cli(fault: str, url: str, gw_url: str) -> dict[str, Any]:
     """`gpuplane drill FAULT chat -o json`, in a thread (it runs its own event loop)."""
-    args = [fault, "chat", "--server", url, "--gateway", gw_url, "--max-tokens", "20"]
+    args = ["drill", fault, "chat", "--server", url, "--gateway", gw_url, "--max-tokens", "20"]
     args += ["--lost-for-s", "5", "-o", "json"]
-    result = await asyncio.to_thread(CliRunner().invoke, drill_cli.app, args)
+    result = await asyncio.to_thread(CliRunner().invoke, app, args)
     assert result.exit_code == 0, result.output
     out: dict[str, Any] = json.loads(result.output)
     print(json.dumps(out, indent=1))
