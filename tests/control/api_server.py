@@ -62,6 +62,26 @@ def serving(service: ControlService, audit: AuditSettings | None = None) -> Iter
         assert not thread.is_alive(), "the API server did not stop"
 
 
+@contextmanager
+def serving_with_loop(service: ControlService) -> Iterator[str]:
+    """`serving`, with the service's background loop as `control serve` runs it: a tick every
+    0.2 s in a thread, stopped before the block's end returns."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.2):
+            service.tick()
+
+    ticker = threading.Thread(target=tick, name="control-tick-test", daemon=True)
+    ticker.start()
+    try:
+        with serving(service) as url:
+            yield url
+    finally:
+        stop.set()
+        ticker.join(timeout=30)
+
+
 def admin_of(url: str) -> str:
     """The admin token of the service `serving` serves at `url` ("" for any other URL)."""
     return _admins.get(url, "")

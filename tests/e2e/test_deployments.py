@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from gpuplane.control.service import ControlService
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings
-from tests.control.api_server import serving as control_serving
+from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import admin_token, config, make_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -51,20 +50,10 @@ def control(
 ) -> Iterator[tuple[ControlService, str]]:
     service = make_service(config(str(tmp_path / "state")))
     monkeypatch.setenv(TOKEN_ENV, admin_token(service))  # the CLI's, the API's and the gateway's
-    stop = threading.Event()
-
-    def tick() -> None:  # the service's background loop, as `control serve` runs it
-        while not stop.wait(0.2):
-            service.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     try:
-        with control_serving(service) as url:
+        with serving_with_loop(service) as url:
             yield service, url
     finally:
-        stop.set()
-        ticker.join(timeout=30)
         service.close()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
 from tests.conftest import gateway_settings
-from tests.control.api_server import serving as control_serving
+from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import A100, admin_token, config, make_service
 from tests.e2e.test_deployments import wait_for
 
@@ -69,20 +68,10 @@ def _cluster(name: str) -> ClusterConfig:
 def _serve(cfg: ControlConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
     service = make_service(cfg)
     monkeypatch.setenv(TOKEN_ENV, admin_token(service))
-    stop = threading.Event()
-
-    def tick() -> None:  # the service's background loop, as `control serve` runs it
-        while not stop.wait(0.2):
-            service.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     try:
-        with control_serving(service) as url:
+        with serving_with_loop(service) as url:
             yield service, url
     finally:
-        stop.set()
-        ticker.join(timeout=30)
         service.close()
 
 
