@@ -48,11 +48,15 @@ async def test_gateway_status_shows_a_table_of_instances_and_queues() -> None:
         "IN",
         "FLIGHT",
         "CAPACITY",
+        "PREFIX",
+        "CACHE",
         "LAST",
         "ERROR",
     ]
     states = [line.split()[2] for line in lines[1:4]]
     assert states == ["unhealthy", "ready", "crash_looping"]
+    # nothing answered yet: no cache bound learned, from times to first token by default
+    assert all("unbounded (by latency)" in line for line in lines[1:4])
     assert SEGV in lines[3]
     assert lines[4].split() == ["MODEL", "QUEUED", "QUEUED", "BY", "TENANT"]
     assert lines[5].split() == ["m", "0", "-"]
