@@ -93,6 +93,23 @@ def assert_gpu_milli_columns_renamed_in_place(url: str) -> None:
         store.close()
 
 
+def declared_node(name: str, gpus: int) -> DeclaredNode:
+    """A node of `gpus` declared A100s, 64 cores and 512 GiB."""
+    return DeclaredNode(
+        name=name,
+        cpu_millis=64_000,
+        memory_mib=512 * 1024,
+        gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=gpus)],
+    )
+
+
+def local_cluster(name: str, gpus: int = 2, **settings: Any) -> ClusterConfig:
+    """A `local` cluster of one node `<name>-n0` with `gpus` A100s; `settings`: the cluster's
+    other fields (region, sync_interval_s, ...)."""
+    nodes = [declared_node(f"{name}-n0", gpus)]
+    return ClusterConfig(name=name, discover_gpus=False, nodes=nodes, **settings)
+
+
 def config(
     state_dir: str,
     url: str | None = None,
@@ -103,15 +120,7 @@ def config(
     clusters: Sequence[ClusterConfig] | None = None,
 ) -> ControlConfig:
     if clusters is None:
-        declared = [
-            DeclaredNode(
-                name=f"n{i}",
-                cpu_millis=64_000,
-                memory_mib=512 * 1024,
-                gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=gpus)],
-            )
-            for i in range(nodes)
-        ]
+        declared = [declared_node(f"n{i}", gpus) for i in range(nodes)]
         clusters = [ClusterConfig(name="local", discover_gpus=False, nodes=declared)]
     return ControlConfig(
         state_dir=state_dir,

@@ -22,21 +22,13 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     ControlConfig,
-    DeclaredGpus,
-    DeclaredNode,
 )
 from gpuplane.errors import ConfigError
-from tests.control.svc_helpers import A100, config, job, state, wait_state
+from tests.control.svc_helpers import config, job, local_cluster, state, wait_state
 
 
 def local(name: str, gpus: int = 2, region: str = "local") -> ClusterConfig:
-    node = DeclaredNode(
-        name=f"{name}-n0",
-        cpu_millis=64_000,
-        memory_mib=512 * 1024,
-        gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=gpus)],
-    )
-    return ClusterConfig(name=name, discover_gpus=False, nodes=[node], region=region)
+    return local_cluster(name, gpus, region=region)
 
 
 class Flaky(LocalAdapter):

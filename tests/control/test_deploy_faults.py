@@ -21,12 +21,10 @@ from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
-    DeclaredGpus,
-    DeclaredNode,
     QuotaConfig,
     TeamConfig,
 )
-from tests.control.svc_helpers import A100, api_client, config, make_service
+from tests.control.svc_helpers import A100, api_client, config, local_cluster, make_service
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -39,13 +37,7 @@ SPEC: dict[str, Any] = {
 
 
 def _cluster(name: str) -> ClusterConfig:
-    node = DeclaredNode(
-        name=f"{name}-n0",
-        cpu_millis=64_000,
-        memory_mib=512 * 1024,
-        gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=1)],
-    )
-    return ClusterConfig(name=name, discover_gpus=False, sync_interval_s=1, nodes=[node])
+    return local_cluster(name, gpus=1, sync_interval_s=1)
 
 
 @pytest.fixture

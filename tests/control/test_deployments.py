@@ -18,8 +18,7 @@ from fastapi.testclient import TestClient
 from gpuplane.control.deployments.controller import read_capacity
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
-from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
-from tests.control.svc_helpers import A100, api_client, config, make_service
+from tests.control.svc_helpers import api_client, config, local_cluster, make_service
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -198,21 +197,7 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
 def _held_on(tmp_path: Path, clusters: list[str]) -> ControlService:
     """A service over local `clusters` of one two-card node each that places jobs but starts
     none (as `held`)."""
-    declared = [
-        ClusterConfig(
-            name=name,
-            discover_gpus=False,
-            nodes=[
-                DeclaredNode(
-                    name=f"{name}-n0",
-                    cpu_millis=64_000,
-                    memory_mib=512 * 1024,
-                    gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=2)],
-                )
-            ],
-        )
-        for name in clusters
-    ]
+    declared = [local_cluster(name, gpus=2) for name in clusters]
     service = ControlService(config(str(tmp_path), clusters=declared), bind_on_submit=False)
     service.start()
     return service

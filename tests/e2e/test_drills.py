@@ -28,8 +28,6 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     ControlConfig,
-    DeclaredGpus,
-    DeclaredNode,
     QuotaConfig,
     TeamConfig,
 )
@@ -38,7 +36,7 @@ from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
 from tests.conftest import gateway_settings
 from tests.control.api_server import serving_with_loop
-from tests.control.svc_helpers import A100, admin_token, config, make_service
+from tests.control.svc_helpers import A100, admin_token, config, local_cluster, make_service
 from tests.e2e.test_deployments import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -56,13 +54,7 @@ SPEC: dict[str, Any] = {
 
 
 def _cluster(name: str) -> ClusterConfig:
-    node = DeclaredNode(
-        name=f"{name}-n0",
-        cpu_millis=64_000,
-        memory_mib=512 * 1024,
-        gpus=[DeclaredGpus(model=A100, mem_mib=81920, count=2)],
-    )
-    return ClusterConfig(name=name, discover_gpus=False, sync_interval_s=1, nodes=[node])
+    return local_cluster(name, gpus=2, sync_interval_s=1)
 
 
 def _serve(cfg: ControlConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
