@@ -25,9 +25,11 @@ Scenarios (each figure is printed and written to benchmarks/results/deployments.
   oscillation the autoscaler's pure core (`autoscale.decide` and its `Window`, clock injected)
               on virtual time: 30 simulated minutes at each constant load from 1 to 24
               requests in flight, ticks every 0.5 s, load reports every second, an instance
-              serving `--start-delay` + 1 s after the decision; the demand either exact or
-              Poisson around the level (seeded); direction changes of the replicas after the
-              first one (0 is the goal), at each cooldown of `--osc-cooldowns` (60 and 300 s).
+              serving `--start-delay` + 1 s after the decision; the demand exact, independent
+              Poisson draws around the level, or the in-flight count of Poisson arrivals whose
+              requests last `--osc-holds` seconds (2, 10, 30; seeded); direction changes of the
+              replicas after the first one (0 is the goal) and the mean replicas, at each
+              cooldown of `--osc-cooldowns` (60 and 300 s, the spec's default).
   drills      `run_drill` (what `gpuplane drill crash|node|cluster` runs) on 2 instances under 4
               streams, `--drill-runs` times each, on two local clusters (east, west) probed
               every second, a lost node or cluster answering again after 10 s: seconds from
@@ -479,62 +481,89 @@ async def scaledown(control: Control, args: argparse.Namespace) -> dict[str, Any
 
 
 def oscillation(args: argparse.Namespace) -> dict[str, Any]:
-    """The autoscaler's core on virtual time: direction changes at constant loads, for each
-    cooldown in `args.osc_cooldowns` (the span of the scale-down window)."""
+    """The autoscaler's core on virtual time: direction changes and mean replicas at constant
+    loads, for each cooldown in `args.osc_cooldowns` (the span of the scale-down window) and
+    each noise model of the reported demand (`_demand`)."""
     duration = 30 * 60.0
     levels = list(range(1, 25))
+    noises = ["exact", "poisson", *(f"arrivals_{hold:g}s" for hold in args.osc_holds)]
     out: dict[str, Any] = {"simulated_s": duration, "levels": levels}
     for cooldown in args.osc_cooldowns:
         rules = Rules(min=1, max=8, target_slot_util=0.7, max_queue_wait_s=5.0,
                       cooldown_s=cooldown, slots_per_instance=4)  # fmt: skip
-        out[f"cooldown_{cooldown:g}s"] = _oscillations(rules, levels, duration, args)
+        out[f"cooldown_{cooldown:g}s"] = {
+            noise: _oscillations(rules, levels, duration, noise, args) for noise in noises
+        }
     return out
 
 
 def _oscillations(
-    rules: Rules, levels: list[int], duration: float, args: argparse.Namespace
+    rules: Rules, levels: list[int], duration: float, noise: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for noise in ("exact", "poisson"):
-        runs = {  # level -> reversals per seed
-            level: [
-                _reversals(rules, level, duration, args.start_delay + 1.0, noise, rng)
-                for rng in (np.random.default_rng(seed) for seed in args.seed_list)
-            ]
-            for level in levels
-        }
-        totals = [sum(runs[level][i] for level in levels) for i in range(len(args.seed_list))]
-        out[noise] = {
-            "median_per_level": [statistics.median(runs[level]) for level in levels],
-            "max_per_level": [max(runs[level]) for level in levels],
-            "totals_per_seed": totals,
-            "median_total": statistics.median(totals),
-            "range_total": [min(totals), max(totals)],
-        }
-    return out
+    ready_after = args.start_delay + 1.0
+    runs = {  # level -> (reversals, mean replicas) per seed
+        level: [
+            _reversals(rules, _demand(level, duration, noise, rng), ready_after)
+            for rng in (np.random.default_rng(seed) for seed in args.seed_list)
+        ]
+        for level in levels
+    }
+    totals = [sum(runs[level][i][0] for level in levels) for i in range(len(args.seed_list))]
+    replicas = [statistics.mean(runs[level][i][1] for level in levels)
+                for i in range(len(args.seed_list))]  # fmt: skip
+    return {
+        "median_per_level": [statistics.median(r for r, _ in runs[level]) for level in levels],
+        "max_per_level": [max(r for r, _ in runs[level]) for level in levels],
+        "totals_per_seed": totals,
+        "median_total": statistics.median(totals),
+        "range_total": [min(totals), max(totals)],
+        "mean_replicas": round(statistics.median(replicas), 2),
+    }
 
 
-def _reversals(
-    rules: Rules, level: int, duration: float, ready_after: float, noise: str, rng: Any
-) -> int:
-    """Direction changes of the replicas over `duration` at a constant `level` of demand."""
+def _demand(level: int, duration: float, noise: str, rng: Any) -> list[int]:
+    """The demand the gateway reports each second at a constant `level`: exactly the level;
+    independent Poisson draws around it (requests shorter than a report); or the in-flight count
+    of Poisson arrivals at `level / hold` a second, each lasting an exponential `hold` seconds
+    (`arrivals_<hold>s`: M/M/inf, Poisson around the level at any instant and correlated over
+    `hold`), started `10 * hold` before the first report so it is at its level from the start."""
+    reports = int(duration / REPORT_S)
+    if noise == "exact":
+        return [level] * reports
+    if noise == "poisson":
+        return [int(d) for d in rng.poisson(level, reports)]
+    hold = float(noise.removeprefix("arrivals_").removesuffix("s"))
+    warmup = 10 * hold
+    count = rng.poisson(level / hold * (duration + warmup))
+    arrive = rng.uniform(-warmup, duration, count)
+    leave = arrive + rng.exponential(hold, count)
+    at = np.arange(reports) * REPORT_S
+    started = np.searchsorted(np.sort(arrive), at, side="right")
+    ended = np.searchsorted(np.sort(leave), at, side="right")
+    return [int(n) for n in started - ended]
+
+
+def _reversals(rules: Rules, demand: list[int], ready_after: float) -> tuple[int, float]:
+    """Direction changes of the replicas over the reports of `demand` (one each `REPORT_S`),
+    and the replicas wanted on average over that time."""
     wanted, changed = rules.min, None
     starting: list[float] = []  # when each instance of a step serves
     serving = wanted
     window = Window(rules.cooldown_s)
-    last_dir, reversals = 0, 0
+    last_dir, reversals, replica_s = 0, 0, 0.0
     waited_since: float | None = None
+    duration = len(demand) * REPORT_S
     t = 0.0
     while t < duration:
         serving = min(wanted, serving + sum(1 for s in starting if s <= t))
         starting = [s for s in starting if s > t]
         if t % REPORT_S == 0:  # the gateway's report of this second's demand
-            demand = level if noise == "exact" else int(rng.poisson(level))
+            asked = demand[int(t / REPORT_S)]
             slots = serving * rules.slots_per_instance
-            queued = max(0, demand - slots)
+            queued = max(0, asked - slots)
             waited_since = (waited_since if waited_since is not None else t) if queued else None
             wait = 0.0 if waited_since is None else t - waited_since
-            window.add(Load(min(demand, slots), queued, wait, t))
+            window.add(Load(min(asked, slots), queued, wait, t))
         new = decide(rules, wanted, serving, window, t, changed)
         if new != wanted:
             direction = 1 if new > wanted else -1
@@ -545,8 +574,9 @@ def _reversals(
             else:
                 serving = new  # the drained one leaves at once
             wanted, changed = new, t
+        replica_s += wanted * TICK_S
         t += TICK_S
-    return reversals
+    return reversals, replica_s / duration
 
 
 async def drills(control: Control, args: argparse.Namespace) -> dict[str, Any]:
@@ -643,6 +673,10 @@ def main() -> None:
     parser.add_argument(
         "--osc-cooldowns", type=lambda v: [float(c) for c in v.split(",")], default=[60.0, 300.0],
         help="cooldown_s values of the oscillation runs (default 60,300)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--osc-holds", type=lambda v: [float(c) for c in v.split(",")], default=[2.0, 10.0, 30.0],
+        help="request lengths (s) of the oscillation runs' arrival noise (default 2,10,30)",
     )  # fmt: skip
     parser.add_argument("--drill-runs", type=int, default=3, help="runs of each drill")
     parser.add_argument("--hold", type=float, default=5.0, help="seconds under load per stage")

@@ -8,15 +8,22 @@ one step at a time:
   `target_slot_util` of the serving slots, or its oldest queued request has waited
   `max_queue_wait_s`, or requests wait with no instance at all (scale from zero); not while an
   instance is still starting (it is the step already taken), and never past `max`;
-- down by one only when the highest demand reported over the whole last `cooldown_s` would have
-  stayed within the target on one instance fewer and nothing waited in that time, `cooldown_s`
-  has passed since the last change, and never below `min`; down to zero (`min: 0`) only once
-  the model has had no request at all for `cooldown_s` (the gateway's exact idle time);
+- down by one only when the reports of the whole last `cooldown_s` would leave room on one
+  instance fewer, within the target, for their peak plus the same excursion above their mean
+  again (`Window.clears`), nothing waited in that time, `cooldown_s` has passed since the last
+  change, and never below `min`; down to zero (`min: 0`) only once the model has had no request
+  at all for `cooldown_s` (the gateway's exact idle time);
 - otherwise, and whenever the latest report is older than `stale_s` (a silent gateway), unchanged.
-Why the window: in-flight counts are noisy around their level (at a constant arrival rate they
-are Poisson-distributed), and a rule acting on one report scales down on every dip and back up on
-the next peak. Up acts on one report (a step is served at once); down asks that the load *stayed*
-low, so the peak that caused a step up keeps the replicas for a whole cooldown after it.
+Why the margin: in-flight counts are noisy around their level (at a constant arrival rate they
+are Poisson-distributed, and correlated over a request's length), and up acts on one report (a
+step is served at once). A rule asking only that the window's peak fit one instance fewer scales
+down whenever one cooldown happened to be calm, and back up at the next peak of the same load:
+the peak of a window is a sample, the next window's exceeds it about half the time. Asking for
+room for the peak plus the window's own excursion again makes a step down at a load that has not
+moved rare (the benchmarks README has the figures over noise models), while a load that is exactly
+steady, or whose level fell, clears it one cooldown after it settled. The default cooldown is 300
+s, the scale-down stabilisation window Kubernetes' HPA defaults to: a shorter window sees too few
+independent reports of a load whose requests last seconds to tell its level from its noise.
 """
 
 from __future__ import annotations
@@ -73,13 +80,17 @@ class Window:
     def latest(self) -> Load | None:
         return self.reports[-1] if self.reports else None
 
-    def stayed_within(self, slots: float, now: float) -> bool:
-        """Whether every report of the last `span_s` (a whole span of them) asked for at most
-        `slots` slots with nothing queued."""
+    def clears(self, slots: float, now: float) -> bool:
+        """Whether a whole span of reports, none with a request queued, leaves room on `slots`
+        for its peak demand plus its excursion above its mean demand again."""
         if self.since is None or now - self.since < self.span_s:
             return False
         recent = [r for r in self.reports if r.at >= now - self.span_s]
-        return all(r.queued == 0 and r.in_flight <= slots for r in recent)
+        if any(r.queued for r in recent):
+            return False
+        demands = [r.in_flight for r in recent]
+        peak = max(demands)
+        return 2 * peak - sum(demands) / len(demands) <= slots
 
 
 def decide(
@@ -106,7 +117,7 @@ def decide(
     if (busy or waited or (serving == 0 and demand > 0)) and wanted < rules.max:
         return wanted + 1
     cooled = last_change_at is None or now - last_change_at >= rules.cooldown_s
-    fits = window.stayed_within(rules.target_slot_util * (wanted - 1) * slots, now)
+    fits = window.clears(rules.target_slot_util * (wanted - 1) * slots, now)
     if wanted == 1:  # to zero: no request for a whole cooldown, not just none right now
         fits = load.idle_s >= rules.cooldown_s and not load.queued
     if wanted > rules.min and cooled and fits:

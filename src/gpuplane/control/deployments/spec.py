@@ -54,7 +54,7 @@ class ScalingSpec(_Spec):
     max: Annotated[int, bounded(1, 1000, "most instances")] = 1
     target_slot_util: Annotated[float, Field(gt=0, le=1)] = 0.7
     max_queue_wait_s: Annotated[float, Field(gt=0)] = 5.0
-    cooldown_s: Annotated[float, Field(ge=0)] = 60.0
+    cooldown_s: Annotated[float, Field(ge=0)] = 300.0
 
 
 def _check_version(value: str) -> str:
