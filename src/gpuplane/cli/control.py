@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
-from collections.abc import Iterator
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,29 +65,21 @@ def serve(
     typer.echo(f"store: {service.store.safe_url} (policy {service.policy.name})")
     for line in messages:
         typer.echo(line)
-    typer.echo(f"control plane on http://{control.host}:{control.port} (API docs at /docs)")
-    server = _server(server_config(create_app(service, audit=settings.audit), control))
+    api = create_app(service, audit=settings.audit)
     try:
-        server.run()
+        asyncio.run(_serve_until_signal(server_config(api, control)))
+    except GpuplaneError as exc:  # its port is taken
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     finally:
         service.close(stop_jobs=stop_jobs)
 
 
-def _server(config: uvicorn.Config) -> uvicorn.Server:
-    """uvicorn's server, except that a SIGTERM or SIGINT it caught is not raised again once it
-    has shut down (uvicorn does, and the default action then ends the process before the
-    service's own shutdown runs)."""
-    import uvicorn
+async def _serve_until_signal(config: uvicorn.Config) -> None:
+    """Serve the control API until SIGTERM or SIGINT; the service's own shutdown runs after."""
+    from gpuplane.serve.server import stop_on_signal, uvicorn_serving
 
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            caught = (signal.SIGINT, signal.SIGTERM)
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in caught}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server(config)
+    with stop_on_signal() as stop:
+        async with uvicorn_serving(config, "control plane", "control.port, --port") as port:
+            typer.echo(f"control plane on http://{config.host}:{port} (API docs at /docs)")
+            await stop.wait()

@@ -226,7 +226,8 @@ class Binder:
         """Record the running jobs of this service process failed (stopped at shutdown), then stop
         every workload its adapters hold; returns how many jobs were stopped."""
         reason = (
-            "stopped when its control plane shut down (`control serve --stop-jobs`); "
+            "stopped when its control plane shut down with its jobs (`gpuplane up`, or "
+            "`control serve --stop-jobs`); "
             "submit it again to run it"
         )
         with self.lock:
