@@ -33,6 +33,18 @@ def test_surplus_drains_not_yet_running_first_then_the_newest() -> None:
     assert todo.start == {}
 
 
+def test_surplus_drains_from_the_most_crowded_cluster_before_the_newest() -> None:
+    """Scaling 3 down to 2 (or ending a move) keeps the instances spread: the one to go is on
+    the cluster holding two, though the newest is alone on its own."""
+    two = Want({"v1": 2}, 30.0)
+    seen = [
+        Instance("w1", "v1", "running", 1.0, cluster="west"),
+        Instance("w2", "v1", "running", 2.0, cluster="west"),
+        Instance("e1", "v1", "running", 3.0, cluster="east"),
+    ]
+    assert plan(two, seen, 5.0).drain == ["w2"]
+
+
 def test_a_draining_instance_stops_after_the_drain_timeout() -> None:
     zero = Want({"v1": 0}, 30.0)
     assert plan(zero, [inst("a", draining=10.0)], now=39.9).stop == []

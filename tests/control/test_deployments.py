@@ -235,6 +235,59 @@ def test_replicas_are_spread_over_clusters_and_still_placed_when_one_is_full(
         service.close()
 
 
+@pytest.mark.slow
+def test_instances_move_back_make_before_break_once_a_full_cluster_has_room(
+    tmp_path: Path,
+) -> None:
+    """West is full, so both instances start on east. Once west has room again, one instance
+    moves there: a third starts on west and one of east's drains only once it serves, so two
+    run at every step, and it ends one per cluster, with the reason in the events."""
+    clusters = [local_cluster("east", gpus=2), local_cluster("west", gpus=2)]
+    service = make_service(config(str(tmp_path), clusters=clusters))
+    fill = {
+        "name": "fill",
+        "team": "research",
+        "command": ["sleep", "600"],
+        "resources": {"gpus": 2},
+        "selector": {"cluster": "west"},
+    }
+    try:
+        with api_client(service) as client:
+            fill_id = client.post("/jobs", json=fill).json()["id"]
+            assert client.post("/deployments", json={**SPEC, "replicas": 2}).status_code == 201
+
+            def running() -> list[str]:
+                insts = client.get("/deployments/chat").json()["instances"]
+                return sorted(i["cluster"] for i in insts if i["state"] == "running")
+
+            deadline = time.monotonic() + 120
+            while running() != ["east", "east"]:
+                service.tick()
+                assert time.monotonic() < deadline, running()
+                time.sleep(0.1)
+            service.tick()
+            assert running() == ["east", "east"]  # nowhere better to go yet
+            client.post(f"/jobs/{fill_id}/cancel")
+            seen = []
+            while running() != ["east", "west"] or len(seen) < 3 or seen[-3] != seen[-1]:
+                service.tick()
+                seen.append(running())
+                assert time.monotonic() < deadline + 120, seen
+                time.sleep(0.1)
+            assert all(len(r) >= 2 for r in seen), seen  # never fewer than the replicas
+            assert ["east", "east", "west"] in seen  # made before the break
+            events = [e["message"] for e in client.get("/deployments/chat").json()["events"]]
+            assert any(
+                "on cluster west" in m and "to restore the spread: cluster east holds 2 of 2" in m
+                for m in events
+            ), events
+            client.delete("/deployments/chat")
+            service.tick()
+            service.tick()
+    finally:
+        service.close()
+
+
 def test_scale_down_stops_instances_that_never_ran_at_once(
     held: tuple[ControlService, TestClient],
 ) -> None:

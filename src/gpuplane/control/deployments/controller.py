@@ -7,7 +7,9 @@ stopped by cancelling it. A crashed instance's version waits out a doubling back
 supervisor's `Backoff`) before its replacement starts; one that ended before this process
 started (stopped with the previous one: `up`, `control serve --stop-jobs`) is replaced at once.
 An instance lost with its cluster (which stopped answering) is recorded ended without asking it
-(`abandon`: its quota is freed), drains, and is replaced elsewhere at once. An instance of a
+(`abandon`: its quota is freed), drains, and is replaced elsewhere at once; once a settled
+deployment's instances could be spread better (the lost or full cluster has room again), one
+moves back, make before break (`_respread`). An instance of a
 spec without `max_concurrency` has its slots read from its engine once it answers
 (`read_capacity`). `endpoints()` is what the gateway watches: per deployment, its instances
 whose job runs, whose slots are known and which do not drain, with a resource version that
@@ -21,6 +23,7 @@ import hashlib
 import json
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -146,6 +149,8 @@ class Deployments:
         self._loads_lock = threading.Lock()  # reports arrive on the API's threads
         self._scaled: dict[str, tuple[int, float | None]] = {}
         self._windows: dict[str, Window] = {}
+        # deployment -> the instance started to restore its spread, until it serves
+        self._moving: dict[str, str] = {}
         self._since = service.clock()  # an instance that ended before this did no crash here
 
     # -- commands ----------------------------------------------------------------------------
@@ -290,10 +295,15 @@ class Deployments:
             seen = self._instances(session, name)
             replicas = self._autoscale(session, spec, seen, now)
             versions = {} if row.deleting else spec.replicas_by_version(replicas)
+            ready = self.ready(name)
+            if self._moved(name, seen, ready):  # one more while the move's instance starts
+                versions = {**versions, spec.version: versions[spec.version] + 1}
             want = Want(versions, spec.drain_timeout_s, spec.surge)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
-        todo = plan(want, seen, now, next_start, self._released(name, seen), self.ready(name))
+        todo = plan(want, seen, now, next_start, self._released(name, seen), ready)
         self._carry_out(spec, todo, now)
+        if not todo.changes and not row.deleting and name not in self._moving:
+            self._respread(spec, seen, versions, ready, now)
         if row.deleting and not [i for i in seen if i.job_id not in todo.forget]:
             with self.service.store.session() as session, session.begin():
                 session.execute(delete(Deployment).where(Deployment.name == name))
@@ -305,6 +315,7 @@ class Deployments:
                 self._loads.pop(name, None)
             self._scaled.pop(name, None)
             self._windows.pop(name, None)
+            self._moving.pop(name, None)
 
     def _discover(self, session: Session, spec: DeploymentSpec, now: float) -> None:
         """Read the slots of the running instances whose engine has not reported them yet."""
@@ -440,6 +451,73 @@ class Deployments:
         self._scaled[spec.name] = (new, changed)
         return new
 
+    def _moved(self, name: str, seen: list[Instance], ready: set[str] | None) -> bool:
+        """Whether a move of `name`'s (`_respread`) is under way: its instance was placed and
+        does not serve yet. Once it serves, or when it could not be placed at once (pending),
+        ended or was lost, the move is over: the reconciler's surplus rule then drains one
+        instance from the most crowded cluster (or the move's own, when it never ran)."""
+        job_id = self._moving.get(name)
+        inst = next((i for i in seen if i.job_id == job_id), None)
+        under_way = (
+            inst is not None
+            and inst.job_state in ("admitted", "running")
+            and inst.lost is None
+            and inst.draining_since is None
+            and not (inst.running and (ready is None or inst.job_id in ready))
+        )
+        if not under_way:
+            self._moving.pop(name, None)
+        return under_way
+
+    def _respread(
+        self,
+        spec: DeploymentSpec,
+        seen: list[Instance],
+        versions: Mapping[str, int],
+        ready: set[str] | None,
+        now: float,
+    ) -> None:
+        """Move one instance back where the spread was lost (a cluster that was lost, or full,
+        has room again): when the deployment is settled (one version, all its instances
+        serving, none draining) and the scheduler would place one more instance now, without
+        preempting, on a cluster holding at least two fewer of them than the most crowded one,
+        start it there (make before break: the one it replaces drains once it serves). Ask
+        (a dry run, nothing written), then commit."""
+        live = [i for i in seen if not i.ended]
+        settled = list(versions) == [spec.version] and len(live) == versions[spec.version]
+        if not settled or len(live) < 2:
+            return
+        if any(
+            i.draining_since is not None
+            or i.version != spec.version
+            or not i.running
+            or (ready is not None and i.job_id not in ready)
+            for i in live
+        ):
+            return
+        crowd = Counter(i.cluster for i in live)
+        with self.service.store.session() as session:
+            open_clusters = session.scalars(
+                select(Cluster.name).where(Cluster.unreachable.is_(None), ~Cluster.cordoned)
+            ).all()
+        if all(crowd[c] + 2 > max(crowd.values()) for c in open_clusters):
+            return  # no cluster could improve it: no dry run
+        answer = self.service.submit(spec.to_job(ENGINE_HOST, 0), dry_run=True)
+        target = answer.get("cluster")
+        if not answer["fits"] or answer.get("preempts") or target is None:
+            return
+        if crowd[target] + 2 > max(crowd.values()):
+            return  # no better spread there
+        fullest, holds = crowd.most_common(1)[0]
+        job_id = self._start(
+            spec,
+            now,
+            cluster=target,
+            why=f"to restore the spread: cluster {fullest} holds {holds} of {len(live)}",
+        )
+        if job_id is not None:
+            self._moving[spec.name] = job_id
+
     def _carry_out(self, spec: DeploymentSpec, todo: Plan, now: float) -> None:
         name = spec.name
         with self.service.store.session() as session, session.begin():
@@ -504,14 +582,21 @@ class Deployments:
             f"starts in {pause:g} s",
         )
 
-    def _start(self, spec: DeploymentSpec, now: float) -> None:
+    def _start(
+        self, spec: DeploymentSpec, now: float, cluster: str | None = None, why: str = ""
+    ) -> str | None:
+        """Start one instance of `spec`'s version (on `cluster` when given); its job id, or
+        None when it cannot start (an event says why)."""
         port = self._port()
+        job = spec.to_job(ENGINE_HOST, port)
+        if cluster is not None:
+            job["selector"] = {**job["selector"], "cluster": cluster}
         try:
-            job_id = self.service.submit(spec.to_job(ENGINE_HOST, port))["id"]
+            job_id = str(self.service.submit(job)["id"])
         except (InfeasibleJobError, NotFoundError, SpecError) as exc:
             with self.service.store.session() as session, session.begin():
                 _event(session, now, spec.name, f"cannot start an instance: {exc}")
-            return
+            return None
         with self.service.store.session() as session, session.begin():
             session.add(
                 DeploymentInstance(
@@ -523,7 +608,15 @@ class Deployments:
                     created_at=now,
                 )
             )
-            _event(session, now, spec.name, f"started {job_id} ({spec.version}) on port {port}")
+            where = f" on cluster {cluster}" if cluster is not None else ""
+            because = f" {why}" if why else ""
+            _event(
+                session,
+                now,
+                spec.name,
+                f"started {job_id} ({spec.version}){where} on port {port}{because}",
+            )
+        return job_id
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -567,6 +660,7 @@ class Deployments:
                 f"cluster {cluster} stopped answering ({down})"
                 if state == "running" and down
                 else None,
+                cluster,
             )
             for r, state, cluster, down in rows
         ]

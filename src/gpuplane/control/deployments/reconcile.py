@@ -14,7 +14,8 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
   ready in every gateway that reports: new instances start beside the old ones, so traffic
   always has somewhere to go); a version with more instances
   than its replicas drains the surplus, those not yet running first (they hold no requests),
-  then the newest;
+  then one on the cluster holding the most of that version's instances (so a scale-down, or
+  the end of a move, keeps them spread), then the newest;
 - a draining instance that never ran is stopped at once; one that ran is stopped once the
   gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
   began to drain, which lets the gateways finish their requests there first;
@@ -29,6 +30,7 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +47,7 @@ class Instance:
     created_at: float
     draining_since: float | None = None
     lost: str | None = None  # why the control plane no longer reaches where its job runs
+    cluster: str | None = None  # where its job was placed (None: not yet)
 
     @property
     def ended(self) -> bool:
@@ -137,8 +140,12 @@ def plan(
     for version, replicas in want.versions.items():
         surplus = len(live[version]) - replicas
         if surplus > 0:
-            # not yet running first (they hold no requests), then the newest
-            order = sorted(live[version], key=lambda i: (i.running, -i.created_at))
+            # not yet running first (they hold no requests), then from the most crowded
+            # cluster, then the newest
+            crowd = Counter(i.cluster for i in live[version])
+            order = sorted(
+                live[version], key=lambda i: (i.running, -crowd[i.cluster], -i.created_at)
+            )
             for inst in order[:surplus]:
                 _drain(out, inst, now)
         elif surplus < 0:
