@@ -268,7 +268,7 @@ def test_instances_move_back_make_before_break_once_a_full_cluster_has_room(
             service.tick()
             assert running() == ["east", "east"]  # nowhere better to go yet
             client.post(f"/jobs/{fill_id}/cancel")
-            seen = []
+            seen: list[list[str]] = []
             while running() != ["east", "west"] or len(seen) < 3 or seen[-3] != seen[-1]:
                 service.tick()
                 seen.append(running())
