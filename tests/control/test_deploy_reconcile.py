@@ -45,6 +45,15 @@ def test_surplus_drains_from_the_most_crowded_cluster_before_the_newest() -> Non
     assert plan(two, seen, 5.0).drain == ["w2"]
 
 
+def test_surplus_drains_an_idle_instance_before_a_busy_newer_one() -> None:
+    """Scaling 3 down to 2 on one cluster: the instance no gateway holds a slot on goes, so its
+    drain ends at once, though it is not the newest; with no reports, the newest."""
+    two = Want({"v1": 2}, 30.0)
+    seen = [inst("a", created=1), inst("idle", created=2), inst("busy", created=3)]
+    assert plan(two, seen, 5.0, held={"a": 1, "busy": 2}).drain == ["idle"]
+    assert plan(two, seen, 5.0).drain == ["busy"]
+
+
 def test_a_draining_instance_stops_after_the_drain_timeout() -> None:
     zero = Want({"v1": 0}, 30.0)
     assert plan(zero, [inst("a", draining=10.0)], now=39.9).stop == []

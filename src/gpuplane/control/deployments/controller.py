@@ -300,7 +300,8 @@ class Deployments:
                 versions = {**versions, spec.version: versions[spec.version] + 1}
             want = Want(versions, spec.drain_timeout_s, spec.surge)
         next_start = {v: t for (d, v), t in self._next_start.items() if d == name}
-        todo = plan(want, seen, now, next_start, self._released(name, seen), ready)
+        held = self._held(name, now)
+        todo = plan(want, seen, now, next_start, self._released(name, seen), ready, held)
         self._carry_out(spec, todo, now)
         if not todo.changes and not row.deleting and name not in self._moving:
             self._respread(spec, seen, versions, ready, now)
@@ -378,8 +379,20 @@ class Deployments:
 
     def in_use(self, name: str, job_id: str) -> int | None:
         """Slots the reporting gateways hold on the instance (None: no gateway reports)."""
-        fresh = self._fresh(name, self.service.clock())
-        return sum(r.held.get(job_id, 0) for r in fresh) if fresh else None
+        held = self._held(name, self.service.clock())
+        return None if held is None else held.get(job_id, 0)
+
+    def _held(self, name: str, now: float) -> dict[str, int] | None:
+        """Slots the reporting gateways hold on each of `name`'s instances (None: no gateway
+        reports)."""
+        fresh = self._fresh(name, now)
+        if not fresh:
+            return None
+        out: dict[str, int] = {}
+        for r in fresh:
+            for job_id, slots in r.held.items():
+                out[job_id] = out.get(job_id, 0) + slots
+        return out
 
     def ready(self, name: str) -> set[str] | None:
         """The instances every reporting gateway admits to (None: no gateway reports)."""

@@ -15,7 +15,8 @@ back-off), and carries out the `Plan` (`controller.py`). Rules, per deployment:
   always has somewhere to go); a version with more instances
   than its replicas drains the surplus, those not yet running first (they hold no requests),
   then one on the cluster holding the most of that version's instances (so a scale-down, or
-  the end of a move, keeps them spread), then the newest;
+  the end of a move, keeps them spread), then an idle one (no slot held in any gateway's
+  report: its drain ends at once), then the newest;
 - a draining instance that never ran is stopped at once; one that ran is stopped once the
   gateways report that they released it (its last lease ended), or `drain_timeout_s` after it
   began to drain, which lets the gateways finish their requests there first;
@@ -90,11 +91,13 @@ def plan(
     next_start: Mapping[str, float] | None = None,
     released: Collection[str] = (),
     ready: Collection[str] | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> Plan:
     """What to do now for one deployment; `next_start[version]`: its crash back-off's end;
     `released`: draining instances that no gateway holds any more (their last lease ended);
     `ready`: the instances the gateways admit to (None: no gateway reports; a running job
-    counts as serving)."""
+    counts as serving); `held`: the slots the gateways hold on each instance (None: no
+    gateway reports)."""
     out = Plan()
     live: dict[str, list[Instance]] = {v: [] for v in want.versions}
     old: list[Instance] = []
@@ -141,10 +144,17 @@ def plan(
         surplus = len(live[version]) - replicas
         if surplus > 0:
             # not yet running first (they hold no requests), then from the most crowded
-            # cluster, then the newest
+            # cluster, then idle ones, then the newest
             crowd = Counter(i.cluster for i in live[version])
+            busy = held or {}
             order = sorted(
-                live[version], key=lambda i: (i.running, -crowd[i.cluster], -i.created_at)
+                live[version],
+                key=lambda i: (
+                    i.running,
+                    -crowd[i.cluster],
+                    busy.get(i.job_id, 0) > 0,
+                    -i.created_at,
+                ),
             )
             for inst in order[:surplus]:
                 _drain(out, inst, now)
