@@ -194,6 +194,16 @@ def test_each_instance_is_a_job_and_waits_with_the_schedulers_reason(
     ]
 
 
+# a job that takes both cards of cluster west
+FILL_WEST: dict[str, Any] = {
+    "name": "fill",
+    "team": "research",
+    "command": ["sleep", "600"],
+    "resources": {"gpus": 2},
+    "selector": {"cluster": "west"},
+}
+
+
 def _held_on(tmp_path: Path, clusters: list[str]) -> ControlService:
     """A service over local `clusters` of one two-card node each that places jobs but starts
     none (as `held`)."""
@@ -219,14 +229,7 @@ def test_replicas_are_spread_over_clusters_and_still_placed_when_one_is_full(
     service = _held_on(tmp_path / "full", ["east", "west"])
     try:
         with api_client(service) as client:
-            fill = {
-                "name": "fill",
-                "team": "research",
-                "command": ["sleep", "60"],
-                "resources": {"gpus": 2},
-                "selector": {"cluster": "west"},
-            }
-            assert client.post("/jobs", json=fill).status_code == 201
+            assert client.post("/jobs", json=FILL_WEST).status_code == 201
             assert client.post("/deployments", json={**SPEC, "replicas": 2}).status_code == 201
             insts = client.get("/deployments/chat").json()["instances"]
             # the preference never keeps one pending: both go where there is room
@@ -244,16 +247,9 @@ def test_instances_move_back_make_before_break_once_a_full_cluster_has_room(
     run at every step, and it ends one per cluster, with the reason in the events."""
     clusters = [local_cluster("east", gpus=2), local_cluster("west", gpus=2)]
     service = make_service(config(str(tmp_path), clusters=clusters))
-    fill = {
-        "name": "fill",
-        "team": "research",
-        "command": ["sleep", "600"],
-        "resources": {"gpus": 2},
-        "selector": {"cluster": "west"},
-    }
     try:
         with api_client(service) as client:
-            fill_id = client.post("/jobs", json=fill).json()["id"]
+            fill_id = client.post("/jobs", json=FILL_WEST).json()["id"]
             assert client.post("/deployments", json={**SPEC, "replicas": 2}).status_code == 201
 
             def running() -> list[str]:
