@@ -33,6 +33,7 @@ from tests.control.k8s_fake.state import (
     now_iso,
 )
 
+KSERVE = "serving.kserve.io/v1beta1"  # KServe's CRD: served by a fake with `kserve=True`
 # group/version -> the minor versions that serve it (None: still served)
 GROUP_VERSIONS: dict[str, tuple[int, int | None]] = {
     "batch/v1": (21, None),
@@ -53,6 +54,14 @@ _RESOURCE_LISTS: dict[str, list[tuple[str, str, bool, list[str]]]] = {
         ("pods/log", "Pod", True, ["get"]),
     ],
     "batch/v1": [("jobs", "Job", True, ["get", "list", "watch", "create", "delete", "patch"])],
+    KSERVE: [
+        (
+            "inferenceservices",
+            "InferenceService",
+            True,
+            ["get", "list", "watch", "create", "delete", "patch"],
+        )
+    ],
 }
 
 _ROUTES = [
@@ -63,6 +72,20 @@ _ROUTES = [
     (re.compile(r"^/apis/batch/v1/(jobs)$"), "batch/v1"),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(jobs)$"), "batch/v1"),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(jobs)/(?P<name>[^/]+)$"), "batch/v1"),
+    (re.compile(r"^/apis/serving.kserve.io/v1beta1/(inferenceservices)$"), KSERVE),
+    (
+        re.compile(
+            r"^/apis/serving.kserve.io/v1beta1/namespaces/(?P<ns>[^/]+)/(inferenceservices)$"
+        ),
+        KSERVE,
+    ),
+    (
+        re.compile(
+            r"^/apis/serving.kserve.io/v1beta1/namespaces/(?P<ns>[^/]+)/(inferenceservices)/"
+            r"(?P<name>[^/]+)$"
+        ),
+        KSERVE,
+    ),
 ]
 
 
@@ -145,9 +168,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(503, "ServiceUnavailable", "the fake API server is unreachable")
             if method == "GET" and self._discovery(url.path):
                 return
-            for pattern, _group in _ROUTES:
+            for pattern, group in _ROUTES:
                 m = pattern.match(url.path)
-                if m:
+                if m and (group != KSERVE or fake.kserve is not None):
                     self._resource(method, m, q)
                     return
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -166,7 +189,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _discovery(self, path: str) -> bool:
         minor = self.server.fake.minor
-        groups = served_groups(minor)
+        groups = served_groups(minor) + ([KSERVE] if self.server.fake.kserve is not None else [])
         if path == "/version":
             self._send(
                 200,
