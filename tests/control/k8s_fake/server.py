@@ -2,7 +2,8 @@
 with the real wire format (JSON bodies, `Status` errors, chunked watch and log streams).
 
 Served: `/version`; discovery (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`, the groups
-the emulated minor version serves); nodes, namespaces, pods and batch/v1 jobs: list (label and
+the emulated minor version serves, and KServe's serving.kserve.io/v1beta1 when the fake has it);
+nodes, namespaces, pods, batch/v1 jobs and KServe's inferenceservices: list (label and
 field selectors, `limit`/`continue`), get, create (409 on an existing name, 404 in a missing
 namespace), delete (grace period, propagation), merge patch; watch (`resourceVersion`,
 `allowWatchBookmarks`, `timeoutSeconds`, 410 Gone as an ERROR event for a compacted

@@ -6,13 +6,17 @@ the supported range (`k8s/versions.py`). Inventory is the Ready, schedulable nod
 labels, allocatable CPU and memory and the healthy cards HAMi registered on them
 (`hami.io/node-nvidia-register`), kept current by a watch (`k8s/reflector.py`). A bound job is a
 Pod, or a batch/v1 Job (`bind_kind: job`), named after the job id in its team's namespace,
-pinned to its node and cards (`k8s/manifests.py`); the name makes `bind` idempotent: a retry
-(after a timeout, or by a restarted service) finds the object by its name (409) and takes it
-back when it is this job's on the same placement. What runs is watched too (the objects labelled
-with this service instance), so `status`, `workloads` and adoption after a restart need no
-records of their own: the cluster keeps the state. `release` keeps a copy of the Pod's log in
-the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's grace
-period. Every client or transport error is mapped here into an AdapterError saying what to do.
+pinned to its node and cards (`k8s/manifests.py`); a deployment instance (a job with `serve`)
+is a KServe InferenceService (raw deployment mode, one replica) whose predictor is pinned the same
+way, watched like Pods: Ready gives its URL to `status` (the controller's `instance_url`), a
+predictor KServe gave up on fails the job with KServe's reason; a cluster that does not serve
+serving.kserve.io/v1beta1 refuses such a job (`serving_refusal`). The name makes `bind`
+idempotent: a retry (after a timeout, or by a restarted service) finds the object by its name
+(409) and takes it back when it is this job's on the same placement. What runs is watched too
+(the objects labelled with this service instance), so `status`, `workloads` and adoption after a
+restart need no records of their own: the cluster keeps the state. `release` keeps a copy of the
+Pod's log in the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's
+grace period. Every client or transport error is mapped here into an AdapterError saying what to do.
 """
 
 from __future__ import annotations

@@ -9,9 +9,13 @@ started (stopped with the previous one: `up`, `control serve --stop-jobs`) is re
 An instance lost with its cluster (which stopped answering) is recorded ended without asking it
 (`abandon`: its quota is freed), drains, and is replaced elsewhere at once. An instance of a
 spec without `max_concurrency` has its slots read from its engine once it answers
-(`read_capacity`). `endpoints()` is what the gateway watches: per deployment, its instances
-whose job runs, whose slots are known and which do not drain, with a resource version that
-changes exactly when that list does.
+(`read_capacity`). An instance's address is its cluster's to give (`instance_url`): on a
+`local` cluster the loopback port its engine was started on; on Kubernetes the URL KServe reports
+once its InferenceService is Ready; so it is learnt once the job runs, and a spec that could be
+placed on a cluster that cannot run instances (its adapter's `serving_refusal`) is refused at
+apply. `endpoints()` is what the gateway watches: per deployment, its instances whose job runs,
+whose address and slots are known and which do not drain, with a resource version that changes
+exactly when that list does.
 """
 
 from __future__ import annotations
