@@ -23,9 +23,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.config import parse_settings
-from gpuplane.control.adapters import AdapterError, Workload
+from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.deployments import kserve
+from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig
 from gpuplane.serve.app import Gateway
@@ -249,6 +250,44 @@ def test_a_cluster_without_kserve_is_refused_with_the_fix(tmp_path: Path) -> Non
         with pytest.raises(AdapterError, match="install KServe on cluster kube"):
             adapter.bind(workload)
         assert fake.state.select("pods", None)[0] == []
+
+
+def test_the_adapter_binds_an_instance_once_adopts_it_and_releases_it_idempotently(
+    tmp_path: Path,
+) -> None:
+    with kube_cluster("fake", tmp_path, kserve=True, serve=lambda isvc: None) as cluster:
+        assert cluster.fake is not None
+        assert cluster.fake.kserve is not None
+        adapter = cluster.adapter()
+        instance = Workload(
+            job_id="chat-v1-1",
+            name="chat-v1",
+            command=("gpuplane", "engine", "sim"),
+            node="gpu-a",
+            devices=(DeviceGrant(1, 8192, 250),),
+            fractional=True,
+            team="research",
+            serve=SPEC,
+        )
+        adapter.bind(instance)
+        adapter.bind(instance)  # a retry: the 409 finds this job's, on the same card
+        (isvc,) = services(cluster.fake)
+        assert isvc["spec"]["predictor"]["annotations"] == {"nvidia.com/use-gpuuuid": "GPU-a1"}
+        assert cluster.fake.state.select("pods", None)[0] == []  # no Pod of its own
+        # starting (KServe not Ready yet): running, no address
+        assert adapter.status(["chat-v1-1"])["chat-v1-1"] == WorkloadStatus(WorkloadState.RUNNING)
+        name = isvc["metadata"]["name"]
+        cluster.fake.kserve.ready(NAMESPACE, name, "http://chat.test:8080")
+        again = cluster.adapter()  # a restarted service: the watch is the state
+        deadline = time.monotonic() + 60
+        while again.instance_url("chat-v1-1", 1) != "http://chat.test:8080":
+            assert time.monotonic() < deadline, "the restarted adapter never saw it Ready"
+            time.sleep(0.05)
+        assert again.workloads() == ["chat-v1-1"]
+        again.release("chat-v1-1")
+        again.release("chat-v1-1")
+        assert services(cluster.fake) == []
+        assert again.status(["chat-v1-1"])["chat-v1-1"].state == WorkloadState.LOST
 
 
 @pytest.mark.slow
