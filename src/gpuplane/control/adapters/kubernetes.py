@@ -288,11 +288,12 @@ class KubernetesAdapter(ClusterAdapter):
                 f"{', '.join(map(str, missing))} (it has {sorted(view.uuids)}); the job is "
                 "placed again once the inventory is refreshed"
             )
+        serving = workload.serve is not None
         return Binding(
             manifests.namespace_of(self.cluster, workload.team),
-            manifests.object_name(workload.job_id),
+            manifests.object_name(workload.job_id, manifests.ISVC_NAME_MAX if serving else 63),
             tuple(view.uuids[d.index] for d in workload.devices),
-            "InferenceService" if workload.serve is not None else self._kind(),
+            "InferenceService" if serving else self._kind(),
         )
 
     def _manifest(self, workload: Workload, binding: Binding) -> dict[str, Any]:

@@ -30,6 +30,8 @@ LABEL_TEAM = "gpuplane.io/team"
 ANNOTATION_JOB = "gpuplane.io/job-id"
 ANNOTATION_INSTANCE = "gpuplane.io/instance"
 CONTAINER = "main"
+# KServe names a raw deployment's Service `<name>-predictor`, which must be a DNS label too
+ISVC_NAME_MAX = 63 - len("-predictor")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -38,14 +40,14 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def object_name(job_id: str) -> str:
-    """The Pod's (or Job's) name: `gp-<job id>` as a DNS label (63 at most, as a Job's name
-    must be); a job id that had to be changed to fit gets a digest of itself appended, so two
-    ids never share a name."""
+def object_name(job_id: str, max_len: int = 63) -> str:
+    """The Pod's (or Job's, or InferenceService's) name: `gp-<job id>` as a DNS label (63 at
+    most, as a Job's name must be; `ISVC_NAME_MAX` for an InferenceService); a job id that had
+    to be changed to fit gets a digest of itself appended, so two ids never share a name."""
     clean = _NOT_NAME.sub("-", job_id.lower()).strip("-")
     name = f"gp-{clean}"
-    if clean != job_id or len(name) > 63:
-        name = f"{name[:54].rstrip('-')}-{_digest(job_id)}"
+    if clean != job_id or len(name) > max_len:
+        name = f"{name[: max_len - 9].rstrip('-')}-{_digest(job_id)}"
     return name
 
 
