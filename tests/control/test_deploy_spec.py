@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,26 @@ def test_an_instance_is_a_job_running_the_engine_on_its_slice() -> None:
     }
     parsed = parse_spec(job)
     assert parsed.to_selector().gpu_models == frozenset({"A100-80GB"})
+    # `serve` marks it an instance: its port, and its version's spec for an adapter that runs
+    # instances its own way (Kubernetes: a KServe InferenceService)
+    assert parsed.serve is not None
+    assert parsed.serve.port == 9001
+    assert parse_deployment(parsed.serve.deployment) == spec
+
+
+def test_a_bad_serve_field_is_refused_like_the_rest_of_the_job_spec() -> None:
+    job = parse_deployment(BASE).to_job("127.0.0.1", 9001)
+    cases = [
+        ({"port": 0, "deployment": job["serve"]["deployment"]}, "serve.port"),
+        (
+            {"port": 1, "deployment": {**job["serve"]["deployment"], "engine": "simm"}},
+            "serve.deployment.engine: Input should be 'llamacpp'",
+        ),
+        ({"prot": 1}, "unknown field 'serve.prot' (did you mean 'port'?)"),
+    ]
+    for serve, message in cases:
+        with pytest.raises(SpecError, match=re.escape(message)):
+            parse_spec({**job, "serve": serve})
 
 
 def test_without_max_concurrency_the_engine_keeps_its_own_limit_and_reports_it() -> None:

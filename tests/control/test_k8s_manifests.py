@@ -109,6 +109,11 @@ def test_names_and_labels_fit_kubernetes_and_stay_distinct() -> None:
     assert names[0] == "gp-train-7f3a"
     assert len(set(names)) == len(names)
     assert all(len(n) <= 63 and n == n.lower() for n in names)
+    # an InferenceService's leaves room for the `-predictor` of the Service KServe makes
+    deployed = [manifests.object_name(i, manifests.ISVC_NAME_MAX) for i in ids]
+    assert deployed[0] == "gp-train-7f3a"
+    assert len(set(deployed)) == len(deployed)
+    assert all(len(f"{n}-predictor") <= 63 for n in deployed)
     value = manifests.label_value("host.example:8080")
     assert len(value) <= 63
     assert ":" not in value

@@ -159,3 +159,37 @@ def test_0011_lets_an_instance_wait_for_its_engines_slots_and_keeps_the_known_on
             ]
     finally:
         engine.dispose()
+
+
+def test_0012_lets_an_instance_wait_for_its_address_and_keeps_the_known_ones(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/old.db"
+    cfg = old_store(
+        url,
+        "0011",
+        "INSERT INTO deployments (name, spec, deleting, created_at, updated_at) "
+        "VALUES ('chat', '{}', 0, 1.0, 1.0)",
+        "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
+        "created_at) VALUES ('chat-v1-a', 'chat', 'v1', 'http://h:1', 4, 1.0)",
+    )
+    engine = create_engine(url)
+    try:
+        migrate(
+            engine,
+            cfg,
+            "0012",
+            "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
+            "created_at) VALUES ('chat-v1-b', 'chat', 'v1', NULL, 4, 2.0)",
+        )
+        read = "SELECT job_id, url FROM deployment_instances ORDER BY job_id"
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(text(read))] == [
+                ("chat-v1-a", "http://h:1"),
+                ("chat-v1-b", None),  # its InferenceService is not Ready yet
+            ]
+        migrate(engine, cfg, "0011", down=True)  # back: an instance without address is gone
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(text(read))] == [("chat-v1-a", "http://h:1")]
+    finally:
+        engine.dispose()

@@ -174,7 +174,7 @@ def _describe_table(d: dict[str, Any]) -> None:
                 i["version"],
                 i["state"],
                 f"{i['cluster']}/{i['node']} {_cards(i['devices'])}" if i["cluster"] else "-",
-                i["url"],
+                i["url"] or "-",
                 f"{'-' if i['in_use'] is None else i['in_use']}/{i['capacity'] or '?'}",
                 i["reason"] or "-",
             )

@@ -238,7 +238,8 @@ class Deployment(Base):
 
 class DeploymentInstance(Base):
     """One engine instance of a deployment's version: the job that runs it and where it
-    answers. `capacity` is its slots: the spec's `max_concurrency`, else None until its engine
+    answers (`url`: None until its cluster says, e.g. once KServe reports its InferenceService
+    Ready). `capacity` is its slots: the spec's `max_concurrency`, else None until its engine
     reports them. `draining_since` is set once it is no longer wanted: the gateway stops
     admitting to it, and its job is stopped `drain_timeout_s` later."""
 
@@ -249,7 +250,7 @@ class DeploymentInstance(Base):
         ForeignKey("deployments.name", ondelete="CASCADE"), index=True
     )
     version: Mapped[str] = mapped_column(String(63))
-    url: Mapped[str] = mapped_column(String(255))
+    url: Mapped[str | None] = mapped_column(String(255), nullable=True)
     capacity: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     draining_since: Mapped[float | None] = mapped_column(Float, default=None)

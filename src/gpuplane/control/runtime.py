@@ -308,6 +308,7 @@ def _workload(
         fractional=spec.to_request(job.id).is_fractional,
         time_limit_s=limit,
         team=job.team_name,
+        serve=None if spec.serve is None else spec.serve.deployment,
     )
 
 

@@ -12,7 +12,10 @@ enough for an adapter to be tested end to end:
   output is the Pod log, its exit code the container's); otherwise tests move Pods through
   phases, exit codes, OOMKilled and evictions with `finish`, `oom_kill`, `evict`;
 - the Job controller: a batch/v1 Job gets a Pod from its template, and its conditions follow it
-  (podFailurePolicy's Ignore on DisruptionTarget, backoffLimit).
+  (podFailurePolicy's Ignore on DisruptionTarget, backoffLimit);
+- KServe's controller (`kserve.py`, only with `kserve=True`, which also makes the server serve
+  serving.kserve.io/v1beta1): a new InferenceService is Ready with its address, the one
+  `serve(isvc)` gives (e.g. an engine the test started); `kserve.fail` makes its predictor fail.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.control.k8s_fake.kserve import KServeController
 from tests.control.k8s_fake.kubelet import Kubelet
 from tests.control.k8s_fake.server import FakeHttpServer
 from tests.control.k8s_fake.state import ApiError, Obj, State, now_iso
@@ -96,6 +101,8 @@ class FakeKubeApi:
         auto_start: bool = True,
         history_limit: int = 100_000,
         bookmark_interval_s: float = 1.0,
+        kserve: bool = False,
+        serve: Callable[[Obj], str | None] | None = None,
     ) -> None:
         self.minor = minor
         self.state = State(history_limit=history_limit)
@@ -108,6 +115,7 @@ class FakeKubeApi:
         self.slow_creates = 0  # this many Pod or Job creates answer only after slow_create_s
         self.slow_create_s = 0.0
         self.kubelet = Kubelet(self, run_commands=run_commands, auto_start=auto_start)
+        self.kserve = KServeController(self, serve) if kserve else None
         self._http: FakeHttpServer | None = None
         self.address = ""
 
@@ -126,6 +134,8 @@ class FakeKubeApi:
 
     def stop(self) -> None:
         self.kubelet.stop()
+        if self.kserve is not None:
+            self.kserve.stop()
         self.state.close()
         if self._http is not None:
             self._http.shutdown()

@@ -63,10 +63,11 @@ class KubeCluster:
             assert self.fake.kubelet.procs == {}, "a Pod's process outlived the test"
 
 
-def fake_cluster(minor: int = 29) -> FakeKubeApi:
+def fake_cluster(minor: int = 29, **options: Any) -> FakeKubeApi:
     """A started fake: node gpu-a (two A100s, region eu-west-4, HAMi's JSON registration) and
-    gpu-b (two L4s, one unhealthy, the older registration form)."""
-    fake = FakeKubeApi(minor=minor, run_commands=True, bookmark_interval_s=0.2).start()
+    gpu-b (two L4s, one unhealthy, the older registration form); `options`: FakeKubeApi's
+    (e.g. `kserve=True`)."""
+    fake = FakeKubeApi(minor=minor, run_commands=True, bookmark_interval_s=0.2, **options).start()
     fake.add_node(
         "gpu-a",
         labels={"topology.kubernetes.io/region": "eu-west-4"},
@@ -84,15 +85,16 @@ def fake_cluster(minor: int = 29) -> FakeKubeApi:
 
 
 @contextmanager
-def kube_cluster(kind: str, tmp: Path, minor: int = 29) -> Iterator[KubeCluster]:
-    """`kind` "fake" or "real" (skipped, with the reason, unless GPUPLANE_TEST_KUBECONFIG)."""
+def kube_cluster(kind: str, tmp: Path, minor: int = 29, **options: Any) -> Iterator[KubeCluster]:
+    """`kind` "fake" or "real" (skipped, with the reason, unless GPUPLANE_TEST_KUBECONFIG);
+    `options`: the fake's."""
     if kind == "real":
         real = os.environ.get(REAL_ENV)
         if not real:
             pytest.skip(f"{REAL_ENV} is not set: no real cluster to run against")
         cluster = KubeCluster(real, None, tmp)
     else:
-        fake = fake_cluster(minor)
+        fake = fake_cluster(minor, **options)
         cluster = KubeCluster(fake.kubeconfig(tmp / "kubeconfig"), fake, tmp)
     try:
         yield cluster

@@ -2,7 +2,8 @@
 with the real wire format (JSON bodies, `Status` errors, chunked watch and log streams).
 
 Served: `/version`; discovery (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`, the groups
-the emulated minor version serves); nodes, namespaces, pods and batch/v1 jobs: list (label and
+the emulated minor version serves, and KServe's serving.kserve.io/v1beta1 when the fake has it);
+nodes, namespaces, pods, batch/v1 jobs and KServe's inferenceservices: list (label and
 field selectors, `limit`/`continue`), get, create (409 on an existing name, 404 in a missing
 namespace), delete (grace period, propagation), merge patch; watch (`resourceVersion`,
 `allowWatchBookmarks`, `timeoutSeconds`, 410 Gone as an ERROR event for a compacted
@@ -33,6 +34,7 @@ from tests.control.k8s_fake.state import (
     now_iso,
 )
 
+KSERVE = "serving.kserve.io/v1beta1"  # KServe's CRD: served by a fake with `kserve=True`
 # group/version -> the minor versions that serve it (None: still served)
 GROUP_VERSIONS: dict[str, tuple[int, int | None]] = {
     "batch/v1": (21, None),
@@ -53,6 +55,14 @@ _RESOURCE_LISTS: dict[str, list[tuple[str, str, bool, list[str]]]] = {
         ("pods/log", "Pod", True, ["get"]),
     ],
     "batch/v1": [("jobs", "Job", True, ["get", "list", "watch", "create", "delete", "patch"])],
+    KSERVE: [
+        (
+            "inferenceservices",
+            "InferenceService",
+            True,
+            ["get", "list", "watch", "create", "delete", "patch"],
+        )
+    ],
 }
 
 _ROUTES = [
@@ -63,6 +73,20 @@ _ROUTES = [
     (re.compile(r"^/apis/batch/v1/(jobs)$"), "batch/v1"),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(jobs)$"), "batch/v1"),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(jobs)/(?P<name>[^/]+)$"), "batch/v1"),
+    (re.compile(r"^/apis/serving.kserve.io/v1beta1/(inferenceservices)$"), KSERVE),
+    (
+        re.compile(
+            r"^/apis/serving.kserve.io/v1beta1/namespaces/(?P<ns>[^/]+)/(inferenceservices)$"
+        ),
+        KSERVE,
+    ),
+    (
+        re.compile(
+            r"^/apis/serving.kserve.io/v1beta1/namespaces/(?P<ns>[^/]+)/(inferenceservices)/"
+            r"(?P<name>[^/]+)$"
+        ),
+        KSERVE,
+    ),
 ]
 
 
@@ -145,9 +169,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(503, "ServiceUnavailable", "the fake API server is unreachable")
             if method == "GET" and self._discovery(url.path):
                 return
-            for pattern, _group in _ROUTES:
+            for pattern, group in _ROUTES:
                 m = pattern.match(url.path)
-                if m:
+                if m and (group != KSERVE or fake.kserve is not None):
                     self._resource(method, m, q)
                     return
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -166,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _discovery(self, path: str) -> bool:
         minor = self.server.fake.minor
-        groups = served_groups(minor)
+        groups = served_groups(minor) + ([KSERVE] if self.server.fake.kserve is not None else [])
         if path == "/version":
             self._send(
                 200,

@@ -23,6 +23,8 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "namespaces": ("v1", "Namespace", False),
     "pods": ("v1", "Pod", True),
     "jobs": ("batch/v1", "Job", True),
+    # a custom resource, served only by a fake with KServe installed (`FakeKubeApi(kserve=True)`)
+    "inferenceservices": ("serving.kserve.io/v1beta1", "InferenceService", True),
 }
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
@@ -90,6 +90,8 @@ class Workload:
     fractional: bool = False
     time_limit_s: float | None = None
     team: str | None = None  # the job's team (Kubernetes: it picks the namespace)
+    # a deployment instance: its version's deployment spec (the job spec's `serve`)
+    serve: Mapping[str, Any] | None = None
 
 
 class WorkloadState(StrEnum):
@@ -105,6 +107,7 @@ class WorkloadStatus:
     state: WorkloadState
     exit_code: int | None = None
     message: str = ""
+    url: str | None = None  # a deployment instance's address, once the backend gave it one
 
 
 class ClusterAdapter:
@@ -163,6 +166,21 @@ class ClusterAdapter:
         asks on every tick, so it must not block. The default (an adapter whose calls fail on
         their own): yes, and the check's `inventory()` once a sync interval tells otherwise."""
         return True, ""
+
+    def serving_refusal(self) -> str | None:
+        """Why this cluster cannot run deployment instances (None: it can); the controller
+        asks before it accepts a deployment that could be placed here. The default: an adapter
+        that gives an instance no address the gateway can reach."""
+        return (
+            f"cluster {self.cluster.name} ({self.kind}) gives an engine no address the gateway "
+            "can reach"
+        )
+
+    def instance_url(self, job_id: str, port: int) -> str | None:
+        """Where deployment instance `job_id` answers, once it is known (None: not yet);
+        `port`: the one its command's engine was given. The default: the URL `status` reports."""
+        found = self.status([job_id]).get(job_id)
+        return None if found is None else found.url
 
     def version(self) -> str:
         """The backend's version as it reports it (e.g. `v1.29.3`); empty when unknown."""

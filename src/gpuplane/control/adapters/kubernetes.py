@@ -6,13 +6,17 @@ the supported range (`k8s/versions.py`). Inventory is the Ready, schedulable nod
 labels, allocatable CPU and memory and the healthy cards HAMi registered on them
 (`hami.io/node-nvidia-register`), kept current by a watch (`k8s/reflector.py`). A bound job is a
 Pod, or a batch/v1 Job (`bind_kind: job`), named after the job id in its team's namespace,
-pinned to its node and cards (`k8s/manifests.py`); the name makes `bind` idempotent: a retry
-(after a timeout, or by a restarted service) finds the object by its name (409) and takes it
-back when it is this job's on the same placement. What runs is watched too (the objects labelled
-with this service instance), so `status`, `workloads` and adoption after a restart need no
-records of their own: the cluster keeps the state. `release` keeps a copy of the Pod's log in
-the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's grace
-period. Every client or transport error is mapped here into an AdapterError saying what to do.
+pinned to its node and cards (`k8s/manifests.py`); a deployment instance (a job with `serve`)
+is a KServe InferenceService (raw deployment mode, one replica) whose predictor is pinned the same
+way, watched like Pods: Ready gives its URL to `status` (the controller's `instance_url`), a
+predictor KServe gave up on fails the job with KServe's reason; a cluster that does not serve
+serving.kserve.io/v1beta1 refuses such a job (`serving_refusal`). The name makes `bind`
+idempotent: a retry (after a timeout, or by a restarted service) finds the object by its name
+(409) and takes it back when it is this job's on the same placement. What runs is watched too
+(the objects labelled with this service instance), so `status`, `workloads` and adoption after a
+restart need no records of their own: the cluster keeps the state. `release` keeps a copy of the
+Pod's log in the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's
+grace period. Every client or transport error is mapped here into an AdapterError saying what to do.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from gpuplane.control.adapters.base import (
     register,
 )
 from gpuplane.control.adapters.k8s import manifests
-from gpuplane.control.adapters.k8s.api import KubeApi
+from gpuplane.control.adapters.k8s.api import KSERVE_GROUP, KSERVE_VERSION, KubeApi
 from gpuplane.control.adapters.k8s.convert import (
     NodeView,
     ObjectView,
@@ -50,6 +54,7 @@ from gpuplane.control.statedir import private_dir
 
 log = logging.getLogger("gpuplane.control.kubernetes")
 T = TypeVar("T")
+KSERVE = f"{KSERVE_GROUP}/{KSERVE_VERSION}"
 
 
 @register
@@ -69,6 +74,7 @@ class KubernetesAdapter(ClusterAdapter):
         self._nodes: Reflector[NodeView] | None = None
         self._pods: Reflector[ObjectView] | None = None
         self._jobs: Reflector[ObjectView] | None = None
+        self._services: Reflector[ObjectView] | None = None  # InferenceServices, with KServe
         self._listeners: list[Callable[[], None]] = []
         # the nodes the watch changed since `changes()` was last asked; None: it listed since
         self._changed: set[str] | None = None
@@ -138,6 +144,14 @@ class KubernetesAdapter(ClusterAdapter):
                     interval_s=interval,
                     label_selector=mine,
                 ).start()
+            if KSERVE in self.profile.groups:
+                self._services = Reflector(
+                    api.list_inference_services,
+                    object_view,
+                    what=f"{self.cluster.name} inferenceservices",
+                    interval_s=interval,
+                    label_selector=mine,
+                ).start()
             self._api = api
             return api
 
@@ -174,6 +188,19 @@ class KubernetesAdapter(ClusterAdapter):
 
     def version(self) -> str:
         return self.profile.git_version if self.profile is not None else ""
+
+    def serving_refusal(self) -> str | None:
+        """None when the cluster serves KServe's InferenceService (a deployment instance is
+        one), else what to do; AdapterError when the cluster cannot be asked."""
+        self._connect()
+        assert self.profile is not None
+        if KSERVE in self.profile.groups:
+            return None
+        return (
+            f"{self.where} does not serve {KSERVE} (KServe's InferenceService), which runs "
+            f"deployment instances there: install KServe on cluster {self.cluster.name} or "
+            "place the deployment on another cluster (placement.cluster)"
+        )
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -226,15 +253,20 @@ class KubernetesAdapter(ClusterAdapter):
 
     def _views(self) -> tuple[dict[str, ObjectView], dict[str, list[ObjectView]]]:
         """This instance's workloads by job id, and the Pods of each (of a Job, those of the
-        Job object the watch shows, not of an earlier one of the same name)."""
+        Job object the watch shows, not of an earlier one of the same name). A deployment
+        instance's workload is its InferenceService (KServe gives its Pods our labels too)."""
         self._connect()
         pods: dict[str, list[ObjectView]] = {}
         for view in self._synced(self._pods).snapshot():
             pods.setdefault(view.job_id, []).append(view)
+        services = {}
+        if self._services is not None:
+            services = {v.job_id: v for v in self._synced(self._services).snapshot()}
         if self._jobs is None:
-            return {j: max(ps, key=lambda p: p.created) for j, ps in pods.items()}, pods
+            bare = {j: max(ps, key=lambda p: p.created) for j, ps in pods.items()}
+            return bare | services, pods
         jobs = {v.job_id: v for v in self._synced(self._jobs).snapshot()}
-        return jobs, {
+        return jobs | services, {
             j: [p for p in ps if p.owner == jobs[j].uid] for j, ps in pods.items() if j in jobs
         }
 
@@ -256,13 +288,20 @@ class KubernetesAdapter(ClusterAdapter):
                 f"{', '.join(map(str, missing))} (it has {sorted(view.uuids)}); the job is "
                 "placed again once the inventory is refreshed"
             )
+        serving = workload.serve is not None
         return Binding(
             manifests.namespace_of(self.cluster, workload.team),
-            manifests.object_name(workload.job_id),
+            manifests.object_name(workload.job_id, manifests.ISVC_NAME_MAX if serving else 63),
             tuple(view.uuids[d.index] for d in workload.devices),
+            "InferenceService" if serving else self._kind(),
         )
 
     def _manifest(self, workload: Workload, binding: Binding) -> dict[str, Any]:
+        if workload.serve is not None:
+            refusal = self.serving_refusal()
+            if refusal is not None:
+                raise AdapterError(refusal)
+            return manifests.inference_service(workload, binding, self.cluster, self.instance)
         if self.cluster.bind_kind == "job":
             assert self.profile is not None
             return manifests.job_manifest(
@@ -271,9 +310,10 @@ class KubernetesAdapter(ClusterAdapter):
         return manifests.pod_manifest(workload, binding, self.cluster, self.instance)
 
     def bind(self, workload: Workload) -> None:
-        """Create the workload's Pod (or Job). On 409 the existing object is read: this job's,
-        on the same node and cards, it is taken back; this job's elsewhere or on its way out,
-        it is deleted at once and created again; anyone else's is an error."""
+        """Create the workload's Pod (or Job; a deployment instance's InferenceService). On
+        409 the existing object is read: this job's, on the same node and cards, it is taken
+        back; this job's elsewhere or on its way out, it is deleted at once and created again;
+        anyone else's is an error."""
         if not workload.command:
             raise AdapterError(f"job {workload.job_id} has an empty command")
         api = self._connect()
@@ -333,7 +373,7 @@ class KubernetesAdapter(ClusterAdapter):
             made = bound.get(job_id)
             if job_id in released:
                 out[job_id] = WorkloadStatus(
-                    WorkloadState.LOST, None, f"released: its {self._kind()} was deleted"
+                    WorkloadState.LOST, None, "released: its object was deleted"
                 )
             elif view is None or (made is not None and view.uid != made[1]):
                 out[job_id] = self._unseen(api, job_id, made)
@@ -350,7 +390,7 @@ class KubernetesAdapter(ClusterAdapter):
         show the object of an earlier bind, deleted since), or gone. Read from the server."""
         if made is not None:
             try:
-                view = object_view(self._read(api, made[0], self._kind()))
+                view = object_view(self._read(api, made[0], made[0].kind))
             except AdapterError as exc:
                 if getattr(exc.__cause__, "status", None) != 404:
                     return WorkloadStatus(WorkloadState.RUNNING, None, str(exc))
@@ -360,7 +400,8 @@ class KubernetesAdapter(ClusterAdapter):
         return WorkloadStatus(
             WorkloadState.LOST,
             None,
-            f"{self.where} has no Pod or Job of this job (deleted outside gpuplane?)",
+            f"{self.where} has no Pod, Job or InferenceService of this job (deleted outside "
+            "gpuplane?)",
         )
 
     def release(self, job_id: str) -> None:
@@ -378,9 +419,9 @@ class KubernetesAdapter(ClusterAdapter):
                 return
             view = None
         if view is not None:
-            binding = Binding(view.namespace, view.name, view.uuids)
-        kind = self._kind()
+            binding = Binding(view.namespace, view.name, view.uuids, view.kind)
         if binding is not None:
+            kind = binding.kind
             self._keep_log(api, job_id)
             try:
                 api.delete(binding, kind, self.cluster.grace_period_s)
@@ -429,7 +470,7 @@ class KubernetesAdapter(ClusterAdapter):
             return latest.namespace, latest.name
         with self._lock:
             made = self._bound.get(job_id)
-        if made is None or self._kind() == "Job":
+        if made is None or made[0].kind != "Pod":
             return None
         return made[0].namespace, made[0].name
 
@@ -470,6 +511,6 @@ class KubernetesAdapter(ClusterAdapter):
         if self._api is not None:
             for job_id in self.workloads():
                 self.release(job_id)
-        for reflector in (self._nodes, self._pods, self._jobs):
+        for reflector in (self._nodes, self._pods, self._jobs, self._services):
             if reflector is not None:
                 reflector.stop()

@@ -66,6 +66,9 @@ from gpuplane.control.logtail import read_log
 from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 
+# a deployment instance's engine listens here: the jobs run on this machine
+ENGINE_HOST = "127.0.0.1"
+
 log = logging.getLogger("gpuplane.control")
 
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,memory.total,uuid"
@@ -319,6 +322,12 @@ class LocalAdapter(ClusterAdapter):
     def close(self) -> None:
         for job_id in self.workloads():
             self.release(job_id)
+
+    def serving_refusal(self) -> str | None:
+        return None  # an instance's engine listens on this machine's loopback
+
+    def instance_url(self, job_id: str, port: int) -> str | None:
+        return f"http://{ENGINE_HOST}:{port}"
 
     def reachable(self) -> tuple[bool, str]:
         left = self._lost_until - time.monotonic()

@@ -11,9 +11,13 @@ An instance lost with its cluster (which stopped answering) is recorded ended wi
 deployment's instances could be spread better (the lost or full cluster has room again), one
 moves back, make before break (`_respread`). An instance of a
 spec without `max_concurrency` has its slots read from its engine once it answers
-(`read_capacity`). `endpoints()` is what the gateway watches: per deployment, its instances
-whose job runs, whose slots are known and which do not drain, with a resource version that
-changes exactly when that list does.
+(`read_capacity`). An instance's address is its cluster's to give (`instance_url`): on a
+`local` cluster the loopback port its engine was started on; on Kubernetes the URL KServe reports
+once its InferenceService is Ready; so it is learnt once the job runs, and a spec that could be
+placed on a cluster that cannot run instances (its adapter's `serving_refusal`) is refused at
+apply. `endpoints()` is what the gateway watches: per deployment, its instances whose job runs,
+whose address and slots are known and which do not drain, with a resource version that changes
+exactly when that list does.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import httpx
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from gpuplane.control.adapters.base import AdapterError, ClusterAdapter
+from gpuplane.control.adapters.local import ENGINE_HOST
 from gpuplane.control.deployments.autoscale import STALE_S, Load, Window, decide
 from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
 from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
@@ -51,8 +57,6 @@ from gpuplane.errors import ConfigError, unknown_name
 from gpuplane.serve.engines.base import adapter_class
 from gpuplane.serve.supervisor import Backoff
 
-# engines of a deployment listen on this machine's loopback: the `local` adapter runs them here
-ENGINE_HOST = "127.0.0.1"
 RESTART_BACKOFF_S = 1.0  # the first pause before a crashed instance's replacement; doubles
 CAPACITY_TIMEOUT_S = 2.0  # an engine that does not answer its info route within this: next tick
 
@@ -91,12 +95,15 @@ def free_port(host: str = ENGINE_HOST) -> int:
 
 
 class JobService(Protocol):
-    """What the controller uses of the service (`ControlService`): its config, store and
-    clock, and its job paths."""
+    """What the controller uses of the service (`ControlService`): its config, store, clock
+    and cluster adapters, and its job paths."""
 
     config: ControlConfig
     store: Store
     clock: Callable[[], float]
+
+    @property
+    def adapters(self) -> Mapping[str, ClusterAdapter]: ...
 
     def submit(self, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]: ...
 
@@ -161,7 +168,7 @@ class Deployments:
         """Create or change a deployment; refuse a spec that can never be served here. `teams`:
         the teams whose deployments the caller may change (None: all)."""
         spec = parse_deployment(data, self.service.config.default_team)
-        self._require_local(spec)
+        self._require_servable(spec)
         with self.service.store.session() as session:
             row = session.get(Deployment, spec.name)
             if row is not None and not _shown(row, teams):
@@ -319,18 +326,29 @@ class Deployments:
             self._moving.pop(name, None)
 
     def _discover(self, session: Session, spec: DeploymentSpec, now: float) -> None:
-        """Read the slots of the running instances whose engine has not reported them yet."""
-        rows = session.scalars(
-            select(DeploymentInstance)
+        """Learn where each running instance answers, once its cluster knows (at once on a
+        local cluster; once KServe reports it Ready on Kubernetes), then read the slots of
+        those whose engine has not reported them yet."""
+        rows = session.execute(
+            select(DeploymentInstance, Job)
             .join(Job, Job.id == DeploymentInstance.job_id)
             .where(
                 DeploymentInstance.deployment == spec.name,
-                DeploymentInstance.capacity.is_(None),
+                DeploymentInstance.capacity.is_(None) | DeploymentInstance.url.is_(None),
                 DeploymentInstance.draining_since.is_(None),
                 Job.state == "running",
             )
         ).all()
-        for row in rows:
+        for row, job in rows:
+            if row.url is None:
+                row.url = self._address(job)
+                if row.url is None:
+                    continue
+                session.add(row)
+                _event(session, now, spec.name, f"{row.job_id} answers at {row.url}")
+                session.commit()
+            if row.capacity is not None:
+                continue
             found = self._capacity(row.url, spec.engine)
             if found is None:
                 continue
@@ -338,6 +356,19 @@ class Deployments:
             session.add(row)
             _event(session, now, spec.name, f"{row.job_id} runs {row.capacity} slot(s): {how}")
             session.commit()
+
+    def _address(self, job: Job) -> str | None:
+        """Where the instance of `job` answers, as its cluster's adapter knows it (None: not
+        yet, or the cluster does not answer now: asked again next tick)."""
+        adapter = self.service.adapters.get(job.cluster_name or "")
+        serve = job.spec.get("serve")
+        if adapter is None or serve is None:  # (an instance started before `serve` has its url)
+            return None
+        try:
+            return adapter.instance_url(job.id, int(serve["port"]))
+        except AdapterError as exc:
+            log.warning("the address of instance %s: %s; asked again next tick", job.id, exc)
+            return None
 
     def slots_per_instance(self, session: Session, spec: DeploymentSpec) -> int:
         """The slots of one instance of the main version: the fewest its instances report,
@@ -515,7 +546,8 @@ class Deployments:
             ).all()
         if all(crowd[c] + 2 > max(crowd.values()) for c in open_clusters):
             return  # no cluster could improve it: no dry run
-        answer = self.service.submit(spec.to_job(ENGINE_HOST, 0), dry_run=True)
+        # a dry run: where one more would go (its port does not matter)
+        answer = self.service.submit(spec.to_job(ENGINE_HOST, 1), dry_run=True)
         target = answer.get("cluster")
         if not answer["fits"] or answer.get("preempts") or target is None:
             return
@@ -616,19 +648,14 @@ class Deployments:
                     job_id=job_id,
                     deployment=spec.name,
                     version=spec.version,
-                    url=f"http://{ENGINE_HOST}:{port}",
+                    url=None,  # known once it runs, from its cluster (`_discover`)
                     capacity=None if spec.discovers_capacity else spec.capacity(),
                     created_at=now,
                 )
             )
             where = f" on cluster {cluster}" if cluster is not None else ""
             because = f" {why}" if why else ""
-            _event(
-                session,
-                now,
-                spec.name,
-                f"started {job_id} ({spec.version}){where} on port {port}{because}",
-            )
+            _event(session, now, spec.name, f"started {job_id} ({spec.version}){where}{because}")
         return job_id
 
     # -- reads -------------------------------------------------------------------------------
@@ -692,6 +719,7 @@ class Deployments:
                 .where(
                     Job.state == "running",
                     DeploymentInstance.capacity.is_not(None),
+                    DeploymentInstance.url.is_not(None),
                     DeploymentInstance.draining_since.is_(None),
                 )
                 .order_by(DeploymentInstance.deployment, DeploymentInstance.job_id)
@@ -725,9 +753,10 @@ class Deployments:
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
         return {"resource_version": digest, "models": body}
 
-    def _require_local(self, spec: DeploymentSpec) -> None:
-        """Refuse a placement that could land on a cluster whose engines the gateway cannot
-        reach yet: only the `local` adapter's instances have a known address."""
+    def _require_servable(self, spec: DeploymentSpec) -> None:
+        """Refuse a placement that could land on a cluster that cannot run an instance the
+        gateway reaches (its adapter's `serving_refusal`: e.g. a Kubernetes cluster without
+        KServe, a Ray cluster), naming the clusters that can."""
         clusters = self.service.config.clusters
         sel = spec.placement
         candidates = [
@@ -741,14 +770,23 @@ class Deployments:
                 "invalid deployment spec: placement.cluster: "
                 + unknown_name("cluster", sel.cluster, {c.name for c in clusters})
             )
-        remote = sorted(c.name for c in candidates if c.adapter != "local")
-        if remote:
-            local = sorted(c.name for c in candidates if c.adapter == "local")
+        refusals: dict[str, str] = {}
+        for c in candidates:
+            adapter = self.service.adapters.get(c.name)
+            try:
+                why = "it is not connected" if adapter is None else adapter.serving_refusal()
+            except AdapterError as exc:
+                why = str(exc)
+            if why is not None:
+                refusals[c.name] = why
+        if refusals:
+            able = sorted(c.name for c in candidates if c.name not in refusals)
             raise SpecError(
-                f"deployment {spec.name} could be placed on cluster(s) {', '.join(remote)}, "
-                "whose engines the gateway cannot reach yet (deployments run on `local` "
-                "clusters only for now); set placement.cluster"
-                + (f" to one of: {', '.join(local)}" if local else " to a local cluster")
+                f"deployment {spec.name} could be placed on cluster(s) "
+                f"{', '.join(sorted(refusals))}, which cannot run its instances: "
+                + "; ".join(refusals.values())
+                + "; set placement.cluster"
+                + (f" to one of: {', '.join(able)}" if able else " to a cluster that can")
             )
 
 

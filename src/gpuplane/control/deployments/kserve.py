@@ -14,6 +14,10 @@ names: `nvidia.com/gpu` (+ `nvidia.com/gpumem`, `nvidia.com/gpucores` for a vGPU
 `max_concurrency`, when given, is also `containerConcurrency`. Placement's `match_labels` become
 a nodeSelector and `gpu_models` a required node affinity; `cluster` and `region` choose the
 cluster to apply the manifests to, so they are no field of them.
+
+The Kubernetes adapter builds each instance a control plane places on a `kubernetes` cluster
+from the same predictor (`predictor`, `inference_service`): one replica, pinned to the node and
+cards the scheduler chose (`adapters/k8s/manifests.py`).
 """
 
 from __future__ import annotations
@@ -46,15 +50,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """The InferenceServices of `spec`: one per version (the main one first, then the canaries),
     whose predictor runs `image`."""
-    if not image:
-        raise SpecError(
-            "give the container image that holds the engine (e.g. vllm/vllm-openai for vllm)"
-        )
-    if spec.engine == "llamacpp" and spec.model in EMBEDDED_MODELS:
-        raise SpecError(
-            f"model '{spec.model}' names the GGUF embedded on this machine; for KServe give "
-            "the model's path inside the image (or on a volume)"
-        )
+    check(spec, image)
     if spec.name[0].isdigit():
         raise SpecError(
             f"KServe names start with a letter; rename deployment '{spec.name}' (e.g. "
@@ -68,18 +64,49 @@ def render(
     ]
 
 
-def _service(
-    spec: DeploymentSpec, image: str, namespace: str | None, replicas: int, weight: float | None
-) -> dict[str, Any]:
-    low, high = (spec.scaling.min, spec.scaling.max) if spec.scaling else (replicas, replicas)
-    predictor: dict[str, Any] = {
+def check(spec: DeploymentSpec, image: str) -> None:
+    """Refuse, saying what to change, a spec whose predictor cannot run `image` on KServe."""
+    if not image:
+        raise SpecError(
+            "give the container image that holds the engine (e.g. vllm/vllm-openai for vllm)"
+        )
+    if spec.engine == "llamacpp" and spec.model in EMBEDDED_MODELS:
+        raise SpecError(
+            f"model '{spec.model}' names the GGUF embedded on this machine; for KServe give "
+            "the model's path inside the image (or on a volume)"
+        )
+
+
+def inference_service(metadata: dict[str, Any], predictor: dict[str, Any]) -> dict[str, Any]:
+    """An InferenceService in raw deployment mode with replicas set by gpuplane: `metadata`
+    (its annotations joined to the mode's) and `predictor` (`predictor()`'s, perhaps pinned)."""
+    annotations = dict(RAW_DEPLOYMENT) | metadata.get("annotations", {})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceService",
+        "metadata": {**metadata, "annotations": annotations},
+        "spec": {"predictor": predictor},
+    }
+
+
+def predictor(spec: DeploymentSpec, image: str, low: int, high: int) -> dict[str, Any]:
+    """The predictor of one version: `low` to `high` replicas of the engine's container, its
+    slots as `containerConcurrency`, the spec's placement as node selector and affinity."""
+    out: dict[str, Any] = {
         "minReplicas": low,
         "maxReplicas": high,
         "containers": [_container(spec, image)],
     }
     if spec.max_concurrency is not None:
-        predictor["containerConcurrency"] = spec.max_concurrency
-    predictor.update(_placement(spec))
+        out["containerConcurrency"] = spec.max_concurrency
+    out.update(_placement(spec))
+    return out
+
+
+def _service(
+    spec: DeploymentSpec, image: str, namespace: str | None, replicas: int, weight: float | None
+) -> dict[str, Any]:
+    low, high = (spec.scaling.min, spec.scaling.max) if spec.scaling else (replicas, replicas)
     metadata: dict[str, Any] = {
         "name": f"{spec.name}-{spec.version.replace('.', '-')}",
         **({"namespace": namespace} if namespace else {}),
@@ -89,15 +116,9 @@ def _service(
             LABEL_VERSION: spec.version,
             LABEL_TEAM: spec.team,
         },
-        "annotations": dict(RAW_DEPLOYMENT)
-        | ({} if weight is None else {ANNOTATION_WEIGHT: f"{weight:g}"}),
+        "annotations": {} if weight is None else {ANNOTATION_WEIGHT: f"{weight:g}"},
     }
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "InferenceService",
-        "metadata": metadata,
-        "spec": {"predictor": predictor},
-    }
+    return inference_service(metadata, predictor(spec, image, low, high))
 
 
 def _container(spec: DeploymentSpec, image: str) -> dict[str, Any]:

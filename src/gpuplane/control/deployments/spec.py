@@ -265,7 +265,8 @@ class DeploymentSpec(_Spec):
         return self.model
 
     def to_job(self, host: str, port: int) -> dict[str, Any]:
-        """The job spec of one instance of this version serving on host:port."""
+        """The job spec of one instance of this version serving on host:port (where the adapter
+        runs its command; on Kubernetes, `serve` makes it a KServe InferenceService)."""
         launch = self.launch(host, port)
         return {
             "name": f"{self.name}-{self.version}",
@@ -276,6 +277,7 @@ class DeploymentSpec(_Spec):
             "selector": self.placement.model_dump(exclude_none=True),
             # a version's instances go to different clusters, then nodes, where capacity allows
             "spread": f"deployment/{self.name}/{self.version}",
+            "serve": {"port": port, "deployment": self.model_dump(mode="json", exclude_none=True)},
         }
 
 

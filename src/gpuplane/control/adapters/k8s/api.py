@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 LOG_BLOCK = 64 * 1024
 Obj = dict[str, Any]
+# KServe's InferenceService: a custom resource (group, version, plural)
+KSERVE_GROUP, KSERVE_VERSION = "serving.kserve.io", "v1beta1"
+INFERENCE_SERVICES = (KSERVE_GROUP, KSERVE_VERSION, "inferenceservices")
 
 
 def raw(timeout_s: float | None = None) -> dict[str, Any]:
@@ -34,6 +37,7 @@ class KubeApi:
 
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.version = client.VersionApi(api_client)
         self.core_group = client.CoreApi(api_client)
         self.apis = client.ApisApi(api_client)
@@ -50,14 +54,25 @@ class KubeApi:
             read_json(self.apis.get_api_versions(**t)),
         )
 
+    def list_inference_services(self, **kw: Any) -> Any:
+        """List (or watch) InferenceServices in every namespace, as the reflector asks."""
+        return self.custom.list_cluster_custom_object(*INFERENCE_SERVICES, **kw)
+
     def create(self, binding: Binding, body: Obj) -> Obj:
-        """Create `body` (a Pod or Job) in its namespace, which is created first if missing;
-        the object as the server stored it (its uid)."""
-        create = (
-            self.batch.create_namespaced_job
-            if body["kind"] == "Job"
-            else self.core.create_namespaced_pod
-        )
+        """Create `body` (a Pod, Job or InferenceService) in its namespace, which is created
+        first if missing; the object as the server stored it (its uid)."""
+        kind = body["kind"]
+
+        def create(namespace: str, body: Obj, **kw: Any) -> Any:
+            if kind == "InferenceService":
+                group, version, plural = INFERENCE_SERVICES
+                return self.custom.create_namespaced_custom_object(
+                    group, version, namespace, plural, body, **kw
+                )
+            if kind == "Job":
+                return self.batch.create_namespaced_job(namespace, body, **kw)
+            return self.core.create_namespaced_pod(namespace, body, **kw)
+
         try:
             return read_json(create(binding.namespace, body, **raw(self.timeout_s)))
         except self.exception as exc:
@@ -73,17 +88,37 @@ class KubeApi:
             return read_json(create(binding.namespace, body, **raw(self.timeout_s)))
 
     def read(self, binding: Binding, kind: str) -> Obj:
+        t = raw(self.timeout_s)
+        if kind == "InferenceService":
+            group, version, plural = INFERENCE_SERVICES
+            return read_json(
+                self.custom.get_namespaced_custom_object(
+                    group, version, binding.namespace, plural, binding.name, **t
+                )
+            )
         read = self.batch.read_namespaced_job if kind == "Job" else self.core.read_namespaced_pod
-        return read_json(read(binding.name, binding.namespace, **raw(self.timeout_s)))
+        return read_json(read(binding.name, binding.namespace, **t))
 
     def delete(self, binding: Binding, kind: str, grace: int) -> None:
-        """Delete, its Pods with it (a Job's, in the background); gone already is fine."""
-        delete = (
-            self.batch.delete_namespaced_job if kind == "Job" else self.core.delete_namespaced_pod
-        )
+        """Delete, its Pods with it (a Job's or an InferenceService's, in the background); gone
+        already is fine."""
         body = {"gracePeriodSeconds": grace, "propagationPolicy": "Background"}
+        t = raw(self.timeout_s)
         try:
-            read_json(delete(binding.name, binding.namespace, body=body, **raw(self.timeout_s)))
+            if kind == "InferenceService":
+                group, version, plural = INFERENCE_SERVICES
+                read_json(
+                    self.custom.delete_namespaced_custom_object(
+                        group, version, binding.namespace, plural, binding.name, body=body, **t
+                    )
+                )
+                return
+            delete = (
+                self.batch.delete_namespaced_job
+                if kind == "Job"
+                else self.core.delete_namespaced_pod
+            )
+            read_json(delete(binding.name, binding.namespace, body=body, **t))
         except self.exception as exc:
             if exc.status != 404:
                 raise

@@ -1,7 +1,8 @@
 """What the adapter reads from the objects it watches, as gpuplane's data: a Node (labels,
 allocatable, HAMi's healthy cards) as a `DiscoveredNode` in gpuplane's selector labels, and a
 Pod or Job as a `WorkloadStatus` (phase and container exit code; OOMKilled, evictions and
-deadlines named as reasons). Pure functions of the JSON the API server sent."""
+deadlines named as reasons), and a KServe InferenceService as one with its URL. Pure functions
+of the JSON the API server sent."""
 
 from __future__ import annotations
 
@@ -84,11 +85,11 @@ def node_view(obj: Obj) -> NodeView | None:
 
 @dataclass(frozen=True, slots=True)
 class ObjectView:
-    """One Pod or Job the adapter bound: whose it is, which object it is (its uid; a Job's Pod
-    also names its Job's, `owner`), where it runs, how it is doing."""
+    """One Pod, Job or InferenceService the adapter bound: whose it is, which object it is (its
+    uid; a Job's Pod also names its Job's, `owner`), where it runs, how it is doing."""
 
     job_id: str
-    kind: str  # "Pod" | "Job"
+    kind: str  # "Pod" | "Job" | "InferenceService"
     namespace: str
     name: str
     uid: str
@@ -107,9 +108,12 @@ def object_view(obj: Obj) -> ObjectView | None:
     if job_id is None:
         return None
     kind = obj.get("kind") or ("Job" if "template" in obj.get("spec", {}) else "Pod")
-    template = obj["spec"].get("template", obj)
-    pod_meta = template.get("metadata", meta)
-    pod_spec = template.get("spec", {})
+    if kind == "InferenceService":  # the predictor holds its Pods' annotations and spec
+        pod_meta = pod_spec = obj["spec"].get("predictor", {})
+    else:
+        template = obj["spec"].get("template", obj)
+        pod_meta = template.get("metadata", meta)
+        pod_spec = template.get("spec", {})
     uuids = (pod_meta.get("annotations") or {}).get(USE_UUID_ANNOTATION, "")
     owner = next(
         (o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None
@@ -125,9 +129,43 @@ def object_view(obj: Obj) -> ObjectView | None:
         uuids=tuple(u for u in uuids.split(",") if u),
         terminating=bool(meta.get("deletionTimestamp")),
         created=meta.get("creationTimestamp", ""),
-        status=pod_status(obj) if kind == "Pod" else WorkloadStatus(WorkloadState.RUNNING),
+        status=pod_status(obj)
+        if kind == "Pod"
+        else inference_status(obj)
+        if kind == "InferenceService"
+        else WorkloadStatus(WorkloadState.RUNNING),
         raw=obj,
     )
+
+
+# KServe's modelStatus.transitionStatus once it gave up: the predictor cannot load or run
+_GAVE_UP = ("BlockedByFailedLoad", "InvalidSpec")
+
+
+def inference_status(isvc: Obj) -> WorkloadStatus:
+    """An InferenceService runs while KServe starts or serves it, with its URL once its Ready
+    condition is True (`status.address.url`, the cluster-internal one, else `status.url`); it
+    failed once KServe gave up on its predictor (`modelStatus.transitionStatus`), with KServe's
+    reason and message (`lastFailureInfo`, else the Ready condition's)."""
+    status = isvc.get("status") or {}
+    conditions: list[Obj] = status.get("conditions", [])
+    ready: Obj = next((c for c in conditions if c.get("type") == "Ready"), {})
+    model = status.get("modelStatus") or {}
+    if model.get("transitionStatus") in _GAVE_UP:
+        failure = model.get("lastFailureInfo") or {}
+        reason = failure.get("reason") or ready.get("reason") or model["transitionStatus"]
+        message = failure.get("message") or ready.get("message") or "no message"
+        meta = isvc["metadata"]
+        return WorkloadStatus(
+            WorkloadState.FAILED,
+            failure.get("exitCode"),
+            f"KServe could not serve InferenceService {meta.get('namespace')}/{meta['name']}: "
+            f"{reason}: {message}",
+        )
+    if ready.get("status") != "True":
+        return WorkloadStatus(WorkloadState.RUNNING)
+    url = (status.get("address") or {}).get("url") or status.get("url")
+    return WorkloadStatus(WorkloadState.RUNNING, url=url or None)
 
 
 def _terminated(pod: Obj) -> Obj | None:

@@ -1,4 +1,5 @@
-"""The manifests a workload becomes: a Pod, or a batch/v1 Job whose template is that Pod, pinned
+"""The manifests a workload becomes: a Pod, or a batch/v1 Job whose template is that Pod (or, for a
+deployment instance, a KServe InferenceService whose predictor is pinned the same way), pinned
 to its node (nodeSelector on `kubernetes.io/hostname`, for HAMi's scheduler to bind) and to its
 cards by UUID, with HAMi's resource limits, in its team's namespace, and labelled so the adapter
 finds its own workloads again after a restart. Pure: the same workload, settings and profile
@@ -29,6 +30,8 @@ LABEL_TEAM = "gpuplane.io/team"
 ANNOTATION_JOB = "gpuplane.io/job-id"
 ANNOTATION_INSTANCE = "gpuplane.io/instance"
 CONTAINER = "main"
+# KServe names a raw deployment's Service `<name>-predictor`, which must be a DNS label too
+ISVC_NAME_MAX = 63 - len("-predictor")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -37,14 +40,14 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def object_name(job_id: str) -> str:
-    """The Pod's (or Job's) name: `gp-<job id>` as a DNS label (63 at most, as a Job's name
-    must be); a job id that had to be changed to fit gets a digest of itself appended, so two
-    ids never share a name."""
+def object_name(job_id: str, max_len: int = 63) -> str:
+    """The Pod's (or Job's, or InferenceService's) name: `gp-<job id>` as a DNS label (63 at
+    most, as a Job's name must be; `ISVC_NAME_MAX` for an InferenceService); a job id that had
+    to be changed to fit gets a digest of itself appended, so two ids never share a name."""
     clean = _NOT_NAME.sub("-", job_id.lower()).strip("-")
     name = f"gp-{clean}"
-    if clean != job_id or len(name) > 63:
-        name = f"{name[:54].rstrip('-')}-{_digest(job_id)}"
+    if clean != job_id or len(name) > max_len:
+        name = f"{name[: max_len - 9].rstrip('-')}-{_digest(job_id)}"
     return name
 
 
@@ -67,11 +70,13 @@ def namespace_of(cluster: ClusterConfig, team: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """Where the manifest goes and what pins it: the namespace, the object's name, the cards."""
+    """Where the manifest goes and what pins it: the namespace, the object's name, the cards,
+    and the object's kind (Pod, Job or InferenceService)."""
 
     namespace: str
     name: str
     uuids: tuple[str, ...]
+    kind: str = "Pod"
 
 
 def _slice(workload: Workload) -> Slice:
@@ -109,30 +114,39 @@ def pod_template(
     }
     if workload.workdir:
         container["workingDir"] = workload.workdir
-    annotations = {ANNOTATION_JOB: workload.job_id, ANNOTATION_INSTANCE: instance}
-    if binding.uuids:
-        annotations[USE_UUID_ANNOTATION] = ",".join(binding.uuids)
-    spec: Manifest = {
-        "restartPolicy": "Never",
+    metadata = _metadata(workload, binding, instance)
+    metadata["annotations"].update(_card_annotations(binding))
+    spec: Manifest = {"restartPolicy": "Never", **_pinning(workload, cluster)}
+    return {"metadata": metadata, "spec": {**spec, "containers": [container]}}
+
+
+def _metadata(workload: Workload, binding: Binding, instance: str) -> Manifest:
+    """Name, namespace, and the labels and annotations that say whose the object is."""
+    return {
+        "name": binding.name,
+        "namespace": binding.namespace,
+        "labels": {
+            MANAGED_BY: "gpuplane",
+            LABEL_JOB: label_value(workload.job_id),
+            LABEL_INSTANCE: label_value(instance),
+            LABEL_TEAM: label_value(workload.team or "default"),
+        },
+        "annotations": {ANNOTATION_JOB: workload.job_id, ANNOTATION_INSTANCE: instance},
+    }
+
+
+def _pinning(workload: Workload, cluster: ClusterConfig) -> Manifest:
+    """The Pod spec's fields that hand it to HAMi's scheduler for its node."""
+    return {
         "schedulerName": cluster.scheduler_name,
         "nodeSelector": {"kubernetes.io/hostname": workload.node},
         "terminationGracePeriodSeconds": cluster.grace_period_s,
-        "containers": [container],
     }
-    return {
-        "metadata": {
-            "name": binding.name,
-            "namespace": binding.namespace,
-            "labels": {
-                MANAGED_BY: "gpuplane",
-                LABEL_JOB: label_value(workload.job_id),
-                LABEL_INSTANCE: label_value(instance),
-                LABEL_TEAM: label_value(workload.team or "default"),
-            },
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
+
+
+def _card_annotations(binding: Binding) -> dict[str, str]:
+    """The Pod annotation that pins it to its cards (HAMi's device plugin reads it)."""
+    return {USE_UUID_ANNOTATION: ",".join(binding.uuids)} if binding.uuids else {}
 
 
 def _deadline(workload: Workload) -> dict[str, int]:
@@ -180,6 +194,29 @@ def job_manifest(
         "metadata": {"name": binding.name, **job_meta},
         "spec": spec,
     }
+
+
+def inference_service(
+    workload: Workload, binding: Binding, cluster: ClusterConfig, instance: str
+) -> Manifest:
+    """A deployment instance (`workload.serve`) as a KServe InferenceService of one replica
+    (KServe's own predictor, `deployments/kserve.py`), whose Pod is pinned as a bare Pod would
+    be: node selector, HAMi's scheduler and card annotation, HAMi's resource limits. Its engine
+    listens on KServe's port, not the local one in the workload's command. Raises SpecError
+    when the spec cannot run on KServe (e.g. the embedded GGUF)."""
+    from gpuplane.control.deployments import kserve  # the control plane's, imported at bind
+    from gpuplane.control.deployments.spec import DeploymentSpec
+
+    assert workload.serve is not None
+    spec = DeploymentSpec.model_validate(workload.serve)
+    kserve.check(spec, cluster.image)
+    predictor = kserve.predictor(spec, cluster.image, 1, 1)
+    pinning = _pinning(workload, cluster)
+    selector = {**predictor.get("nodeSelector", {}), **pinning["nodeSelector"]}
+    predictor.update(pinning, nodeSelector=selector)
+    if binding.uuids:
+        predictor["annotations"] = _card_annotations(binding)
+    return kserve.inference_service(_metadata(workload, binding, instance), predictor)
 
 
 def needs(cluster: ClusterConfig) -> Sequence[str]:
