@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.control.deployments.controller import read_capacity
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import api_client, config, local_cluster, make_service
@@ -282,6 +283,20 @@ def test_instances_move_back_make_before_break_once_a_full_cluster_has_room(
             service.tick()
     finally:
         service.close()
+
+
+def test_a_job_whose_serve_names_no_valid_deployment_is_refused_at_submit(
+    held: tuple[ControlService, TestClient],
+) -> None:
+    """`serve` marks a deployment instance; its version's spec is checked like an applied one,
+    so an adapter never builds an InferenceService from a bad one."""
+    _, client = held
+    job = parse_deployment(SPEC).to_job("127.0.0.1", 9001)
+    job["serve"] = {**job["serve"], "deployment": {**job["serve"]["deployment"], "engine": "simm"}}
+    answer = client.post("/jobs", json=job)
+    assert answer.status_code == 422, answer.text
+    assert "invalid job spec: serve.deployment: engine:" in answer.json()["detail"]
+    assert client.get("/jobs").json() == []
 
 
 def test_scale_down_stops_instances_that_never_ran_at_once(

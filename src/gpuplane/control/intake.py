@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate, PendingJob, can_admit, from_scheduler
 from gpuplane.control.cycle_writer import CycleWriter
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.errors import InfeasibleJobError, NotFoundError
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.mirror import Mirror
@@ -81,6 +82,12 @@ class Intake:
         if default is not None and isinstance(data, dict) and data.get("team") is None:
             data = {**data, "team": default}
         spec = parse_spec(data)
+        if spec.serve is not None:  # a deployment instance: its version's spec must be one
+            try:
+                parse_deployment(spec.serve.deployment)
+            except SpecError as exc:
+                reason = str(exc).removeprefix("invalid deployment spec: ")
+                raise SpecError(f"invalid job spec: serve.deployment: {reason}") from None
         self.check_refs(spec)
         return spec
 

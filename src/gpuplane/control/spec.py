@@ -145,18 +145,12 @@ class ServeSpec(_Spec):
     """Marks a job as one instance of a deployment's version (the deployment controller sets it,
     `DeploymentSpec.to_job`): the version's deployment spec, from which an adapter that runs
     instances its own way builds them (Kubernetes: a KServe InferenceService), and the port the
-    engine of the job's `command` listens on, where an adapter runs that command (`local`)."""
+    engine of the job's `command` listens on, where an adapter runs that command (`local`).
+    The deployment spec is checked where a job is submitted (`intake.py`): the deployments
+    package builds on this module, not the other way round."""
 
-    port: Annotated[int, Field(ge=1, le=65535, description="the engine's port in `command`")]
+    port: Annotated[int, bounded(1, 65535, "the engine's port in `command`")]
     deployment: dict[str, Any] = Field(description="the version's deployment spec")
-
-    @field_validator("deployment")
-    @classmethod
-    def _a_deployment(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from gpuplane.control.deployments.spec import DeploymentSpec  # it imports this module
-
-        DeploymentSpec.model_validate(value)
-        return value
 
 
 class JobSpec(_Spec):
