@@ -7,7 +7,6 @@ after the back-off; a cluster without KServe is refused with the fix."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
@@ -22,29 +21,24 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.config import parse_settings
 from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.deployments import kserve
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ClusterConfig
-from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
-from tests.conftest import free_port, gateway_settings
+from tests.conftest import free_port
 from tests.control.api_server import serving_with_loop
 from tests.control.k8s_fake import FakeKubeApi
 from tests.control.k8s_fake.clusters import kube_cluster
 from tests.control.k8s_fake.kserve import cluster_url
 from tests.control.k8s_fake.state import Obj
 from tests.control.svc_helpers import admin_token, api_client, config, local_cluster, make_service
-from tests.control.test_deploy_kserve import check
+from tests.control.test_deploy_kserve import check, needs_kserve
+from tests.e2e.test_deployments import watching
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("kserve") is None,
-    reason="the kserve package's models are missing: `pip install --no-deps kserve==0.21.0` "
-    "(make setup does)",
-)
+pytestmark = needs_kserve
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -302,8 +296,7 @@ async def test_the_gateway_answers_through_the_inference_service(
             token = admin_token(service)
             monkeypatch.setenv(TOKEN_ENV, token)
             with serving_with_loop(service) as url:
-                settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-                gateway = Gateway(settings, control=url, control_token=token)
+                gateway, settings = watching(url)
                 async with (
                     serving(settings, gateway) as gw_url,
                     httpx.AsyncClient(timeout=60) as client,

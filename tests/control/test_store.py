@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -124,72 +125,52 @@ def test_the_milli_gpu_columns_are_renamed_in_place_keeping_a_running_jobs_card(
     assert_gpu_milli_columns_renamed_in_place(f"sqlite:///{tmp_path}/old.db")
 
 
+def _instances_across(
+    tmp_path: Path, before: str, after: str, added: str, column: str
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """A store at `before` with one instance (chat-v1-a: http://h:1, 4 slots), migrated to
+    `after`, which `added` (a chat-v1-b row's VALUES) can then hold, and back: each instance's
+    (job id, `column`) after each step."""
+    url = f"sqlite:///{tmp_path}/old.db"
+    insert = (
+        "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
+        "created_at) VALUES "
+    )
+    cfg = old_store(
+        url,
+        before,
+        "INSERT INTO deployments (name, spec, deleting, created_at, updated_at) "
+        "VALUES ('chat', '{}', 0, 1.0, 1.0)",
+        insert + "('chat-v1-a', 'chat', 'v1', 'http://h:1', 4, 1.0)",
+    )
+    read = f"SELECT job_id, {column} FROM deployment_instances ORDER BY job_id"
+    engine = create_engine(url)
+    try:
+        migrate(engine, cfg, after, insert + added)
+        with engine.connect() as conn:
+            up = [tuple(r) for r in conn.execute(text(read))]
+        migrate(engine, cfg, before, down=True)
+        with engine.connect() as conn:
+            return up, [tuple(r) for r in conn.execute(text(read))]
+    finally:
+        engine.dispose()
+
+
 def test_0011_lets_an_instance_wait_for_its_engines_slots_and_keeps_the_known_ones(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/old.db"
-    cfg = old_store(
-        url,
-        "0010",
-        "INSERT INTO deployments (name, spec, deleting, created_at, updated_at) "
-        "VALUES ('chat', '{}', 0, 1.0, 1.0)",
-        "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
-        "created_at) VALUES ('chat-v1-a', 'chat', 'v1', 'http://h:1', 4, 1.0)",
+    up, down = _instances_across(
+        tmp_path, "0010", "0011", "('chat-v1-b', 'chat', 'v1', 'http://h:2', NULL, 2.0)", "capacity"
     )
-    engine = create_engine(url)
-    try:
-        migrate(
-            engine,
-            cfg,
-            "0011",
-            "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
-            "created_at) VALUES ('chat-v1-b', 'chat', 'v1', 'http://h:2', NULL, 2.0)",
-        )
-        read = "SELECT job_id, capacity FROM deployment_instances ORDER BY job_id"
-        with engine.connect() as conn:
-            assert [tuple(r) for r in conn.execute(text(read))] == [
-                ("chat-v1-a", 4),
-                ("chat-v1-b", None),  # not reported by its engine yet
-            ]
-        migrate(engine, cfg, "0010", down=True)  # back: an unknown capacity becomes 1
-        with engine.connect() as conn:
-            assert [tuple(r) for r in conn.execute(text(read))] == [
-                ("chat-v1-a", 4),
-                ("chat-v1-b", 1),
-            ]
-    finally:
-        engine.dispose()
+    assert up == [("chat-v1-a", 4), ("chat-v1-b", None)]  # b: not reported by its engine yet
+    assert down == [("chat-v1-a", 4), ("chat-v1-b", 1)]  # back: an unknown capacity becomes 1
 
 
 def test_0012_lets_an_instance_wait_for_its_address_and_keeps_the_known_ones(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/old.db"
-    cfg = old_store(
-        url,
-        "0011",
-        "INSERT INTO deployments (name, spec, deleting, created_at, updated_at) "
-        "VALUES ('chat', '{}', 0, 1.0, 1.0)",
-        "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
-        "created_at) VALUES ('chat-v1-a', 'chat', 'v1', 'http://h:1', 4, 1.0)",
+    up, down = _instances_across(
+        tmp_path, "0011", "0012", "('chat-v1-b', 'chat', 'v1', NULL, 4, 2.0)", "url"
     )
-    engine = create_engine(url)
-    try:
-        migrate(
-            engine,
-            cfg,
-            "0012",
-            "INSERT INTO deployment_instances (job_id, deployment, version, url, capacity, "
-            "created_at) VALUES ('chat-v1-b', 'chat', 'v1', NULL, 4, 2.0)",
-        )
-        read = "SELECT job_id, url FROM deployment_instances ORDER BY job_id"
-        with engine.connect() as conn:
-            assert [tuple(r) for r in conn.execute(text(read))] == [
-                ("chat-v1-a", "http://h:1"),
-                ("chat-v1-b", None),  # its InferenceService is not Ready yet
-            ]
-        migrate(engine, cfg, "0011", down=True)  # back: an instance without address is gone
-        with engine.connect() as conn:
-            assert [tuple(r) for r in conn.execute(text(read))] == [("chat-v1-a", "http://h:1")]
-    finally:
-        engine.dispose()
+    assert up == [("chat-v1-a", "http://h:1"), ("chat-v1-b", None)]  # b: not Ready yet
+    assert down == [("chat-v1-a", "http://h:1")]  # back: an instance without address is gone

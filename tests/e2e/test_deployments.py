@@ -25,6 +25,7 @@ from gpuplane.control.models import DeploymentEvent, Job
 from gpuplane.control.service import ControlService
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
+from gpuplane.serve.settings import ServeSettings
 from tests.conftest import gateway_settings
 from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import admin_token, config, make_service
@@ -73,6 +74,14 @@ def cli_json(url: str, *args: str) -> Any:
     return json.loads(out)
 
 
+def watching(url: str) -> tuple[Gateway, ServeSettings]:
+    """A gateway that takes its models from the control plane at `url` (as the service's local
+    admin, whose token `control` set; health probes every 0.2 s), and its settings for
+    `serving`."""
+    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
+    return Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV]), settings
+
+
 async def wait_for(what: str, check: object, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():  # type: ignore[operator]
@@ -109,8 +118,7 @@ async def test_a_deployment_is_placed_discovered_served_and_drained(
     assert code == 0, out
     assert "deployment chat created" in out
 
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "two ready instances in the gateway",
@@ -180,8 +188,7 @@ async def test_an_autoscaled_deployment_follows_the_gateways_slot_use(
     spec.pop("replicas")
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "one ready instance",
@@ -225,8 +232,7 @@ async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
     spec.pop("replicas")
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "one ready instance",
@@ -274,8 +280,7 @@ async def test_a_deployment_scaled_to_zero_holds_requests_until_an_instance_serv
     spec.pop("replicas")
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=180) as client:
         await wait_for("the deployment discovered", lambda: "chat" in gateway.routers)
         assert cli_json(url, "describe", "chat")["instances"] == []
@@ -335,8 +340,7 @@ async def test_the_embedded_llama_cpp_is_deployed_and_answers(
     spec = {"name": "smol", "model": "smollm2", "engine": "llamacpp", "team": "research"}
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=spec)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=120) as client:
         await wait_for(
             "llama.cpp ready",
@@ -365,8 +369,7 @@ async def test_a_new_version_replaces_the_old_under_load_without_a_failed_reques
     v1 = {**SPEC, "replicas": 1}
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=v1)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     async with serving(settings, gateway) as gw_url, httpx.AsyncClient(timeout=60) as client:
         await wait_for(
             "v1 ready",
@@ -408,8 +411,7 @@ async def test_a_canary_takes_its_weight_then_is_promoted_or_rolled_back_under_l
     canary = {**spec, "canary": [{"version": "v2", "weight": 10}]}
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
         assert (await api.post(url + "/deployments", json=canary)).status_code == 201
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
+    gateway, settings = watching(url)
     placed: list[str] = []
     events = gateway._events
     placed_before = events.placed

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.deployments.drills import DrillResult, run_drill
 from gpuplane.control.models import Job
@@ -34,10 +32,9 @@ from gpuplane.control.settings import (
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
-from tests.conftest import gateway_settings
 from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import A100, admin_token, config, local_cluster, make_service
-from tests.e2e.test_deployments import wait_for
+from tests.e2e.test_deployments import wait_for, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(600)]
 
@@ -96,9 +93,7 @@ def _running(service: ControlService) -> dict[str, str | None]:
 
 def _deployed(service: ControlService, url: str) -> tuple[Gateway, ServeSettings]:
     service.deployments.apply(SPEC)
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    gateway = Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV])
-    return gateway, settings
+    return watching(url)
 
 
 async def test_crash_drill_the_killed_engine_leaves_rotation_and_is_replaced(
