@@ -540,6 +540,8 @@ class Deployments:
         ):
             return
         crowd = Counter(i.cluster for i in live)
+        if max(crowd.values()) < 2:
+            return  # one at most per cluster: already spread (no query each tick)
         with self.service.store.session() as session:
             open_clusters = session.scalars(
                 select(Cluster.name).where(Cluster.unreachable.is_(None), ~Cluster.cordoned)
