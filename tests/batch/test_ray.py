@@ -39,23 +39,28 @@ def test_ray_addresses_are_checked_at_their_gcs_or_client_port() -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     node: dict[str, Any] = {"num_cpus": 4, "num_gpus": 1, "resources": {GPU_MEM_RESOURCE: 81920}}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={**node, "include_dashboard": False, "object_store_memory": 80 << 20},
-    )
-    try:
-        cluster.add_node(**node, object_store_memory=80 << 20)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        yield cluster.address
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with pytest.MonkeyPatch.context() as env:  # nothing of this machine's Ray setup reaches it
+        env.setenv("HOME", str(tmp_path_factory.mktemp("ray-home")))
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+            env.delenv(name, raising=False)
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={**node, "include_dashboard": False, "object_store_memory": 80 << 20},
+        )
+        try:
+            cluster.add_node(**node, object_store_memory=80 << 20)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, log_to_driver=False)
+            yield cluster.address
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 @pytest.mark.slow

@@ -19,5 +19,5 @@ RAY_NODES = [
 @pytest.fixture(scope="session")
 def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The job API URL of a local Ray cluster of two nodes on 127.0.0.1, for the session."""
-    with ray_cluster(RAY_NODES, tmp_path_factory.mktemp("ray")) as url:
-        yield url
+    with ray_cluster(RAY_NODES, tmp_path_factory.mktemp("ray")) as cluster:
+        yield cluster.url

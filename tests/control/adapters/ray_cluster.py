@@ -2,7 +2,11 @@
 on 127.0.0.1 (free ports, declared GPUs and a `gpu_mem_mib` resource: Ray accepts GPUs it cannot
 see, so no GPU is needed), each in its own process group, stopped by killing those groups (never
 `ray stop`, which stops every Ray on the machine). Kept small for a 2-core machine: one CPU per
-node, a small object store, no usage stats."""
+node, a small object store, no usage stats.
+
+Nothing the machine ran before reaches it: Ray's processes get a throwaway HOME (Ray 2.59+ turns
+token authentication on for every later cluster once `~/.ray/auth_token` exists) and an explicit
+RAY_AUTH_MODE: `disabled`, or `token` with the token given."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class RayNode:
     gpus: int
     gpu_mem_mib: int  # of all its cards
     labels: Mapping[str, str]
+    cpus: int = 1  # declared, like the GPUs: what Ray lets its tasks and actors ask for
 
 
 def free_port() -> int:
@@ -42,7 +47,7 @@ def _args(node: RayNode) -> list[str]:
     return [
         "--block",
         "--node-ip-address=127.0.0.1",
-        "--num-cpus=1",
+        f"--num-cpus={node.cpus}",
         f"--num-gpus={node.gpus}",
         f"--resources={json.dumps({'gpu_mem_mib': node.gpu_mem_mib})}",
         f"--labels={labels}",
@@ -69,12 +74,27 @@ def _wait(
     raise RuntimeError(f"the local Ray cluster was not ready in {timeout:.0f}s: {what}")
 
 
+@dataclass(frozen=True, slots=True)
+class RayCluster:
+    url: str  # the dashboard's job API: the ray adapter's address
+    gcs: str  # HOST:PORT of its GCS: what `ray.init` and the batch runner join
+
+
 @contextlib.contextmanager
-def ray_cluster(nodes: list[RayNode], log_dir: Path, timeout: float = 180.0) -> Iterator[str]:
-    """Start a head (`nodes[0]`) and workers; yield the job API's URL once every node is alive
-    and a job can be submitted; stop them all on exit."""
+def ray_cluster(
+    nodes: list[RayNode], log_dir: Path, timeout: float = 180.0, token: str | None = None
+) -> Iterator[RayCluster]:
+    """Start a head (`nodes[0]`) and workers, requiring `token` where one is given; yield its
+    addresses once every node is alive and a job can be submitted; stop them all on exit."""
     gcs, dash = free_port(), free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    home = log_dir / "home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(home)}
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    env["RAY_AUTH_MODE"] = "token" if token else "disabled"
+    if token:
+        env["RAY_AUTH_TOKEN"] = token
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(args: list[str], name: str) -> None:
@@ -91,7 +111,8 @@ def ray_cluster(nodes: list[RayNode], log_dir: Path, timeout: float = 180.0) -> 
             )
 
     url = f"http://127.0.0.1:{dash}"
-    http = httpx.Client(base_url=url, timeout=10)
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    http = httpx.Client(base_url=url, timeout=10, headers=auth)
     try:
         head = ["--head", f"--port={gcs}", "--include-dashboard=true"]
         head += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"]
@@ -120,7 +141,7 @@ def ray_cluster(nodes: list[RayNode], log_dir: Path, timeout: float = 180.0) -> 
             return ok
 
         _wait("a job can be submitted", submits, procs, timeout)
-        yield url
+        yield RayCluster(url, f"127.0.0.1:{gcs}")
     finally:
         http.close()
         for p in reversed(procs):
