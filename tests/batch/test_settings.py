@@ -33,6 +33,7 @@ FLAG_DEFAULTS: dict[str, Any] = {
     "gpu_mem_mib": 81920,
     "runner": "local",
     "ray_address": None,
+    "ray_token_file": None,
     "threads": False,
     "cpu_slots": None,
     "storage_options": {},

@@ -41,6 +41,11 @@ class BatchConfig(Section):
     gpu_mem_mib: int = Field(default=81920, ge=1, description="memory of each declared card")
     runner: str = Field(default="local", description="local or ray")
     ray_address: str | None = Field(default=None, description="Ray cluster to join (ray runner)")
+    ray_token_file: str | None = Field(
+        default=None,
+        description="file holding the Ray cluster's auth token (Ray's token authentication); "
+        "unset: Ray's own RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH",
+    )
     threads: bool = Field(default=False, description="local runner: threads, not processes")
     cpu_slots: int | None = Field(
         default=None, ge=1, description="local runner: tasks at once; unset: the host's cores"

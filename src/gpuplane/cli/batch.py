@@ -155,6 +155,7 @@ def run(
     gpu_mem_mib: int | None = GPU_MEM_OPTION,
     runner: str | None = typer.Option(None, help=key_help("runner")),
     ray_address: str | None = typer.Option(None, help=key_help("ray_address")),
+    ray_token_file: str | None = typer.Option(None, help=key_help("ray_token_file")),
     threads: bool | None = typer.Option(None, help=key_help("threads")),
     cpu_slots: int | None = typer.Option(None, help=key_help("cpu_slots")),
     stage_version: list[str] = typer.Option([], help="STAGE=VERSION, repeatable (a release)"),
@@ -179,7 +180,8 @@ def run(
     def go() -> dict[str, Any]:
         cfg = batch_settings(
             config, pattern=pattern, cache_url=cache, gpus=gpus, gpu_mem_mib=gpu_mem_mib,
-            runner=runner, ray_address=ray_address, threads=threads, cpu_slots=cpu_slots,
+            runner=runner, ray_address=ray_address, ray_token_file=ray_token_file,
+            threads=threads, cpu_slots=cpu_slots,
             prefetch_items=prefetch_items, prefetch_bytes=prefetch_bytes, io_workers=io_workers,
             calibrate=calibrate, verify_clips=verify_clips, report=report, progress=progress,
         )  # fmt: skip
@@ -200,7 +202,7 @@ def run(
         if cfg.runner == "local":
             options = {"cpu_slots": cfg.cpu_slots, "threads": cfg.threads, "pin_devices": real}
         elif cfg.runner == "ray":
-            options = {"address": cfg.ray_address}
+            options = {"address": cfg.ray_address, "token_file": cfg.ray_token_file}
         run_opts = RunOptions(
             out_dir=out_dir,
             devices=devices,

@@ -50,6 +50,9 @@ def add(
     address: str | None = typer.Option(
         None, "--address", help="ray: URL of its dashboard's job API (http://host:8265)"
     ),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="ray: file holding its auth token (its path is stored)"
+    ),
     region: str | None = typer.Option(None, "--region", help="the gpuplane.io/region label"),
     label: list[str] = typer.Option([], "--label", "-l", help="KEY=VALUE on every node"),
     namespace: str | None = typer.Option(
@@ -70,6 +73,7 @@ def add(
         ("kubeconfig", str(kubeconfig.resolve()) if kubeconfig else None),  # the server reads it
         ("context", context),
         ("address", address),
+        ("token_file", str(token_file.resolve()) if token_file else None),
         ("region", region),
         ("labels", labels or None),
         ("namespace", namespace),

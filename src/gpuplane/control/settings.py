@@ -77,6 +77,12 @@ class ClusterConfig(Section):
         description="ray: URL of the cluster's job API (the dashboard, e.g. "
         "http://127.0.0.1:8265); required for a ray cluster",
     )
+    token_file: str | None = Field(
+        default=None,
+        description="ray: path of a file holding the cluster's auth token (Ray's token "
+        "authentication; a reference: the token is read from there, never stored); unset: "
+        "$RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token",
+    )
     namespace: str = Field(
         default="gpuplane-{team}",
         description="kubernetes: namespace of a team's Pods ({team} is the team's name)",

@@ -5,6 +5,12 @@ A replica `(module, index, device, share, mem)` of the plan becomes an actor cre
 slice names memory, the custom resource `gpu_mem_mib` (declare it on the nodes, as HAMi declares
 `nvidia.com/gpumem`). Ray itself is imported only in `start()`, after a short TCP connect to the
 address: `ray.init` retries an unreachable cluster for minutes before it gives up.
+
+A cluster that requires Ray's token authentication is joined with a token: `batch.ray_token_file`,
+else Ray's own `RAY_AUTH_TOKEN` / `RAY_AUTH_TOKEN_PATH`. Ray reads the token, and whether to
+present one at all (`RAY_AUTH_MODE=token`), only from the process environment, when it is first
+imported, so `start()` sets them there first (`auth_env`); without them Ray answers a token cluster
+with a bare connection error after about 20 s, which `start()` turns into one naming the settings.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import os
 import socket
 from collections.abc import Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,6 +32,25 @@ GPU_MEM_RESOURCE = "gpu_mem_mib"
 CONNECT_TIMEOUT_S = 3.0
 """How long `start()` waits for the cluster's port to accept a connection."""
 GCS_PORT, CLIENT_PORT = 6379, 10001  # Ray's defaults: HOST:PORT is the GCS, ray://HOST the client
+TOKEN_HOW = "set batch.ray_token_file (--ray-token-file) or RAY_AUTH_TOKEN"
+
+
+def auth_env(token_file: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the environment needs so that `ray.init` presents a token: the configured file, or
+    token mode where the environment holds Ray's own token variables but no mode (a user who
+    gave a token means it to be used; Ray sends none unless the mode says token)."""
+    if token_file:
+        try:  # checked here: Ray aborts the whole process on an unreadable token file
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise BatchError(
+                f"the Ray token file {token_file} (batch.ray_token_file) cannot be read: {exc}"
+            ) from exc
+        if not token:
+            raise BatchError(f"the Ray token file {token_file} (batch.ray_token_file) is empty")
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_file}
+    given = environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH")
+    return {"RAY_AUTH_MODE": "token"} if given and "RAY_AUTH_MODE" not in environ else {}
 
 
 def endpoint(address: str) -> tuple[str, int] | None:
@@ -98,8 +124,10 @@ class RayRunner(Runner):
         address: str | None = None,
         custom_resources: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
+        token_file: str | None = None,
     ) -> None:
         self.address = address
+        self.token_file = token_file
         self.custom_resources = custom_resources
         self.runtime_env = dict(runtime_env or {})
         self._actors: dict[tuple[str, int], Any] = {}
@@ -114,6 +142,7 @@ class RayRunner(Runner):
         if spec.pipeline_spec is None:
             raise BatchError("the ray runner needs a pipeline path or module:attr, not an object")
         address = self.address or os.environ.get("RAY_ADDRESS")  # ray.init's own fallback
+        os.environ.update(auth_env(self.token_file, os.environ))  # before Ray reads its config
         try:
             import ray
         except ImportError as exc:
@@ -123,9 +152,15 @@ class RayRunner(Runner):
         if not ray.is_initialized():
             if address:
                 check_reachable(address)
-            ray.init(
-                address=self.address, runtime_env=self.runtime_env or None, log_to_driver=False
-            )
+            try:
+                ray.init(
+                    address=self.address, runtime_env=self.runtime_env or None, log_to_driver=False
+                )
+            except ConnectionError as exc:
+                raise BatchError(
+                    f"could not join the Ray cluster at {address}: {exc}; if it requires a token "
+                    f"(Ray's token authentication), {TOKEN_HOW}"
+                ) from exc
             self._owns_ray = True
         cls = ray.remote(max_restarts=0)(_StageActor)
         for r in plan.replicas:

@@ -6,7 +6,8 @@ It speaks the Ray dashboard's HTTP APIs at the cluster's `address`: the state AP
 through that client: the client sets no timeout, so a dashboard that accepts a connection and
 never answers would hang the control loop (seen on this machine: a submit stuck for minutes);
 here every call times out after `sync_interval_s` and its failure becomes an `AdapterError`
-once, in `_call`. The control plane needs no `ray` install at all.
+once, in `_call`. The control plane needs no `ray` install at all. A cluster that requires Ray's
+token authentication gets its token as a bearer header (`ray_auth.py` says where it is read).
 
 Inventory: every ALIVE node; its `GPU` resource is its card count, its `gpu_mem_mib` custom
 resource the memory of all its cards (split evenly; unset: `default_gpu_mem_mib` each), the model
@@ -52,6 +53,7 @@ from gpuplane.control.adapters.base import (
     register,
 )
 from gpuplane.control.adapters.local import hami_env
+from gpuplane.control.adapters.ray_auth import find_token, refusal
 from gpuplane.control.logtail import BLOCK, read_log, tail_start
 from gpuplane.control.spec import format_duration
 from gpuplane.control.statedir import private_dir
@@ -171,7 +173,11 @@ class RayAdapter(ClusterAdapter):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.address = str(self.cluster.address).rstrip("/")
         self.where = f"ray cluster {self.cluster.name} at {self.address}"
-        self._http = httpx.Client(base_url=self.address, timeout=self.cluster.sync_interval_s)
+        self._token = find_token(self.cluster.token_file)
+        auth = {"Authorization": f"Bearer {self._token.value}"} if self._token else {}
+        self._http = httpx.Client(
+            base_url=self.address, timeout=self.cluster.sync_interval_s, headers=auth
+        )
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[dict[str, str], bool]] = {}  # name -> selector, gpu mem?
         self._released: set[str] = set()  # stopped, not yet deleted (Ray was slow to stop)
@@ -188,6 +194,8 @@ class RayAdapter(ClusterAdapter):
             ) from exc
         if response.status_code == 404:
             raise _NotFound(f"{self.where}: could not {what}: not found")
+        if response.status_code in (401, 403):
+            raise refusal(self.where, response.status_code, self._token)
         if response.status_code >= 400:
             raise AdapterError(
                 f"{self.where}: could not {what}: Ray answered {response.status_code}: "
