@@ -25,6 +25,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -252,6 +253,11 @@ def main() -> None:
             )
             log(f"  {result['overhead_local']}")
         if args.ray_clips:
+            # a private local cluster: its own token in the environment, so Ray (2.59+) neither
+            # saves one to ~/.ray/auth_token, which turns auth on for every later cluster on
+            # the machine, nor runs without one
+            if "RAY_AUTH_MODE" not in os.environ:
+                os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
             import ray
 
             log(f"overhead: 3 no-op stages x {args.ray_clips} clips, Ray runner (local node)")
