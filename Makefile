@@ -3,7 +3,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,dev
+EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,docs,dev
 
 # The embedded engine, llama-cpp-python, compiles llama.cpp from source. Its version is the one
 # pyproject.toml pins; these flags skip what the Python server does not need and build for a CPU
@@ -20,7 +20,7 @@ ENGINE_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXA
 # A venv records which engine build it holds: other flags or another version reinstall it.
 ENGINE_STAMP := $(VENV)/.engine-$(shell printf '%s %s' '$(ENGINE_VERSION)' '$(ENGINE_CMAKE_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: setup run test test-fast lint bench clean engine-rebuild
+.PHONY: setup run test test-fast lint docs bench clean engine-rebuild
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,17 +53,24 @@ run: setup
 	$(BIN)/gpuplane up
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(MAKE) docs
 	$(BIN)/pytest
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 
+# The docs site, into site/: strict, so a broken link or anchor, or a page outside the nav, fails
+# it; the reference pages are rendered from the code (scripts/docs_reference.py). The variable
+# silences a banner Material prints on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site
