@@ -128,11 +128,27 @@ _generated: dict[str, str] = {}  # page -> its tables, rendered once per build (
 
 def reference_pages(document: dict[str, Any]) -> dict[str, str]:
     """Each reference page (its path under docs/) -> the tables the code gives it."""
-    return {
+    pages = {
         "reference/cli.md": cli_reference(typer.main.get_command(app)),
         "reference/configuration.md": "\n".join(reference_table()) + "\n",
         "reference/control-api.md": api_reference(document, POLICY),
     }
+    return {path: _no_html(text) for path, text in pages.items()}
+
+
+def _no_html(page: str) -> str:
+    """Help texts say `<state_dir>/control.db`: outside code, Markdown would take `<state_dir>`
+    for an HTML tag and drop it, so a `<` there is written as an entity."""
+    lines, fenced = [], False
+    for line in page.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and not line.startswith("```"):
+            parts = line.split("`")  # even parts are outside code spans
+            line = "`".join(
+                p.replace("<", "&lt;") if i % 2 == 0 else p for i, p in enumerate(parts)
+            )
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
