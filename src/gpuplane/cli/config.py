@@ -27,9 +27,13 @@ def defaults() -> None:
 @app.command()
 def reference() -> None:
     """Print every setting with its type, default and meaning (Markdown)."""
-    typer.echo("| key | type | default | meaning |\n|---|---|---|---|")
-    for row in _rows(Settings, ""):
-        typer.echo(row)
+    typer.echo("\n".join(reference_table()))
+
+
+def reference_table() -> list[str]:
+    """Every setting as a Markdown table, one row a key: what `config reference` prints and the
+    docs site's configuration page holds (both from the settings models, so neither goes stale)."""
+    return ["| key | type | default | meaning |", "|---|---|---|---|", *_rows(Settings, "")]
 
 
 @app.command()
