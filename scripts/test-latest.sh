@@ -16,11 +16,28 @@ uv=(env "VIRTUAL_ENV=$venv" "$venv/bin/uv")
 scripts/engine-wheel.sh "$venv/bin/python" "$engine_version" "$@"
 "${uv[@]}" pip install --quiet --upgrade -e ".[$extras]"
 "${uv[@]}" pip install --quiet --no-deps --require-hashes -r requirements/no-deps.txt
-echo "== packages newer than uv.lock (name: locked -> installed)"
-"${uv[@]}" export --frozen --all-extras --no-hashes --no-emit-project --no-header 2>/dev/null \
-    | sed -n 's/^\([A-Za-z0-9_.-]*\)==\([^ ;]*\).*/\1 \2/p' | sort -u >"$venv/locked.txt"
-"${uv[@]}" pip freeze | sed -n 's/^\([A-Za-z0-9_.-]*\)==\(.*\)/\1 \2/p' | sort -u >"$venv/installed.txt"
-join -i "$venv/locked.txt" "$venv/installed.txt" | awk '$2 != $3 {print "  " $1 ": " $2 " -> " $3}'
+echo "== packages whose newest release differs from uv.lock (name: locked -> installed)"
+"${uv[@]}" export --frozen --all-extras --no-hashes --no-emit-project --no-header >"$venv/locked.txt"
+"$venv/bin/python" - "$venv/locked.txt" <<'PY'
+import sys
+from importlib import metadata
+
+from packaging.requirements import Requirement
+
+for line in open(sys.argv[1]):  # a universal lock: keep the pins whose markers hold here
+    if not line.strip() or line.lstrip().startswith(("#", "-")):
+        continue
+    req = Requirement(line.strip())
+    if req.marker is not None and not req.marker.evaluate():
+        continue
+    locked = next(iter(req.specifier)).version
+    try:
+        installed = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        continue
+    if installed != locked:
+        print(f"  {req.name}: {locked} -> {installed}")
+PY
 echo "== the suite against them"
 # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest words, e.g. "-m 'not slow' -x"
 "$venv/bin/python" -m pytest ${PYTEST_ARGS:-}
