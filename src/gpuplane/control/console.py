@@ -81,8 +81,9 @@ def render(
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """A console form's urlencoded fields (a few short ones), refused when a browser says it
-    was posted from another site (so no page elsewhere can log a visitor into its session)."""
+    """A console form's urlencoded fields (a few short ones: the edge already cut the body at
+    `control.http.max_form_bytes`), refused when a browser says it was posted from another
+    site (so no page elsewhere can log a visitor into its session)."""
     origin = request.headers.get("origin")
     if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
         raise AuthError(

@@ -160,11 +160,14 @@ def list_events(
     since_s: float | None = None,
     limit: int = 500,
     teams: Collection[str] | None = None,
+    kinds: Collection[str] = (),
 ) -> list[EventView]:
     """The newest events, oldest first: of one team if given (a job's events are its team's,
-    a call's the caller's), of the last `since_s` seconds if given."""
+    a call's the caller's), of the last `since_s` seconds if given, of `kinds` if any."""
     event_team = func.coalesce(Event.team_name, Job.team_name)
     query = select(Event, event_team).outerjoin(Job, Job.id == Event.job_id)
+    if kinds:
+        query = query.where(Event.kind.in_(kinds))
     if team:
         query = query.where(event_team == team)
     if teams is not None:
@@ -174,29 +177,6 @@ def list_events(
     with service.store.session() as session:
         rows = session.execute(query.order_by(Event.id.desc()).limit(limit)).all()
         return [_event_view(e, t) for e, t in reversed(rows)]
-
-
-def record_call(
-    service: ControlService,
-    call: str,
-    actor: str | None,
-    team: str | None,
-    source: str,
-    status: int,
-) -> None:
-    """Append an API call that changes something to the trail (`kind` api)."""
-    with service.store.session() as session, session.begin():
-        session.add(
-            Event(
-                at=service.clock(),
-                kind="api",
-                message=call[:2000],
-                team_name=team,
-                actor=actor or "anonymous",
-                source=source[:255],
-                status=status,
-            )
-        )
 
 
 def _event_view(e: Event, team: str | None) -> EventView:
