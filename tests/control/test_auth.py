@@ -383,6 +383,9 @@ def test_a_member_manages_its_own_teams_deployments_only(world: World) -> None:
     taken = world.call("POST", "/deployments", {**spec, "name": "chat"}, as_="other")
     assert taken.status_code == 409
     assert "research" not in taken.text
+    assert taken.json()["detail"] == "the deployment name chat is taken: choose another name"
+    dry = world.call("POST", "/deployments?dry_run=true", {**spec, "name": "chat"}, as_="other")
+    assert (dry.status_code, dry.json()) == (409, taken.json())
     assert world.call("GET", "/deployments/chat", as_="viewer").json()["team"] == "research"
     assert world.call("DELETE", "/deployments/mine", as_="other").status_code == 200
 

@@ -35,7 +35,7 @@ from starlette.routing import BaseRoute
 
 from gpuplane import __version__
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.control import console, queries, usage
+from gpuplane.control import console, queries, team_edits, usage
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
@@ -339,11 +339,11 @@ def create_app(
 
     @app.put("/teams/{name}", response_model=TeamView)
     def put_team(name: str, body: TeamSet) -> TeamView:
-        return queries.set_team(service, name, body)
+        return team_edits.set_team(service, name, body)
 
     @app.put("/teams/{name}/quotas/{flavor}", response_model=TeamView)
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
-        return queries.set_quota(service, name, flavor, body)
+        return team_edits.set_quota(service, name, flavor, body)
 
     deployment_routes.add_routes(app, service, caller)
 

@@ -324,10 +324,16 @@ class ControlService:
 
 
 def _apply_team_config(session: Session, team: TeamConfig) -> None:
-    row = session.get(Team, team.name) or Team(name=team.name)
-    row.cohort, row.weight = team.cohort, team.weight
+    """Apply what a `control.teams` entry states (cohort, weight, the whole set of quotas); what
+    it leaves out keeps the value the API gave it (`team_edits.set_team`, `set_quota`)."""
+    row = session.get(Team, team.name) or Team(name=team.name, weight=team.weight)
+    if team.states("cohort"):
+        row.cohort = team.cohort
+    if team.states("weight"):
+        row.weight = team.weight
     session.add(row)
     session.flush()
-    session.execute(delete(Quota).where(Quota.team_name == team.name))
-    for q in team.quotas:
-        session.add(quota_row(team.name, q.flavor, q))
+    if team.states("quotas"):
+        session.execute(delete(Quota).where(Quota.team_name == team.name))
+        for q in team.quotas:
+            session.add(quota_row(team.name, q.flavor, q))

@@ -173,12 +173,21 @@ TEAM_WEIGHT = bounded(MIN_WEIGHT, MAX_WEIGHT, "fair-share weight")
 
 
 class TeamConfig(Section):
+    """A team, and what of it the file sets: each of cohort, weight and quotas that the entry
+    states is applied at every start and refused through the API (which would be undone);
+    what it leaves out, the API sets and a restart keeps."""
+
     name: str = Field(description="team (its LocalQueue and ClusterQueue take this name)")
     cohort: str | None = Field(default=None, description="teams of a cohort lend unused quota")
     weight: Annotated[float, TEAM_WEIGHT] = 1.0
     quotas: list[QuotaConfig] = Field(
-        default_factory=list, description="per GPU model; none: the team is not limited"
+        default_factory=list,
+        description="per GPU model; none: the team is not limited; left out: set by the API",
     )
+
+    def states(self, field: str) -> bool:
+        """Whether this entry sets `field` (cohort, weight or quotas): the file then owns it."""
+        return field in self.model_fields_set
 
 
 class OidcConfig(Section):
