@@ -22,6 +22,7 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import HttpConfig
 from gpuplane.control.trail import Retention
 from tests.control.api_server import cli, serving
+from tests.control.console_helpers import console_client
 from tests.control.svc_helpers import admin_token, api_client, config, job, make_service
 
 LOAD = {"gateway": "gw-1", "models": []}
@@ -149,3 +150,17 @@ def test_the_trail_believes_x_forwarded_for_from_configured_proxies_only(
     with service.store.session() as session:
         sources = list(session.scalars(select(Event.source).where(Event.kind == "api")))
     assert sources == [source]
+
+
+def test_a_console_login_is_recorded_as_its_caller_and_a_failed_one_is_counted(
+    service: ControlService,
+) -> None:
+    _, member = service.tokens.create("m", Role.member, "research")
+    with api_client(service) as http:
+        browser, _ = console_client(http, member)
+        browser.close()
+        bad = http.post("/ui/login", data={"token": "gpl_wrong"})
+        assert bad.status_code == 401
+        metrics = http.get("/metrics").text
+    assert api_events(service) == [("POST /ui/login as member", 303)]
+    assert 'gpuplane_control_unidentified_calls_total{status="401"} 1.0' in metrics
