@@ -39,7 +39,7 @@ from gpuplane.control import console, queries, team_edits, usage
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
-from gpuplane.control.edge import Edge, Trail
+from gpuplane.control.edge import Edge, Trail, rule_of
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
@@ -159,7 +159,10 @@ def create_app(
         """The caller `edge.Edge` identified and let through (every route); the route's row is
         applied again, so a route reached without the edge fails closed."""
         who: Principal | None = request.state.principal
-        decide(POLICY[(request.method, request.scope["route"].path)], who)
+        rule = rule_of(request.method, request.scope["route"].path)
+        if rule is None:
+            raise RuntimeError(f"no policy row for {request.method} {request.scope['route'].path}")
+        decide(rule, who)
         return who
 
     def caller(who: Principal | None = Depends(allow)) -> Principal:

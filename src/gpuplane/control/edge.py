@@ -35,6 +35,11 @@ Identify = Callable[[Request, Rule], Awaitable[Principal | None]]
 Refuse = Callable[[Request, int, str], Response]
 
 
+def rule_of(method: str, route_path: str) -> Rule | None:
+    """The policy row of a call of `route_path` (a HEAD is its GET)."""
+    return POLICY.get(("GET" if method == "HEAD" else method, route_path))
+
+
 class BodyTooLarge(Exception):
     """A request body past its limit (413)."""
 
@@ -63,13 +68,12 @@ class Edge:
         self.http = http
 
     def _rule(self, scope: Scope) -> Rule | None:
-        """The policy row of the route `scope` calls (HEAD is GET's); None: no route matches,
-        and the router answers 404 or 405 without reading the body."""
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        """The policy row of the route `scope` calls; None: no route matches, and the router
+        answers 404 or 405 without reading the body."""
         for route in self.router.routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return POLICY.get((method, getattr(route, "path", "")))
+                return rule_of(scope["method"], getattr(route, "path", ""))
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
