@@ -130,4 +130,3 @@ async def test_a_body_within_the_limit_reaches_the_handler_whole(
         r = await http.post("/jobs?dry_run=true", json=spec, headers=bearer(admin_token(service)))
         assert r.status_code == 200, r.text
         assert r.json()["fits"] is True
-
