@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -111,3 +112,17 @@ def test_cli_refuses_a_missing_store_and_two_sources(tmp_path: Path) -> None:
     empty = runner.invoke(app, ["audit", "findings", "--store", str(tmp_path)])
     assert empty.exit_code == 1
     assert "holds no samples" in empty.output
+
+
+def test_report_escapes_what_samples_say(small_fleet: Fleet) -> None:
+    """A team or workload name is data: markup in it reaches the page as text, never as HTML."""
+    evil = "<script>alert(1)</script>"
+    samples = small_fleet.samples()
+    for column in ("team", "workload"):
+        i = samples.schema.get_field_index(column)
+        names = [f"{evil}{v}" if v else v for v in samples.column(column).to_pylist()]
+        samples = samples.set_column(i, column, pa.array(names).dictionary_encode())
+    audit = run_audit(samples)
+    html = render(audit, usage(samples, audit.stats.window, audit.settings))
+    assert "<script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

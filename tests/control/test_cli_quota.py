@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuplane.control import team_edits
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import QuotaConfig, TeamConfig
+from gpuplane.control.views import QuotaSet, TeamSet
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import A100, config, job
 
@@ -25,16 +27,17 @@ FULL = QuotaConfig(
     lending_limit_gpus=1.5,
     lending_limit_mem_mib=40960,
 )
-TEAMS = (
-    TeamConfig(name="research", cohort="ml", weight=2.0, quotas=[FULL]),
-    TeamConfig(name="vision", quotas=[QuotaConfig(flavor=A100, gpus=0.5)]),
-)
+# declared only: what `quota set` changes is the API's (what the file states, it refuses)
+TEAMS = (TeamConfig(name="research"), TeamConfig(name="vision"))
 
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[ControlService]:
     svc = ControlService(config(str(tmp_path), gpus=4, teams=TEAMS), bind_on_submit=False)
     svc.start()
+    team_edits.set_team(svc, "research", TeamSet(cohort="ml", weight=2.0))
+    team_edits.set_quota(svc, "research", A100, QuotaSet(**FULL.model_dump(exclude={"flavor"})))
+    team_edits.set_quota(svc, "vision", A100, QuotaSet(gpus=0.5))
     yield svc
     svc.close()
 

@@ -4,6 +4,7 @@ report, a real batch run, allocations and audit samples), and that a member sees
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -149,6 +150,52 @@ def test_the_batch_runs_pages_show_a_teams_runs_and_their_reports(
     assert "toy-a" not in theirs
     hidden, _ = plane.page("/ui/runs/research/toy-a", plane.other)
     assert hidden == 404
+
+
+def test_a_run_summary_of_the_wrong_shape_is_an_error_row_not_a_failed_page(
+    plane: Plane, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    good = runs / "good"
+    good.mkdir(parents=True)
+    (good / "run.json").write_text(json.dumps({"pipeline": "toy", "status": "running"}))
+    for name, doc in (
+        ("counts", {"pipeline": "toy", "status": "finished", "clips": "many"}),
+        ("stages", {"status": "finished", "stages": {"a": {"computed": "lots"}}}),
+        ("listed", [1, 2, 3]),
+        ("wall", {"status": "finished", "wall_s": "slow"}),
+    ):
+        (runs / name).mkdir()
+        (runs / name / "run.json").write_text(json.dumps(doc))
+    status, listing = plane.page("/ui/runs", plane.member)
+    assert status == 200
+    assert "good research toy running 0 0" in listing
+    assert f"counts research {runs / 'counts' / 'run.json'} is not a run summary: clips:" in listing
+    assert "stages.a.computed:" in listing
+    assert f"{runs / 'listed' / 'run.json'} is not a run summary" in listing
+    assert "wall_s:" in listing
+    status, page = plane.page("/ui/runs/research/stages", plane.member)
+    assert status == 200
+    assert "is not a run summary: stages.a.computed" in page
+
+
+def test_a_symbolic_link_under_a_runs_dir_is_not_followed(plane: Plane, tmp_path: Path) -> None:
+    theirs = tmp_path / "vision-runs" / "secret"
+    theirs.mkdir(parents=True)
+    (theirs / "run.json").write_text(json.dumps({"pipeline": "their-pipeline"}))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "stolen").symlink_to(theirs, target_is_directory=True)
+    (runs / "half").mkdir()
+    (runs / "half" / "run.json").symlink_to(theirs / "run.json")
+    status, listing = plane.page("/ui/runs", plane.member)
+    assert status == 200
+    assert "their-pipeline" not in listing
+    assert f"{runs / 'stolen'} is a symbolic link: not followed" in listing
+    assert f"{runs / 'half' / 'run.json'} is a symbolic link: not followed" in listing
+    status, page = plane.page("/ui/runs/research/stolen", plane.member)
+    assert status == 200
+    assert "their-pipeline" not in page
 
 
 def test_the_overview_shows_allocated_and_used_gpus_over_time(plane: Plane, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
+from gpuplane.control import queries, team_edits
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import QuotaConfig, TeamConfig
@@ -134,7 +134,7 @@ def test_owner_reclaims_borrowed_cards_by_preempting_the_borrower(tmp_path: Path
 
 
 def test_higher_priority_goes_first(service: ControlService) -> None:
-    queries.set_team(service, "other", TeamSet())  # a job must name a declared team
+    team_edits.set_team(service, "other", TeamSet())  # a job must name a declared team
     blocker = service.submit(job("blocker", gpus=2))["id"]
     low = service.submit({**job("low", gpus=2), "priority": 0})["id"]
     high = service.submit({**job("high", team="other", gpus=2), "priority": 10})["id"]

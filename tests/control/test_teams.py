@@ -114,3 +114,54 @@ def test_the_cli_says_which_teams_exist_and_exits_non_zero(tmp_path: Path) -> No
     assert code == 1
     assert "HTTP 404" in out
     assert "unknown team 'visoin' (did you mean 'vision'?); valid: research, vision" in out
+
+
+# -- what the config file sets and what the API sets ---------------------------------------------
+
+
+def client_for_teams(tmp_path: Path, teams: list[TeamConfig]) -> Iterator[TestClient]:
+    svc = make_service(config(str(tmp_path), teams=teams))
+    try:
+        with api_client(svc) as c:
+            yield c
+    finally:
+        svc.close()
+
+
+def quota_of(client: TestClient, team: str) -> list[tuple[str, float]]:
+    return [(q["flavor"], q["gpus"]) for q in client.get(f"/teams/{team}").json()["quotas"]]
+
+
+def test_what_the_api_sets_survives_a_restart_where_the_config_states_nothing(
+    tmp_path: Path,
+) -> None:
+    teams = [TeamConfig(name="research")]  # declared, its cohort, weight and quotas left out
+    for client in client_for_teams(tmp_path, teams):
+        assert client.put(f"/teams/research/quotas/{A100}", json={"gpus": 1.5}).status_code == 200
+        assert client.put("/teams/research", json={"cohort": "ml", "weight": 3}).status_code == 200
+    for client in client_for_teams(tmp_path, teams):
+        assert quota_of(client, "research") == [(A100, 1.5)]
+        team = client.get("/teams/research").json()
+        assert (team["cohort"], team["weight"]) == ("ml", 3.0)
+
+
+def test_what_the_config_states_is_refused_through_the_api_and_applied_at_start(
+    tmp_path: Path,
+) -> None:
+    teams = [TeamConfig(name="research", weight=2, quotas=[QuotaConfig(flavor=A100, gpus=1)])]
+    for client in client_for_teams(tmp_path, teams):
+        r = client.put(f"/teams/research/quotas/{A100}", json={"gpus": 2})
+        assert r.status_code == 409
+        assert "the config file sets team research's quotas (control.teams)" in r.json()["detail"]
+        assert "leave quotas out of the team's entry" in r.json()["detail"]
+        r = client.put("/teams/research", json={"weight": 5})
+        assert r.status_code == 409
+        assert "sets team research's weight" in r.json()["detail"]
+        # what the file does not state is the API's; a PUT that changes nothing it states passes
+        assert client.put("/teams/research", json={"cohort": "ml", "weight": 2}).status_code == 200
+        assert client.put(f"/teams/research/quotas/{A100}", json={"gpus": 1}).status_code == 200
+        assert quota_of(client, "research") == [(A100, 1.0)]
+    edited = [TeamConfig(name="research", weight=2, quotas=[QuotaConfig(flavor=A100, gpus=3)])]
+    for client in client_for_teams(tmp_path, edited):
+        assert quota_of(client, "research") == [(A100, 3.0)]  # the file's edit, at start
+        assert client.get("/teams/research").json()["cohort"] == "ml"  # the API's, kept

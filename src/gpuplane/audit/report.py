@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader
 
 from gpuplane.audit.findings import FindingKind
 from gpuplane.audit.pipeline import Audit
@@ -112,7 +112,9 @@ def _shares(card_map: Any, plan: RepackPlan, before: bool) -> dict[str, float]:
 def render(audit: Audit, usage: Usage, replay: Replay | None = None) -> str:
     """The report as one HTML string."""
     env = Environment(
-        loader=PackageLoader("gpuplane.audit", "templates"), autoescape=select_autoescape()
+        # every template here is HTML; its name ends .j2, which select_autoescape() leaves raw
+        loader=PackageLoader("gpuplane.audit", "templates"),
+        autoescape=True,
     )
     by_team: dict[str, Counter[str]] = {}
     for f in audit.findings:

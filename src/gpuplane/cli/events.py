@@ -25,14 +25,18 @@ from gpuplane.cli._control_common import (
 def events(
     team: str | None = typer.Option(None, "--team", autocompletion=complete_teams),
     since: str | None = typer.Option(None, "--since", help="only the last 1h, 30m, 7d, ..."),
+    kind: list[str] = typer.Option(
+        [], "--kind", help="only this kind (repeat for several): api, submitted, started, ..."
+    ),
     limit: int = typer.Option(500, "--limit", help="the newest N"),
     server: str | None = SERVER_OPTION,
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show the trail, oldest first: job steps (submitted, admitted, started, preempted, moved,
-    finished) and every call that changed something (who, from where, the HTTP status)."""
-    params: dict[str, Any] = {"team": team, "since": since, "limit": limit}
+    finished), cluster changes and every call that changed something (kind api: who, from
+    where, the HTTP status); `--kind api` shows only the calls."""
+    params: dict[str, Any] = {"team": team, "since": since, "limit": limit, "kind": kind or None}
     with client(server, token) as c:
         rows = c.events({k: v for k, v in params.items() if v is not None})
 

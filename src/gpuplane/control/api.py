@@ -10,8 +10,9 @@ answer as unknown ones. Only a bearer token authenticates the JSON API (no cooki
 cross-site form cannot act; a Host header not in `control.auth.allowed_hosts` (default: the
 loopback names) gets 400. The web console (`/ui`, `console.py`) is served by the same app under
 the same table, its caller from its session cookie and its forms checked for a CSRF token. Every
-call that may change something is recorded in the store's trail (`_Trail`). A background thread
-runs the service's tick (observe, admit, bind) every `schedule_interval_s`.
+call that may change something is recorded in the store's trail, and every caller is identified
+and authorised before its body is read, which is bounded (`edge.py`). A background thread runs
+the service's tick (observe, admit, bind) every `schedule_interval_s`.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane import __version__
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.control import console, queries, usage
+from gpuplane.control import console, queries, team_edits, usage
 from gpuplane.control.adapters.base import AdapterError
-from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide, of_own_team
+from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
+from gpuplane.control.edge import Edge, Trail, rule_of
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
@@ -95,42 +96,12 @@ class _Ticker:
                 log.exception("control loop tick failed; retrying on the next tick")
 
 
-class _Trail:
-    """ASGI middleware: each call that may change something (POST, PUT, DELETE) goes into the
-    store's trail once answered, refused ones too: who (the caller `allow` left in the request's
-    state), what (method and path, never a body), from where, and the HTTP status."""
-
-    def __init__(self, app: ASGIApp, service: ControlService) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
-            await self.app(scope, receive, send)
-            return
-        status = 500  # unless a response starts
-
-        async def sending(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            who: Principal | None = scope.get("state", {}).get("principal")
-            client = scope.get("client")
-            call = f"{scope['method']} {scope['path']}" + (f" as {who.role}" if who else "")
-            await run_in_threadpool(
-                queries.record_call,
-                self.service,
-                call,
-                who.subject if who else None,
-                who.team if who else None,
-                client[0] if client else "unknown",
-                status,
-            )
+def refusal(request: Request, status: int, message: str) -> Response:
+    """A refused call's answer: a console page (401: to the login form), else a JSON error."""
+    if console.is_console(request):
+        return console.error_page(request, status, message)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
 
 def server_config(app: FastAPI, control: ControlConfig) -> uvicorn.Config:
@@ -142,6 +113,10 @@ def server_config(app: FastAPI, control: ControlConfig) -> uvicorn.Config:
         host=control.host,
         port=control.port,
         log_level="warning",
+        # X-Forwarded-For is believed from the configured proxies only: by default uvicorn
+        # believes any caller on loopback, and every job on the host is one
+        proxy_headers=bool(control.http.trusted_proxies),
+        forwarded_allow_ips=control.http.trusted_proxies or None,
         # a gateway's deployment watch is a long poll: shut down without waiting it out
         timeout_graceful_shutdown=5,
     )
@@ -168,19 +143,27 @@ def create_app(
     bearer = HTTPBearer(auto_error=False, description="an API token (gpl_...) or an OIDC JWT")
     sessions = Sessions(service.clock)
 
-    def allow(
-        request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
-    ) -> Principal | None:
-        """The route's row of the policy table, applied to the caller (every route): a console
-        route's caller is its session's, any other route's its bearer token's."""
-        rule = POLICY[(request.method, request.scope["route"].path)]
+    async def identify(request: Request, rule: Rule) -> Principal | None:
+        """The caller of a route with `rule` (`edge.Edge` asks, before reading the body): a
+        console route's from its session, any other route's from its bearer token only."""
         if rule.console:
-            caller = console.session_caller(service, sessions, request)
-        else:
-            caller = service.authenticate(credentials.credentials) if credentials else None
-        request.state.principal = caller  # for the trail (`_Trail`), refused or not
-        decide(rule, caller)
-        return caller
+            return await run_in_threadpool(console.session_caller, service, sessions, request)
+        credentials = await bearer(request)
+        if credentials is None:
+            return None
+        return await run_in_threadpool(service.authenticate, credentials.credentials)
+
+    def allow(
+        request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+    ) -> Principal | None:
+        """The caller `edge.Edge` identified and let through (every route); the route's row is
+        applied again, so a route reached without the edge fails closed."""
+        who: Principal | None = request.state.principal
+        rule = rule_of(request.method, request.scope["route"].path)
+        if rule is None:
+            raise RuntimeError(f"no policy row for {request.method} {request.scope['route'].path}")
+        decide(rule, who)
+        return who
 
     def caller(who: Principal | None = Depends(allow)) -> Principal:
         """The authenticated caller of a route that needs one (`allow` refused anyone else)."""
@@ -196,15 +179,16 @@ def create_app(
         lifespan=lifespan,
         dependencies=[Depends(allow)],
     )
-    app.add_middleware(_Trail, service=service)
+    # outermost last: the host check, then the trail, then the edge's identify-then-read
+    app.add_middleware(
+        Edge, router=app.router, identify=identify, refuse=refusal, http=service.config.http
+    )
+    app.add_middleware(Trail, service=service)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
 
     @app.exception_handler(AuthError)
     async def _refused(request: Request, exc: AuthError) -> Response:
-        if console.is_console(request):
-            return console.error_page(request, exc.status, str(exc))
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+        return refusal(request, exc.status, str(exc))
 
     @app.exception_handler(GpuplaneError)
     async def _errors(request: Request, exc: GpuplaneError) -> Response:
@@ -358,11 +342,11 @@ def create_app(
 
     @app.put("/teams/{name}", response_model=TeamView)
     def put_team(name: str, body: TeamSet) -> TeamView:
-        return queries.set_team(service, name, body)
+        return team_edits.set_team(service, name, body)
 
     @app.put("/teams/{name}/quotas/{flavor}", response_model=TeamView)
     def put_quota(name: str, flavor: str, body: QuotaSet) -> TeamView:
-        return queries.set_quota(service, name, flavor, body)
+        return team_edits.set_quota(service, name, flavor, body)
 
     deployment_routes.add_routes(app, service, caller)
 
@@ -389,6 +373,9 @@ def create_app(
     def events(
         team: str | None = None,
         since: str | None = Query(None, description="only the last 1h, 30m, 7d, ..."),
+        kind: list[str] = Query(
+            [], description="only these kinds (repeat it): api, submitted, started, cluster, ..."
+        ),
         limit: int = Query(500, ge=1, le=10000),
         who: Principal = Depends(caller),
     ) -> list[EventView]:
@@ -396,7 +383,7 @@ def create_app(
             since_s = None if since is None else parse_duration(since)
         except ValueError as exc:
             raise ResourceError(f"since: {exc}") from None
-        return queries.list_events(service, team, since_s, limit, who.teams())
+        return queries.list_events(service, team, since_s, limit, who.teams(), kind)
 
     @app.get("/usage")
     def usage_report(

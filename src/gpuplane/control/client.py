@@ -207,7 +207,8 @@ class ControlClient:
         return out
 
     def events(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """The trail (`GET /events`): team, since (a duration) and limit as given."""
+        """The trail (`GET /events`): team, since (a duration), kind (a list) and limit as
+        given."""
         out: list[dict[str, Any]] = self.json("GET", "/events", params=params)
         return out
 

@@ -81,8 +81,9 @@ def render(
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """A console form's urlencoded fields (a few short ones), refused when a browser says it
-    was posted from another site (so no page elsewhere can log a visitor into its session)."""
+    """A console form's urlencoded fields (a few short ones: the edge already cut the body at
+    `control.http.max_form_bytes`), refused when a browser says it was posted from another
+    site (so no page elsewhere can log a visitor into its session)."""
     origin = request.headers.get("origin")
     if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
         raise AuthError(
@@ -253,12 +254,14 @@ def add_console(
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         token = (await _form(request)).get("token", "").strip()
-        if not token or await run_in_threadpool(service.authenticate, token) is None:
+        who = await run_in_threadpool(service.authenticate, token) if token else None
+        if who is None:
             error = (
                 "that token is not valid (malformed, unknown, revoked or expired): paste a "
                 "token from `gpuplane token create`, or the local admin token in the state dir"
             )
             return render(request, "login.html", None, status=401, error=error)
+        request.state.principal = who  # the trail records who logged in (a failure: counted)
         sid, _ = sessions.open(token)
         response = RedirectResponse("/ui", status_code=303)
         response.set_cookie(

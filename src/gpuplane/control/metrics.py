@@ -93,6 +93,13 @@ class ControlMetrics:
             "Jobs preempted to reclaim borrowed quota",
             registry=self.registry,
         )
+        self.unidentified = Counter(
+            "gpuplane_control_unidentified_calls",
+            "Calls that may change something from no identified caller (mostly 401s), by "
+            "status: counted here instead of filling the trail",
+            ["status"],
+            registry=self.registry,
+        )
 
     def watch(self, state: Callable[[], dict[str, Any]]) -> None:
         """Read gauges from `state()` at scrape time (the first source given wins)."""

@@ -19,14 +19,12 @@ from gpuplane.control.models import (
     Event,
     Job,
     Node,
-    Quota,
     Team,
 )
 from gpuplane.control.quota import dominant_share
-from gpuplane.control.records import job_row, quota_row, team_row
+from gpuplane.control.records import job_row, team_row
 from gpuplane.control.scheduler import MILLI_PER_GPU, ClusterReason, Decision, ReasonCode
 from gpuplane.control.service import ControlService
-from gpuplane.control.spec import SpecError, check_name
 from gpuplane.control.views import (
     ClusterDetail,
     ClusterView,
@@ -34,10 +32,8 @@ from gpuplane.control.views import (
     EventView,
     JobView,
     NodeView,
-    QuotaSet,
     QuotaView,
     ReasonView,
-    TeamSet,
     TeamView,
 )
 from gpuplane.errors import ResourceError, unknown_name
@@ -160,11 +156,14 @@ def list_events(
     since_s: float | None = None,
     limit: int = 500,
     teams: Collection[str] | None = None,
+    kinds: Collection[str] = (),
 ) -> list[EventView]:
     """The newest events, oldest first: of one team if given (a job's events are its team's,
-    a call's the caller's), of the last `since_s` seconds if given."""
+    a call's the caller's), of the last `since_s` seconds if given, of `kinds` if any."""
     event_team = func.coalesce(Event.team_name, Job.team_name)
     query = select(Event, event_team).outerjoin(Job, Job.id == Event.job_id)
+    if kinds:
+        query = query.where(Event.kind.in_(kinds))
     if team:
         query = query.where(event_team == team)
     if teams is not None:
@@ -174,29 +173,6 @@ def list_events(
     with service.store.session() as session:
         rows = session.execute(query.order_by(Event.id.desc()).limit(limit)).all()
         return [_event_view(e, t) for e, t in reversed(rows)]
-
-
-def record_call(
-    service: ControlService,
-    call: str,
-    actor: str | None,
-    team: str | None,
-    source: str,
-    status: int,
-) -> None:
-    """Append an API call that changes something to the trail (`kind` api)."""
-    with service.store.session() as session, session.begin():
-        session.add(
-            Event(
-                at=service.clock(),
-                kind="api",
-                message=call[:2000],
-                team_name=team,
-                actor=actor or "anonymous",
-                source=source[:255],
-                status=status,
-            )
-        )
 
 
 def _event_view(e: Event, team: str | None) -> EventView:
@@ -415,37 +391,6 @@ def list_teams(service: ControlService, teams: Collection[str] | None = None) ->
 def get_team(service: ControlService, name: str, teams: Collection[str] | None = None) -> TeamView:
     with service.store.session() as session:
         return team_view(service, session, team_row(session, name, teams))
-
-
-def set_team(service: ControlService, name: str, body: TeamSet) -> TeamView:
-    check_name("team", name)
-    if body.cohort is not None:
-        check_name("cohort", body.cohort)
-    with service.locked() as (session, _):
-        team = session.get(Team, name) or Team(name=name)
-        team.cohort, team.weight = body.cohort, body.weight
-        session.add(team)
-        service.invalidate()  # inside the lock: no pass may run on the old quotas
-    return get_team(service, name)
-
-
-def set_quota(service: ControlService, team: str, flavor: str, body: QuotaSet) -> TeamView:
-    check_name("team", team)
-    estate, _ = service.estate()
-    if flavor not in estate.flavors:
-        known = ", ".join(sorted(estate.flavors)) or "none"
-        raise SpecError(f"no GPU model '{flavor}' in the inventory; known models: {known}")
-    with service.locked() as (session, _):
-        if session.get(Team, team) is None:
-            session.add(Team(name=team))
-            session.flush()
-        existing = session.get(Quota, (team, flavor))
-        if existing is not None:
-            session.delete(existing)
-            session.flush()
-        session.add(quota_row(team, flavor, body))
-        service.invalidate()  # inside the lock: no pass may run on the old quotas
-    return get_team(service, team)
 
 
 def as_dicts(items: list[Any]) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ from gpuplane.control.statedir import secure_state_dir
 from gpuplane.control.store import Store
 from gpuplane.control.tokens import PREFIX as TOKEN_PREFIX
 from gpuplane.control.tokens import TokenBook, service_key
+from gpuplane.control.trail import Retention
 from gpuplane.control.vault import Vault, vault_key
 
 log = logging.getLogger("gpuplane.control")
@@ -82,6 +83,7 @@ class ControlService:
         self.policy = make_policy(config.policy or DEFAULT_POLICY)
         self.adapters: dict[str, ClusterAdapter] = {}
         self.metrics = ControlMetrics()
+        self.retention = Retention(config.events_retention_s)
         self.mirror = Mirror(self.store)
         self.records = Records(clock)
         self.binder = Binder(
@@ -180,12 +182,13 @@ class ControlService:
 
     def tick(self) -> None:
         """One round of the background loop: check the clusters' health, observe, admit, bind,
-        then keep each deployment's instances (`deployments/`)."""
+        then keep each deployment's instances (`deployments/`); the trail within retention."""
         self.clusters.check()
         self.reconcile()
         self.schedule_pass()
         self.bind_admitted()
         self.deployments.reconcile()
+        self.retention.prune(self.store, self.clock())
 
     # -- clusters (`clusters.py`) --------------------------------------------------------------
 
@@ -321,10 +324,16 @@ class ControlService:
 
 
 def _apply_team_config(session: Session, team: TeamConfig) -> None:
-    row = session.get(Team, team.name) or Team(name=team.name)
-    row.cohort, row.weight = team.cohort, team.weight
+    """Apply what a `control.teams` entry states (cohort, weight, the whole set of quotas); what
+    it leaves out keeps the value the API gave it (`team_edits.set_team`, `set_quota`)."""
+    row = session.get(Team, team.name) or Team(name=team.name, weight=team.weight)
+    if team.states("cohort"):
+        row.cohort = team.cohort
+    if team.states("weight"):
+        row.weight = team.weight
     session.add(row)
     session.flush()
-    session.execute(delete(Quota).where(Quota.team_name == team.name))
-    for q in team.quotas:
-        session.add(quota_row(team.name, q.flavor, q))
+    if team.states("quotas"):
+        session.execute(delete(Quota).where(Quota.team_name == team.name))
+        for q in team.quotas:
+            session.add(quota_row(team.name, q.flavor, q))

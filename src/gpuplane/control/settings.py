@@ -179,12 +179,21 @@ TEAM_WEIGHT = bounded(MIN_WEIGHT, MAX_WEIGHT, "fair-share weight")
 
 
 class TeamConfig(Section):
+    """A team, and what of it the file sets: each of cohort, weight and quotas that the entry
+    states is applied at every start and refused through the API (which would be undone);
+    what it leaves out, the API sets and a restart keeps."""
+
     name: str = Field(description="team (its LocalQueue and ClusterQueue take this name)")
     cohort: str | None = Field(default=None, description="teams of a cohort lend unused quota")
     weight: Annotated[float, TEAM_WEIGHT] = 1.0
     quotas: list[QuotaConfig] = Field(
-        default_factory=list, description="per GPU model; none: the team is not limited"
+        default_factory=list,
+        description="per GPU model; none: the team is not limited; left out: set by the API",
     )
+
+    def states(self, field: str) -> bool:
+        """Whether this entry sets `field` (cohort, weight or quotas): the file then owns it."""
+        return field in self.model_fields_set
 
 
 class OidcConfig(Section):
@@ -220,6 +229,23 @@ class AuthConfig(Section):
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class HttpConfig(Section):
+    """What the API and the console accept at the edge (`control/edge.py`), before any handler:
+    a caller is identified before its body is read, and a body past its limit gets 413."""
+
+    max_body_bytes: Annotated[
+        int, bounded(1024, 1 << 30, "largest request body of the JSON API (a job batch)")
+    ] = 4 << 20
+    max_form_bytes: Annotated[
+        int, bounded(256, 1 << 20, "largest console form (login, cancel, logout)")
+    ] = 16 << 10
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses of reverse proxies whose X-Forwarded-For names the client; "
+        "none by default: the trail records the peer's own address, whatever a client claims",
+    )
 
 
 def _default_clusters() -> list[ClusterConfig]:
@@ -294,6 +320,10 @@ class ControlConfig(Section):
         "unset); otherwise it refuses to start without an unprivileged user for them",
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="tokens, hosts, OIDC")
+    http: HttpConfig = Field(default_factory=HttpConfig, description="body limits, proxies")
+    events_retention_s: Annotated[
+        float, bounded(3600, MAX_SECONDS, "the trail keeps events this long (default 90 days)")
+    ] = 90 * 86400.0
     samples_dir: str | None = Field(
         default=None,
         description="an audit sample store (`gpuplane audit collect --out DIR`): adds used and "
