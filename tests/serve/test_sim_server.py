@@ -317,7 +317,7 @@ async def test_the_cli_runs_instances_in_a_child_process(client: httpx.AsyncClie
 def test_the_sim_command_prints_its_urls_as_one_json_line(flags: list[str]) -> None:
     """`-o json` is the one way, as for every command; `--json` is its deprecated alias."""
     argv = [sys.executable, "-m", "gpuplane.cli.main", "engine", "sim", *flags]
-    proc = subprocess.Popen(argv + ["--base-port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*argv, "--base-port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         (url,) = json.loads(proc.stdout.readline())["urls"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import json
+import signal
 import subprocess
 from pathlib import Path
 

@@ -16,6 +16,7 @@ from rich.markup import escape
 from gpuplane import logs
 from gpuplane.cli import _loop
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
+from gpuplane.cli._invocation import invocation
 from gpuplane.config import Settings, load_settings
 from gpuplane.control.client import DEFAULT_SERVER
 from gpuplane.errors import GpuplaneError
@@ -201,6 +202,9 @@ def _print_usage(plane: Plane, settings: Settings) -> None:
         chat_flag += " --api-key KEY"
         status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
     server_flag = "" if plane.control_url == DEFAULT_SERVER else f" --server {plane.control_url}"
+    run = invocation()
+    hint = f"  ({escape(run.hint)})\n" if run.hint else ""
+    cmd = escape(run.command)
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' ({plane.replicas} llama.cpp instance(s))[/bold green]
@@ -210,9 +214,9 @@ def _print_usage(plane: Plane, settings: Settings) -> None:
   admin token           {plane.token_file}
 
 try:
-  gpuplane chat{chat_flag} "What is a GPU?"
-  gpuplane deploy list{server_flag}
-  gpuplane gateway status{status_flag}
+{hint}  {cmd} chat{chat_flag} "What is a GPU?"
+  {cmd} deploy list{server_flag}
+  {cmd} gateway status{status_flag}
   curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
 Ctrl-C stops everything.
 """,

@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, console, emit
-
 from gpuplane.control.scheduler import DEFAULT_POLICY, policy_class, policy_names
 from gpuplane.control.simulate import (
     SeedResult,
@@ -117,7 +116,9 @@ def openb(
     emit(result.as_dict(), output, lambda doc: _table(doc, result, policy, tune, seeds))
 
 
-def _table(doc: dict[str, Any], result: SimulationResult, policy: str, tune: float, seeds: str) -> None:
+def _table(
+    doc: dict[str, Any], result: SimulationResult, policy: str, tune: float, seeds: str
+) -> None:
     final = f"alloc_ratio_{round(tune * 100)}"
     t = Table(title=f"openb, policy {policy}, tune {tune}, seeds {seeds}")
     for col in ("alloc_ratio_100 (%)", f"{final} (%)", "failed pods / seed", "run time (s)"):
