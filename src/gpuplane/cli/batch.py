@@ -173,8 +173,8 @@ def run(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Run PIPELINE over the clips; a re-run of the same command resumes where it stopped, and
-    the run directory's run.json and report cover every clip of the run."""
+    """Run PIPELINE over the clips. A re-run of the same command resumes where it stopped, and the
+    run directory's run.json and report cover every clip of the run."""
 
     def go() -> dict[str, Any]:
         cfg = batch_settings(
@@ -297,8 +297,8 @@ def plan(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Measure each module on one clip and print which modules share which device (expected
-    cache hits lighten a stage)."""
+    """Measure each module and plan which share a device. Each module runs on one clip; the plan
+    says which modules share which device (expected cache hits lighten a stage)."""
 
     def go() -> tuple[Plan, dict[str, float]]:
         cfg = batch_settings(
@@ -333,7 +333,7 @@ def compare(
     run_b: Path = typer.Argument(..., help="run directory (the candidate)"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Compare two runs: totals, per-stage compute and cache hits, clips whose results changed."""
+    """Compare two runs. Totals, per-stage compute and cache hits, clips whose results changed."""
     doc = guard(lambda: compare_runs(run_a, run_b))
     if output is not Output.table:
         emit(doc, output)

@@ -32,7 +32,7 @@ def serve(
         "them to its restart",
     ),
 ) -> None:
-    """Serve the control plane (OpenAPI at /docs) on embedded defaults or a config file.
+    """Serve the control plane. OpenAPI at /docs; on embedded defaults or a config file.
 
     Every request but /healthz needs a bearer token. At start the service writes an admin token
     to its state dir (0600) and prints where; the CLI on this machine reads it by itself.

@@ -96,8 +96,8 @@ def drill(
     lost_for_s: float = LOST_FOR,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Self-healing drill: inject FAULT into DEPLOYMENT under streaming load through the
-    gateway and time each recovery step."""
+    """Time a self-healing drill on a deployment. Injects FAULT into DEPLOYMENT under streaming load
+    through the gateway and times each recovery step."""
     opts: dict[str, Any] = {
         "control": server,
         "control_token": token,

@@ -84,7 +84,7 @@ def sim(
         0.0, min=0.0, help="wait this long before listening, as an engine loads its model"
     ),
 ) -> None:
-    """Run K simulated OpenAI-compatible engine instances in one process (see docs)."""
+    """Run K simulated OpenAI-compatible engines. In one process (see docs)."""
     try:
         params = fleet_params(
             instances,
@@ -123,8 +123,8 @@ def smoke(
         SMOKE_CHILD, hidden=True, help="what the child runs with the model's path (tests)"
     ),
 ) -> None:
-    """Load the model with llama.cpp in a child process and generate one token; on a crash,
-    say why and what to do (exit 1)."""
+    """Check that the embedded engine generates a token. Loads the model with llama.cpp in a child
+    process and generates one token; on a crash, says why and what to do (exit 1)."""
     try:
         if child_code == SMOKE_CHILD:
             check_installed()

@@ -30,8 +30,9 @@ def events(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Show the trail, oldest first: job steps (submitted, admitted, started, preempted, moved,
-    finished) and every call that changed something (who, from where, the HTTP status)."""
+    """Show the trail of job steps and changes. Oldest first: job steps (submitted, admitted,
+    started, preempted, moved, finished) and every call that changed something (who, from where, the
+    HTTP status)."""
     params: dict[str, Any] = {"team": team, "since": since, "limit": limit}
     with client(server, token) as c:
         rows = c.events({k: v for k, v in params.items() if v is not None})

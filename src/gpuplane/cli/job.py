@@ -77,7 +77,7 @@ def submit(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Submit a job spec; an impossible request is refused with the reason."""
+    """Submit a job spec. An impossible request is refused with the reason."""
     if wait and dry_run:
         fail("--wait and --dry-run exclude each other: a dry run submits nothing to wait for")
     spec = load_spec(

@@ -82,8 +82,8 @@ def _gateway_group(
     control: str | None = CONTROL_OPTION,
     control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
-    """The OpenAI-compatible gateway: `serve` it, read its `status` and its tenants' `usage`,
-    or create API keys (`key create`).
+    """Serve and inspect the OpenAI-compatible gateway. `serve` it, read its `status` and its
+    tenants' `usage`, or create API keys (`key create`).
 
     `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
     """
@@ -106,7 +106,7 @@ def gateway(
     control: str | None = CONTROL_OPTION,
     control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
-    """Serve the OpenAI-compatible gateway in front of the configured engine instances, and
+    """Serve the OpenAI-compatible gateway. In front of the configured engine instances, and
     (--control URL) the deployments of a control plane."""
     from gpuplane.serve.app import Gateway
     from gpuplane.serve.server import serve_until_signal
@@ -153,8 +153,9 @@ def up(
         None, help="control plane port (control.port); 0 picks a free one"
     ),
 ) -> None:
-    """Start the whole plane: a control plane on loopback, a deployment of the embedded
-    llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops everything."""
+    """Start the whole plane on this machine. A control plane on loopback, a deployment of the
+    embedded llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops
+    everything."""
     from gpuplane.plane import embedded_control, run_up
 
     logs.configure()
@@ -279,8 +280,9 @@ def status(
     server: str = SERVER_OPTION,
     admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
-    """Show the gateway's role in HA (mode, role, epoch), its instances (model, state, in
-    flight, capacity, last error) and each model's queue, from its /admin/state."""
+    """Show the gateway's instances, queues and HA role. Its role in HA (mode, role, epoch), its
+    instances (model, state, in flight, capacity, last error) and each model's queue, from its
+    /admin/state."""
     emit(admin_get(server, "/admin/state", admin_key), output, _state_tables)
 
 
@@ -290,9 +292,9 @@ def usage(
     server: str = SERVER_OPTION,
     admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
-    """Show what each tenant used since the gateway started (requests, prompt and completion
-    tokens, slot-seconds, requests refused by its limits) and its limits' current windows, from
-    its /admin/usage."""
+    """Show what each tenant used since the gateway started. Requests, prompt and completion tokens,
+    slot-seconds, requests refused by its limits, and its limits' current windows, from its
+    /admin/usage."""
     emit(admin_get(server, "/admin/usage", admin_key), output, _usage_table)
 
 
@@ -363,8 +365,8 @@ def key_create(
     name: str = typer.Argument(..., help="the tenant the key is for (or a name for an admin)"),
     admin: bool = typer.Option(False, "--admin", help="an admin key (/admin/*, /metrics)"),
 ) -> None:
-    """Make a new API key: print it once (it is stored nowhere) and the config lines that hold
-    its SHA-256 digest."""
+    """Make a new API key and print it once. It is stored nowhere; the config lines printed with it
+    hold its SHA-256 digest."""
     from gpuplane.serve.settings import key_digest
     from gpuplane.serve.tenants import new_key
 

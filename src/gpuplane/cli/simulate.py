@@ -85,7 +85,8 @@ def openb(
     output: Output = OUTPUT_OPTION,
     as_json: bool = typer.Option(False, "--json", hidden=True, help="deprecated: -o json"),
 ) -> None:
-    """The FGD paper's packing protocol on the Alibaba openb trace (docs/architecture.md).
+    """Replay the Alibaba openb trace through the scheduler. With the FGD paper's packing
+    protocol (docs/architecture.md).
 
     Prints the GPU allocation ratio when the arrived demand reaches 100 % and at the end
     (130 % for --tune 1.3), averaged over the seeds, the failed pods by cause and the run time.
