@@ -63,7 +63,7 @@ from gpuplane.control.views import (
     TokenCreated,
     TokenView,
 )
-from gpuplane.errors import ConfigError, GpuplaneError, ResourceError
+from gpuplane.errors import ConfigError, GpuplaneError, ResourceError, user_message
 
 if TYPE_CHECKING:
     import uvicorn
@@ -225,7 +225,9 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer echoes the input, and an inf or NaN there cannot be JSON: a 500
-        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        errors = [
+            {"loc": list(e["loc"]), "msg": user_message(e), "type": e["type"]} for e in exc.errors()
+        ]
         return JSONResponse({"detail": errors}, status_code=422)
 
     service.metrics.watch(lambda: queries.metrics_state(service))
