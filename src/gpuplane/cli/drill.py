@@ -58,6 +58,8 @@ def _table(r: DrillResult) -> None:
         f"retried by the gateway {r.retried}",
         highlight=False,
     )
+    if r.errors:
+        console.print("what failed clients saw (first kinds):", highlight=False)
     for error in r.errors:
         console.print(f"  {error}", highlight=False, markup=False)
     if not r.recovered:
