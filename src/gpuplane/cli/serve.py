@@ -423,12 +423,13 @@ def _state_tables(state: dict[str, Any]) -> None:
         ],
     )
     print_table(
-        ["MODEL", "QUEUED", "QUEUED BY TENANT"],
+        ["MODEL", "QUEUED", "QUEUED BY TENANT", "STREAM USAGE"],
         [
             (
                 m["name"],
                 m["queued"],
                 ", ".join(f"{t}={n}" for t, n in m["queued_by_tenant"].items()) or "-",
+                m.get("stream_usage", "-"),
             )
             for m in state["models"]
         ],
