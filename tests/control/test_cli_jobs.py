@@ -3,8 +3,10 @@ the devices of a finished job, and shell completion of names."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,6 +147,40 @@ def test_submit_wait_exits_with_the_jobs_exit_code(
     spec = spec_file(tmp_path, QUICK)
     code, out = cli(url, "job", "submit", spec, "--wait", "-o", "json")
     assert code == 0, out
+
+
+def test_submit_wait_streams_the_jobs_output_then_its_final_state(
+    service: ControlService, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `ray job submit` and `sky launch`: the output as it comes, then the end and its code;
+    with `-o json` the output goes to stderr and stdout stays one JSON document."""
+    polls: list[str] = []  # what the user had seen at each poll
+
+    def pause(_: float) -> None:
+        sys.stdout.flush()
+        captured = sys.stdout.buffer  # CliRunner's capture: what the user has seen so far
+        assert isinstance(captured, io.BytesIO)
+        polls.append(captured.getvalue().decode())
+        service.tick()
+        time.sleep(0.05)
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    command = ["python", "-u", "-c", "import time; print('one'); time.sleep(2); print('two')"]
+    runner = CliRunner()  # stdout and stderr apart
+    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url)}
+    args = ["job", "submit", spec_file(tmp_path, command), "--wait"]
+    result = runner.invoke(cli_app, args, env=env)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("job ")
+    assert "submitted" in lines[0]
+    assert lines[1:] == ["one", "two"]
+    assert any(seen.endswith("one\n") for seen in polls)  # streamed before the job ended
+    assert re.fullmatch(r"job \S+ succeeded \(exit code 0\)", result.stderr.strip())
+    as_json = runner.invoke(cli_app, [*args, "-o", "json"], env=env)
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["name"] == "waited"
+    assert as_json.stderr.splitlines()[:2] == ["one", "two"]
 
 
 def test_submit_wait_exits_1_with_the_reason_for_a_job_without_an_exit_code(
