@@ -206,12 +206,14 @@ def _print_usage(plane: Plane, settings: Settings) -> None:
     run = invocation()
     hint = f"  ({escape(run.hint)})\n" if run.hint else ""
     cmd = escape(run.command)
+    web = f"{plane.control_url}/ui"  # a one-time login link when `up` made one
+    web = f"{plane.console_url}  (logs in once)" if plane.console_url else web
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' ({plane.replicas} llama.cpp instance(s))[/bold green]
   gateway (OpenAI API)  {base}/v1   metrics: {base}/metrics
   control plane         {plane.control_url}   API docs: /docs
-  web console           {plane.control_url}/ui
+  web console           {web}
   admin token           {plane.token_file}
 
 try:

@@ -437,6 +437,7 @@ def create_app(
         return TokenView(**asdict(service.tokens.revoke(token_id)))
 
     console.add_console(app, service, sessions, caller)
+    app.state.sessions = sessions  # for `console.login_url`, printed at start
 
     unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
     if unlisted:
