@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli import job as job_cli
+from gpuplane.cli._control_common import fitting_columns
 from gpuplane.control.service import ControlService
 from tests.control.api_server import admin_of, cli, cli_app, serving
 from tests.control.svc_helpers import job, wait_state
@@ -245,3 +246,37 @@ def test_a_spec_that_is_not_a_mapping_is_refused_naming_the_file(url: str, tmp_p
     assert code == 1
     assert f"{path} holds a YAML list; a job spec is a mapping of its fields" in out
     assert "body" not in out
+
+
+def test_fitting_columns_drops_the_least_important_until_the_rest_fit() -> None:
+    columns = ["ID", "PRIO", "WHERE", "REASON"]
+    rows = [["j-0123456789", "0", "local/vm [0,1]", "a long reason " * 10]]
+    assert fitting_columns(columns, rows, 200, ("PRIO", "WHERE")) == [0, 1, 2, 3]
+    # the last column folds: it needs 24 of its 140 characters
+    assert fitting_columns(columns, rows, 60, ("PRIO", "WHERE")) == [0, 1, 2, 3]
+    assert fitting_columns(columns, rows, 59, ("PRIO", "WHERE")) == [0, 2, 3]
+    assert fitting_columns(columns, rows, 40, ("PRIO", "WHERE")) == [0, 3]
+    assert fitting_columns(columns, rows, 10, ("PRIO", "WHERE")) == [0, 3]  # Rich cuts the rest
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["table", "wide"])
+def test_job_list_fits_80_columns_with_whole_ids_and_the_reason(
+    service: ControlService, url: str, wide: bool
+) -> None:
+    """On an 80-column terminal the table fits: less important columns go first, ids stay
+    whole, and the reason folds instead of widening the table."""
+    finished(service)
+    service.submit(job("hog", gpus=2))  # both cards: the next waits, with a reason
+    pending = service.submit({**job("waits-for-the-hog-to-finish", gpus=2), "priority": 5})["id"]
+    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url), "COLUMNS": "80"}
+    args = ["job", "list", *(["-o", "wide"] if wide else [])]
+    result = CliRunner().invoke(cli_app, args, env=env)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    assert lines[0].split()[0] == "ID"
+    assert lines[0].split()[-1] == "REASON"
+    assert any(line.startswith(pending + " ") for line in lines)  # the id whole
+    assert "…" not in "".join(line.split()[0] for line in lines[1:] if line[:1] != " ")
+    wide_out = CliRunner().invoke(cli_app, args, env={**env, "COLUMNS": "250"}).output
+    assert max(len(line) for line in wide_out.splitlines()) > 80  # room: nothing dropped

@@ -133,6 +133,7 @@ def list_(
                 ]
                 for x in data
             ],
+            drop=("SYNCED", "REGION", "VERSION", "SLICES", "FREE MILLI", "ADAPTER", "NODES"),
         )
 
     emit(clusters, output, table)

@@ -182,6 +182,7 @@ def _describe_table(d: dict[str, Any]) -> None:
             for i in d["instances"]
         ],
         title="instances",
+        drop=("URL", "VERSION", "IN USE"),
     )
     print_table(
         ["WHEN", "EVENT"],

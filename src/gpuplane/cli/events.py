@@ -55,6 +55,7 @@ def events(
                 ]
                 for e in data
             ],
+            drop=("FROM", "TIME", "WHO", "STATUS", "TEAM"),
         )
 
     emit(rows, output, table)

@@ -204,7 +204,11 @@ def _jobs_table(jobs: list[dict[str, Any]], wide: bool) -> None:
                 "-" if j.get("exit_code") is None else j["exit_code"],
             ]
         rows.append([*row, j["reason"]["code"] if j.get("reason") else j.get("message") or ""])
-    print_table([*columns, "REASON"], rows)
+    print_table([*columns, "REASON"], rows, drop=JOB_DROP)
+
+
+# what a narrow terminal leaves out of `job list` first (`-o json` has everything)
+JOB_DROP = ("FINISHED", "STARTED", "DEVICES", "NODE", "CLUSTER", "EXIT", "PRIO", "AGE", "WHERE")
 
 
 def _env(env: dict[str, Any]) -> str:

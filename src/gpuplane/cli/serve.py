@@ -423,6 +423,7 @@ def _state_tables(state: dict[str, Any]) -> None:
             )
             for i in state["instances"]
         ],
+        drop=("PREFIX CACHE", "CAPACITY", "IN FLIGHT"),
     )
     print_table(
         ["MODEL", "QUEUED", "QUEUED BY TENANT", "STREAM USAGE"],
