@@ -57,3 +57,20 @@ def test_help_fits_80_columns_with_whole_option_names(path: tuple[str, ...]) -> 
             assert rest == "", record[0]
         else:
             assert rest.strip(), record[0]
+
+
+GROUPS = [p for p in COMMANDS if getattr(_command_at(p), "commands", None)]
+
+
+@pytest.mark.parametrize("path", GROUPS, ids=lambda p: " ".join(p) or "gpuplane")
+def test_a_groups_command_summaries_are_whole_sentences(path: tuple[str, ...]) -> None:
+    """Click cuts a summary longer than the line with `...`: each command's docstring opens
+    with a short sentence, which is its summary in the group's list."""
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    listed = result.output.split("Commands:\n", 1)[1].splitlines()
+    summaries = [line.split(maxsplit=1)[1] for line in listed if line.startswith("  ")]
+    assert len(summaries) == len(_command_at(path).commands)
+    for summary in summaries:
+        assert not summary.endswith("..."), summary
+        assert summary.endswith((".", ")")), summary

@@ -44,8 +44,21 @@ def explain(error: Any, root: type[BaseModel], *, noun: str = "key", whole: str 
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             hint += f"; valid {noun}s: {', '.join(parent.model_fields)}"
         return f"unknown {noun} '{loc}'{hint}"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{loc or whole}: {message}"
+    return f"{loc or whole}: {user_message(error)}"
+
+
+# what pydantic puts before the message of a ValueError or an assert raised in a validator
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def user_message(error: Any) -> str:
+    """The message of one of pydantic's validation errors, as a user reads it: without the
+    `Value error, ` pydantic prefixes to what a validator raised. The one place the API, the
+    CLI and the config loader turn a validation error's text into words."""
+    message = str(error["msg"])
+    for prefix in _PYDANTIC_PREFIXES:
+        message = message.removeprefix(prefix)
+    return message
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

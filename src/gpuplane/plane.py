@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from sqlalchemy import select
 from gpuplane.config import Settings
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api import create_app, server_config
+from gpuplane.control.console import login_url
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
@@ -53,6 +54,7 @@ class Plane:
     token_file: Path
     model: str
     replicas: int
+    console_url: str = ""  # a one-time login link, made when the plane is ready
 
 
 def embedded_control(control: ControlConfig, euid: int) -> tuple[ControlConfig, str, str | None]:
@@ -127,7 +129,8 @@ async def run_up(
                     plane = Plane(gateway_url, control_url, token_file, name, spec["replicas"])
                     wait = settings.engine.start_timeout_s
                     if await _until_ready(service, gateway, plane, started, wait, stop):
-                        on_ready(plane)
+                        admin = token_file.read_text().strip()
+                        on_ready(replace(plane, console_url=login_url(app, control_url, admin)))
                         await stop.wait()
     finally:
         service.close(stop_jobs=True)

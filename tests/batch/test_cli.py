@@ -65,7 +65,7 @@ def test_plan_prints_replicas_and_bad_input_says_what_to_do(
     drive_clips: Path, tmp_path: Path
 ) -> None:
     cli = CliRunner()
-    cache = ["--cache", str(tmp_path / "cache")]
+    cache = ["--cache", str(tmp_path / "cache"), "--calibrate"]  # time perception, the heavy one
     res = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), *cache, "-o", "json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output)
@@ -146,3 +146,25 @@ def test_ray_runner_without_a_cluster_at_the_address_says_what_to_do(tmp_path: P
     assert f"no Ray cluster answers at 127.0.0.1:{port}" in text
     assert "ray start --head" in text
     assert "--runner local" in text
+
+
+def test_plan_gives_the_replicas_the_run_uses_and_says_why(
+    drive_clips: Path, tmp_path: Path
+) -> None:
+    """`batch plan` resolves the stages' seconds per clip as `batch run` does (an earlier run's
+    measurements, --calibrate, or the declared slices), so with the same options both give the
+    same replicas; it says which basis it used."""
+    cli = CliRunner()
+    common = ["--clips", str(drive_clips), "--cache", str(tmp_path / "cache")]
+    planned = cli.invoke(app, ["plan", EXAMPLE, *common, "-o", "json"])
+    assert planned.exit_code == 0, planned.output
+    run = cli.invoke(app, ["run", EXAMPLE, *common, "--out", str(tmp_path / "a"), "-o", "json"])
+    assert run.exit_code == 0, run.output
+    ran = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert json.loads(planned.stdout)["replicas"] == ran["plan"]["replicas"]
+    assert json.loads(planned.stdout)["profile_source"] == "declared shares"
+    timed = cli.invoke(app, ["plan", EXAMPLE, "--clips", str(drive_clips), "--calibrate"])
+    assert timed.exit_code == 0, timed.output
+    assert "seconds per clip: timed on one clip" in timed.output
+    after = cli.invoke(app, ["plan", EXAMPLE, *common])  # the run measured its stages
+    assert "seconds per clip: measured by earlier runs; expected cache hits: " in after.output

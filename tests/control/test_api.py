@@ -159,3 +159,12 @@ def test_metrics_say_how_full_each_cluster_is_and_why_jobs_wait(client: TestClie
     # nothing completed yet: no work learned, limits taken at their word
     assert "gpuplane_control_completed_job_work_seconds 0.0" in text
     assert "gpuplane_control_time_limit_used_ratio 1.0" in text
+
+
+def test_validation_errors_read_without_pydantics_prefix(client: TestClient) -> None:
+    """A validator's ValueError reaches the user as its message, not as `Value error, ...`."""
+    bad = client.post("/clusters", json={"name": "x", "adapter": "nope"})
+    assert bad.status_code == 422
+    (error,) = bad.json()["detail"]
+    assert error["msg"].startswith("unknown cluster adapter 'nope'")
+    assert "Value error" not in bad.text

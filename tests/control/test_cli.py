@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,3 +267,31 @@ def test_describe_shows_the_time_limit_and_why_a_job_was_stopped(
     code, out = cli(server, "job", "submit", str(bad))
     assert code == 1
     assert "time_limit: must be a positive duration" in out
+
+
+def test_serve_prints_a_one_time_console_login_link(tmp_path: Path) -> None:
+    """`control serve` prints, as Jupyter does, a URL that logs a browser in once."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gpuplane.cli.main", "control", "serve", "--port", str(port)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: list(map(lines.put, proc.stdout or ())))
+    reader.start()
+    try:
+        line = ""
+        while not line.startswith("web console"):  # bounded: a server that never says it
+            line = lines.get(timeout=120)  # fails here instead of hanging
+        link = line.split(": ", 1)[1].strip()
+        assert link.startswith(f"http://127.0.0.1:{port}/ui/login?code="), lines
+        first = httpx.get(link)
+        assert first.status_code == 303
+        assert first.headers["location"] == "/ui"
+        assert "gpuplane_console=" in first.headers["set-cookie"]
+        assert httpx.get(link).status_code == 401  # used: void
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reader.join(timeout=30)

@@ -3,8 +3,10 @@ the devices of a finished job, and shell completion of names."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli import job as job_cli
+from gpuplane.cli._control_common import fitting_columns
 from gpuplane.control.service import ControlService
 from tests.control.api_server import admin_of, cli, cli_app, serving
 from tests.control.svc_helpers import job, wait_state
@@ -147,6 +150,40 @@ def test_submit_wait_exits_with_the_jobs_exit_code(
     assert code == 0, out
 
 
+def test_submit_wait_streams_the_jobs_output_then_its_final_state(
+    service: ControlService, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `ray job submit` and `sky launch`: the output as it comes, then the end and its code;
+    with `-o json` the output goes to stderr and stdout stays one JSON document."""
+    polls: list[str] = []  # what the user had seen at each poll
+
+    def pause(_: float) -> None:
+        sys.stdout.flush()
+        captured = sys.stdout.buffer  # CliRunner's capture: what the user has seen so far
+        assert isinstance(captured, io.BytesIO)
+        polls.append(captured.getvalue().decode())
+        service.tick()
+        time.sleep(0.05)
+
+    monkeypatch.setattr(job_cli, "_pause", pause)
+    command = ["python", "-u", "-c", "import time; print('one'); time.sleep(2); print('two')"]
+    runner = CliRunner()  # stdout and stderr apart
+    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url)}
+    args = ["job", "submit", spec_file(tmp_path, command), "--wait"]
+    result = runner.invoke(cli_app, args, env=env)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("job ")
+    assert "submitted" in lines[0]
+    assert lines[1:] == ["one", "two"]
+    assert any(seen.endswith("one\n") for seen in polls)  # streamed before the job ended
+    assert re.fullmatch(r"job \S+ succeeded \(exit code 0\)", result.stderr.strip())
+    as_json = runner.invoke(cli_app, [*args, "-o", "json"], env=env)
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["name"] == "waited"
+    assert as_json.stderr.splitlines()[:2] == ["one", "two"]
+
+
 def test_submit_wait_exits_1_with_the_reason_for_a_job_without_an_exit_code(
     service: ControlService, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,3 +246,37 @@ def test_a_spec_that_is_not_a_mapping_is_refused_naming_the_file(url: str, tmp_p
     assert code == 1
     assert f"{path} holds a YAML list; a job spec is a mapping of its fields" in out
     assert "body" not in out
+
+
+def test_fitting_columns_drops_the_least_important_until_the_rest_fit() -> None:
+    columns = ["ID", "PRIO", "WHERE", "REASON"]
+    rows = [["j-0123456789", "0", "local/vm [0,1]", "a long reason " * 10]]
+    assert fitting_columns(columns, rows, 200, ("PRIO", "WHERE")) == [0, 1, 2, 3]
+    # the last column folds: it needs 24 of its 140 characters
+    assert fitting_columns(columns, rows, 60, ("PRIO", "WHERE")) == [0, 1, 2, 3]
+    assert fitting_columns(columns, rows, 59, ("PRIO", "WHERE")) == [0, 2, 3]
+    assert fitting_columns(columns, rows, 40, ("PRIO", "WHERE")) == [0, 3]
+    assert fitting_columns(columns, rows, 10, ("PRIO", "WHERE")) == [0, 3]  # Rich cuts the rest
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["table", "wide"])
+def test_job_list_fits_80_columns_with_whole_ids_and_the_reason(
+    service: ControlService, url: str, wide: bool
+) -> None:
+    """On an 80-column terminal the table fits: less important columns go first, ids stay
+    whole, and the reason folds instead of widening the table."""
+    finished(service)
+    service.submit(job("hog", gpus=2))  # both cards: the next waits, with a reason
+    pending = service.submit({**job("waits-for-the-hog-to-finish", gpus=2), "priority": 5})["id"]
+    env = {"GPUPLANE_SERVER": url, "GPUPLANE_TOKEN": admin_of(url), "COLUMNS": "80"}
+    args = ["job", "list", *(["-o", "wide"] if wide else [])]
+    result = CliRunner().invoke(cli_app, args, env=env)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    assert lines[0].split()[0] == "ID"
+    assert lines[0].split()[-1] == "REASON"
+    assert any(line.startswith(pending + " ") for line in lines)  # the id whole
+    assert "…" not in "".join(line.split()[0] for line in lines[1:] if line[:1] != " ")
+    wide_out = CliRunner().invoke(cli_app, args, env={**env, "COLUMNS": "250"}).output
+    assert max(len(line) for line in wide_out.splitlines()) > 80  # room: nothing dropped

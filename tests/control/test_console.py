@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from gpuplane.control.api import create_app
 from gpuplane.control.auth import Role
-from gpuplane.control.console import CSP, quota_rows
+from gpuplane.control.console import CSP, login_url, quota_rows
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions, csrf_matches
 from gpuplane.control.settings import TeamConfig
@@ -230,3 +231,37 @@ def test_a_session_ends_at_its_ttl_and_closing_it_twice_changes_nothing() -> Non
     sessions.close(sid)
     sessions.close(sid)
     sessions.close("unknown")
+
+
+def test_a_one_time_login_link_logs_a_browser_in_once(plane: Plane) -> None:
+    """As Jupyter prints at start: the URL logs in without pasting a token, and is then void."""
+    app = plane.http.app
+    assert isinstance(app, FastAPI)
+    url = login_url(app, "http://127.0.0.1", admin_token(plane.svc))
+    assert admin_token(plane.svc) not in url  # a random code, never the token itself
+    browser, _ = console_client(plane.http)
+    r = browser.get(url)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/ui"
+    assert "httponly" in r.headers["set-cookie"].lower()
+    assert browser.get("/ui").status_code == 200  # logged in
+
+    another, _ = console_client(plane.http)
+    again = another.get(url)  # the same link twice: void
+    assert again.status_code == 401
+    assert "set-cookie" not in again.headers
+    assert "already used or has expired" in again.text
+    assert another.get("/ui").status_code == 303  # still sent to the login page
+
+
+def test_a_login_code_is_void_after_its_ttl_or_for_a_revoked_token() -> None:
+    now = [1000.0]
+    sessions = Sessions(lambda: now[0])
+    late = sessions.issue_code("gpl_x_y", ttl_s=60)
+    now[0] += 60
+    assert sessions.redeem(late) is None
+    code = sessions.issue_code("gpl_x_y", ttl_s=60)
+    assert sessions.redeem(code) == "gpl_x_y"
+    assert sessions.redeem(code) is None
+    assert sessions.redeem(None) is None
+    assert sessions.redeem("unknown") is None

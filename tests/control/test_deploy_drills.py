@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gpuplane.cli import drill as drill_cli
 from gpuplane.cli.main import app
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.deployments.drills import Recovery, Tally
+from gpuplane.control.deployments.drills import DrillResult, Recovery, Tally
+from gpuplane.serve.errors import sse_error_event
 from tests.control.api_server import serving
 from tests.control.svc_helpers import admin_token, config, make_service
 
@@ -53,7 +55,53 @@ def test_a_tally_tells_whole_answers_from_cut_and_failed_ones() -> None:
     assert not t.count(503, '{"error": {"message": "no healthy instance"}}')
     assert not t.count(0, "ConnectError: refused")
     assert (t.ok, t.cut, t.failed) == (1, 2, 2)
-    assert len(t.errors) == 4
+    assert t.errors == [
+        "cut mid-stream: cut",
+        "cut mid-stream: the stream ended without [DONE]",
+        "HTTP 503: no healthy instance",
+        "no answer: ConnectError: refused",
+    ]
+
+
+def test_a_tally_keeps_each_kind_of_failure_once_in_words() -> None:
+    t = Tally()
+    refused = '{"error": {"message": "no healthy instance for model chat", "code": "no_instance"}}'
+    for _ in range(3):
+        t.count(503, refused)
+    long_cut = 'data: {"choices": [{"delta": {"content": "' + "word " * 200 + '"}}]}\n\n'
+    t.count(200, long_cut + sse_error_event("the engine failed mid-stream", "upstream").decode())
+    t.count(502, "<html>Bad Gateway</html>")
+    assert t.errors == [
+        "HTTP 503: no healthy instance for model chat (no_instance)",
+        "cut mid-stream: the engine failed mid-stream (upstream)",
+        "HTTP 502: <html>Bad Gateway</html>",
+    ]
+    assert t.failed == 4
+
+
+def test_the_drill_table_reads_the_failures_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    result = DrillResult(
+        fault="crash",
+        deployment="chat",
+        instance="chat-1",
+        cluster="local",
+        node=None,
+        recovered=True,
+        out_of_rotation_s=0.2,
+        detected_s=0.5,
+        switched_s=0.6,
+        replaced_s=3.0,
+        requests=40,
+        failed=1,
+        cut=1,
+        retried=2,
+        errors=["cut mid-stream: the engine failed mid-stream (upstream)"],
+    )
+    drill_cli._table(result)
+    out = capsys.readouterr().out
+    assert "replaced (all replicas serve)  3.00 s" in out
+    assert "  cut mid-stream: the engine failed mid-stream (upstream)\n" in out
+    assert "{" not in out
 
 
 @pytest.fixture

@@ -74,3 +74,20 @@ def test_the_cli_list_and_describe_name_the_same_reason(service: ControlService)
     assert "NoMatchingNode" not in row
     assert "waiting  Fragmented on b:" in described
     assert "a: NoMatchingNode" in described  # the per-cluster list keeps every cluster
+
+
+def test_a_cancelled_pending_job_gives_its_cancel_as_the_reason(service: ControlService) -> None:
+    job_id = pending_a100_pair(service)
+    service.cancel(job_id)
+    with api_client(service) as client:
+        described = client.get(f"/jobs/{job_id}").json()
+    assert described["state"] == "cancelled"
+    assert described["reason"] is None
+    assert described["reasons"] == []
+    assert described["message"] == "cancelled by a user"
+    with serving(service) as url:
+        code, listed = cli(url, "job", "list")
+    assert code == 0
+    (row,) = [line for line in listed.splitlines() if line.startswith(job_id)]
+    assert row.endswith("cancelled by a user")
+    assert "Fragmented" not in row

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
@@ -148,7 +149,7 @@ def test_parse_seeds() -> None:
 
 def test_cli_prints_one_json_object(trace: tuple[Path, Path]) -> None:
     args = ["simulate", "openb", "--nodes", str(trace[0]), "--pods", str(trace[1])]
-    result = CliRunner().invoke(app, [*args, "--seeds", "42-43", "--json"])
+    result = CliRunner().invoke(app, [*args, "--seeds", "42-43", "-o", "json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["policy"] == "frag"
@@ -170,3 +171,40 @@ def test_replay_on_a_slice_of_the_real_trace() -> None:
     frag = run_seed(nodes, pods, "frag", seed=42)
     rand = run_seed(nodes, pods, "random", seed=42)
     assert frag.alloc_ratio_final > rand.alloc_ratio_final
+
+
+def test_cli_reads_the_trace_from_its_folder(trace: tuple[Path, Path], tmp_path: Path) -> None:
+    data = tmp_path / "openb"
+    data.mkdir()
+    trace[0].rename(data / "openb_node_list_gpu_node.csv")
+    trace[1].rename(data / "openb_pod_list_default.csv")
+    by_flag = CliRunner().invoke(app, ["simulate", "openb", "--data", str(data), "-o", "yaml"])
+    assert by_flag.exit_code == 0, by_flag.output
+    assert yaml.safe_load(by_flag.stdout)["seeds"] == list(range(42, 52))
+    by_env = CliRunner().invoke(
+        app, ["simulate", "openb", "--seeds", "1", "-o", "json"], env={"GPUPLANE_OPENB": str(data)}
+    )
+    assert by_env.exit_code == 0, by_env.output
+    assert json.loads(by_env.stdout)["seeds"] == [1]
+
+
+def test_cli_without_the_trace_says_how_to_fetch_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a clone: neither data/openb nor ../shared/data/openb
+    monkeypatch.delenv("GPUPLANE_OPENB", raising=False)
+    result = CliRunner().invoke(app, ["simulate", "openb", "--seeds", "1"])
+    assert result.exit_code == 2
+    out = " ".join(result.output.split())
+    assert "data/openb/openb_node_list_gpu_node.csv" in out
+    assert "curl -fL --create-dirs -o data/openb/openb_pod_list_default.csv https://" in out
+    assert "cluster-trace-gpu-v2023/csv/openb_pod_list_default.csv" in out
+    assert "--data DIR" in out
+
+
+def test_the_deprecated_json_flag_is_o_json(trace: tuple[Path, Path]) -> None:
+    args = ["simulate", "openb", "--nodes", str(trace[0]), "--pods", str(trace[1])]
+    result = CliRunner().invoke(app, [*args, "--seeds", "42", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["seeds"] == [42]
+    assert "use -o json" in result.stderr

@@ -175,6 +175,10 @@ def test_up_runs_the_whole_plane_and_ctrl_c_leaves_no_process(tmp_path: Path) ->
         out = "".join(lines)
         assert f"{gateway}/v1" in out
         assert f"{control}/ui" in out
+        (link,) = re.findall(r"web console +(\S+)", out)  # one-time: logs a browser in once
+        assert link.startswith(f"{control}/ui/login?code=")
+        assert httpx.get(link).status_code == 303
+        assert httpx.get(link).status_code == 401
         token_file = Path(re.findall(r"admin token +(\S+)", out)[0])
         assert token_file == tmp_path / ".gpuplane" / "admin.token"
 

@@ -32,4 +32,6 @@ async def test_admin_state_lists_each_instance_once_with_its_model_and_state() -
         None,
         SEGV,
     ]
-    assert state["models"] == [{"name": "m", "queued": 0, "queued_by_tenant": {}}]
+    assert state["models"] == [
+        {"name": "m", "queued": 0, "queued_by_tenant": {}, "stream_usage": "engine"}
+    ]

@@ -58,8 +58,8 @@ async def test_gateway_status_shows_a_table_of_instances_and_queues() -> None:
     # nothing answered yet: no cache bound learned, from times to first token by default
     assert all("unbounded (by latency)" in line for line in lines[1:4])
     assert SEGV in lines[3]
-    assert lines[4].split() == ["MODEL", "QUEUED", "QUEUED", "BY", "TENANT"]
-    assert lines[5].split() == ["m", "0", "-"]
+    assert lines[4].split() == ["MODEL", "QUEUED", "QUEUED", "BY", "TENANT", "STREAM", "USAGE"]
+    assert lines[5].split() == ["m", "0", "-", "engine"]  # its engine sends usage in streams
 
 
 @pytest.mark.anyio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -165,3 +166,24 @@ async def test_shared_system_prompt_sticks_to_its_instance_unless_it_is_busy(
     assert elsewhere.complete
     assert elsewhere.instance != first.instance
     assert metric(metrics, "gpuplane_prefix_affinity_hits_total") >= 4
+
+
+async def test_llamacpp_streams_carry_no_usage_and_the_gateway_says_it_estimates(
+    engines: Supervisor,
+) -> None:
+    """The claim is the engine's truth: llama-cpp-python's server ignores
+    `stream_options.include_usage`, so the adapter declares `stream_usage = False`, the gateway's
+    state says such streams are estimated, and their tokens are counted as estimated."""
+    body = chat_body("Say hi.", max_tokens=8, stream_options={"include_usage": True})
+    async with gateway_over(engines) as (base, client, gw):
+        async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+            events = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+        await assert_released(gw.routers.values(), timeout_s=60)
+        state = (await client.get(f"{base}/admin/state")).json()
+        usage = (await client.get(f"{base}/admin/usage")).json()
+    assert response.status_code == 200
+    assert events
+    assert not any(json.loads(e[6:]).get("usage") for e in events)
+    assert [m["stream_usage"] for m in state["models"]] == ["estimated"]
+    (tenant,) = usage["tenants"]
+    assert tenant["completion_tokens"] == tenant["estimated_completion_tokens"] > 0

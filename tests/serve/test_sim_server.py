@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -309,3 +311,17 @@ async def test_the_cli_runs_instances_in_a_child_process(client: httpx.AsyncClie
     assert [s["kills"] for s in stats] == [1, 0]
     assert stats[1]["requests_completed"] == 1
     assert sim.proc.returncode is not None  # stopped with the block
+
+
+@pytest.mark.parametrize("flags", [["-o", "json"], ["--json"]], ids=["-o json", "--json"])
+def test_the_sim_command_prints_its_urls_as_one_json_line(flags: list[str]) -> None:
+    """`-o json` is the one way, as for every command; `--json` is its deprecated alias."""
+    argv = [sys.executable, "-m", "gpuplane.cli.main", "engine", "sim", *flags]
+    proc = subprocess.Popen([*argv, "--base-port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        (url,) = json.loads(proc.stdout.readline())["urls"]
+        assert url.startswith("http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,9 +50,8 @@ TOKEN_OPTION = typer.Option(
 OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, wide, json or yaml")
 
 console = Console(soft_wrap=True)
-if not console.is_terminal:  # piped: do not squeeze tables into 80 columns
-    console.width = 200
 err_console = Console(stderr=True, soft_wrap=True)
+PIPED_WIDTH = 200  # piped without $COLUMNS: whole rows for grep and awk
 
 
 @contextmanager
@@ -151,12 +151,56 @@ def relative(ts: float | None, now: float) -> str:
     return f"{span} ago" if delta > 0 else f"in {span}"
 
 
+def table_width() -> int:
+    """The width tables fit: the terminal's, else $COLUMNS, else PIPED_WIDTH."""
+    if console.is_terminal:
+        return console.size.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
+
+
+def fitting_columns(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, drop: Sequence[str]
+) -> list[int]:
+    """Pure: the indices of the columns to show in `width`: all when their whole cells fit,
+    else without the `drop` columns, least important first, until they do. The last column
+    (a reason, a message) folds, so it needs only FOLDED_WIDTH of its longest cell."""
+    shown = list(range(len(columns)))
+    for name in [None, *drop]:
+        if name in columns:
+            shown.remove(columns.index(name))
+        needed = [max(len(c) for c in [columns[i], *(row[i] for row in rows)]) for i in shown]
+        needed[-1] = min(needed[-1], max(FOLDED_WIDTH, len(columns[shown[-1]])))
+        if sum(needed) + _GAP * (len(shown) - 1) <= width:
+            break
+    return shown
+
+
+_GAP = 2  # Rich's padding between the columns of a box-less table
+FOLDED_WIDTH = 24  # the least a folding last column keeps: a few words a line
+
+
 def print_table(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    title: str | None = None,
+    *,
+    drop: Sequence[str] = (),
 ) -> None:
-    t = Table(*columns, title=title, box=None, header_style="bold", pad_edge=False)
-    for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+    """A box-less table that fits the terminal: `drop` names the columns to leave out, least
+    important first, while the rest do not fit whole (`-o wide` and `-o json` keep them);
+    cells never wrap but the last column, which folds, and a cell still too long ends in `…`."""
+    width = table_width()
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    shown = fitting_columns(columns, cells, width, drop)
+    t = Table(title=title, box=None, header_style="bold", pad_edge=False, width=None)
+    for i in shown:
+        last = i == shown[-1]
+        t.add_column(columns[i], no_wrap=not last, overflow="fold" if last else "ellipsis")
+    for row in cells:
+        t.add_row(*(row[i] for i in shown))
+    if not console.is_terminal:  # Rich caps a print's width at its console's
+        console.width = width
     console.print(t)
 
 

@@ -103,8 +103,8 @@ def collect(
         help="--source gateway: its admin key, once it has keys ($GPUPLANE_ADMIN_KEY)",
     ),
 ) -> None:
-    """Collect usage samples into the store at --out; each pass is written as it completes, so
-    an interrupted collector loses at most the pass in flight."""
+    """Collect usage samples into the store at --out. Each pass is written as it completes, so an
+    interrupted collector loses at most the pass in flight."""
     if once and interval is not None:
         _fail("--once and --interval exclude each other; give one (--once is the default)")
     if source is Source.file:

@@ -89,7 +89,8 @@ def findings(
     config: Path | None = CONFIG,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Idle, idle_held, oversized, zero-traffic workloads and fragmented nodes, with the numbers."""
+    """List idle, oversized and zero-traffic workloads. Idle, idle_held, oversized and zero-traffic
+    workloads and fragmented nodes, with the numbers."""
     a = _audit(*_inputs(store, traffic, fleet), _settings(config))
     data = [f.to_json() for f in a.findings]
 
@@ -157,7 +158,7 @@ def plan(
     plans: Path = PLANS,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """The re-pack plan (a dry run: nothing changes): moves ordered by savings, cards freed. The
+    """Plan a re-pack (a dry run: nothing changes). Moves ordered by savings, cards freed; the
     plan is kept under --plans by its id."""
     a = _audit(*_inputs(store, traffic, fleet), _settings(config))
     data = a.plan.to_json()
@@ -192,9 +193,9 @@ def apply(
         False, "--jobs-only", help="apply the job moves even though deployments' are skipped"
     ),
 ) -> None:
-    """Carry out a saved plan's job moves on the control plane, in the plan's order: each job is
-    re-placed on its target node keeping its id (its process stopped, requeued there). Refused
-    when the plan was changed or the placements moved since; a re-run skips moves done."""
+    """Carry out a saved plan's job moves. On the control plane, in the plan's order: each job is
+    re-placed on its target node keeping its id (its process stopped, requeued there). Refused when
+    the plan was changed or the placements moved since; a re-run skips moves done."""
     try:
         data = load_plan(plans, plan_id)
     except PlanError as exc:
@@ -272,7 +273,7 @@ def usage(
     config: Path | None = CONFIG,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """GPU-hours and slice-hours per team (a slice counts its share of the card), idle apart,
+    """Show GPU-hours and cost per team. Slice-hours count a slice's share of the card, idle apart,
     cost from audit.prices; reconciled to the physical GPU-hours."""
     from gpuplane.audit.usage import usage as team_usage
 
@@ -308,7 +309,8 @@ def fleet(
     traffic_out: Path | None = typer.Option(None, "--traffic-out", help="its traffic store"),
     seed: int = typer.Option(0, "--seed", help="the fleet's seed"),
 ) -> None:
-    """Write the seed-like fleet's samples (and traffic) into stores, to audit like real ones."""
+    """Write a seed-like fleet's samples into stores. Its samples (and traffic), to audit like real
+    ones."""
     from gpuplane.audit.fleet import generate
     from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
 

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
-from gpuplane.batch.driver import Driver, Observer, RunOptions
+from gpuplane.batch.driver import PROBE_CLIPS, Driver, Observer, RunOptions
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.exporter import BatchExporter
 from gpuplane.batch.metrics import StageMetrics
@@ -174,8 +174,8 @@ def run(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Run PIPELINE over the clips; a re-run of the same command resumes where it stopped, and
-    the run directory's run.json and report cover every clip of the run."""
+    """Run PIPELINE over the clips. A re-run of the same command resumes where it stopped, and the
+    run directory's run.json and report cover every clip of the run."""
 
     def go() -> dict[str, Any]:
         cfg = batch_settings(
@@ -289,7 +289,9 @@ def _print_run(summary: Mapping[str, Any]) -> None:
 @app.command()
 def plan(
     pipeline: str = PIPELINE_ARG,
-    clips: str = typer.Option(..., "--clips", help="clips to calibrate on (the first one is run)"),
+    clips: str = typer.Option(..., "--clips", help="the clips `batch run` would take"),
+    pattern: str | None = typer.Option(None, help=key_help("pattern")),
+    calibrate: bool | None = typer.Option(None, help=key_help("calibrate")),
     gpus: int | None = GPUS_OPTION,
     gpu_mem_mib: int | None = GPU_MEM_OPTION,
     cache: str | None = CACHE_OPTION,
@@ -299,32 +301,44 @@ def plan(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Measure each module on one clip and print which modules share which device (expected
-    cache hits lighten a stage)."""
+    """Plan which modules share which device, as `batch run` will. The same options and config
+    give the same plan: the stages' seconds per clip come from an earlier run's measurements, else
+    from timing one clip with --calibrate (batch.calibrate), else from their declared slices;
+    expected cache hits (on the first clips) lighten a stage. It says which it used."""
 
-    def go() -> tuple[Plan, dict[str, float]]:
+    def go() -> tuple[Plan, dict[str, Any]]:
         cfg = batch_settings(
-            config, gpus=gpus, gpu_mem_mib=gpu_mem_mib, cache_url=cache, verify_clips=verify_clips
-        )
+            config, pattern=pattern, gpus=gpus, gpu_mem_mib=gpu_mem_mib, cache_url=cache,
+            calibrate=calibrate, verify_clips=verify_clips,
+        )  # fmt: skip
         pipe = load_pipeline(pipeline, _pairs(stage_version, "--stage-version"))
         opts_fs = cfg.storage_options | _pairs(storage_option, "--storage-option")
-        head = list(itertools.islice(list_clips(clips, storage_options=opts_fs), 8))
+        head = list(itertools.islice(list_clips(clips, cfg.pattern, opts_fs), PROBE_CLIPS))
         if not head:
-            raise BatchError(f"no clips under {clips} to calibrate on")
+            raise BatchError(f"no clips matching {cfg.pattern!r} under {clips} to plan for")
         devices, _ = _devices(cfg.gpus, cfg.gpu_mem_mib)
         run_opts = RunOptions(
-            Path("."), devices, storage_options=opts_fs, calibrate=True,
+            Path("."), devices, storage_options=opts_fs, calibrate=cfg.calibrate,
             verify_clips=cfg.verify_clips,
         )  # fmt: skip
         spec = WorkerSpec(None, cache_url=cfg.cache_url or None)
-        return Driver(pipe, spec, make_runner("local"), run_opts).plan(head[0], head)
+        driver = Driver(pipe, spec, make_runner("local"), run_opts)
+        plan, profile = driver.plan(head[0], head)
+        basis = {
+            "profile_s": profile,
+            "profile_source": driver.profile_source,
+            "expected_hits": driver.hit_estimate,
+        }
+        return plan, basis
 
-    p, profile = guard(go)
+    p, basis = guard(go)
     if output is not Output.table:
-        emit(p.to_dict() | {"profile_s": profile}, output)
+        emit(p.to_dict() | basis, output)
         return
     stdout().print(_plan_table(p))
     typer.echo("device load: " + ", ".join(f"{d} {v:.2f}" for d, v in p.device_load.items()))
+    hits = ", ".join(f"{k} {v:.0%}" for k, v in basis["expected_hits"].items() if v) or "none"
+    typer.echo(f"seconds per clip: {basis['profile_source']}; expected cache hits: {hits}")
     for note in p.notes:
         typer.echo(note)
 
@@ -335,7 +349,7 @@ def compare(
     run_b: Path = typer.Argument(..., help="run directory (the candidate)"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Compare two runs: totals, per-stage compute and cache hits, clips whose results changed."""
+    """Compare two runs. Totals, per-stage compute and cache hits, clips whose results changed."""
     doc = guard(lambda: compare_runs(run_a, run_b))
     if output is not Output.table:
         emit(doc, output)

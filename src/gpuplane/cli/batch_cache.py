@@ -109,7 +109,7 @@ def cache_gc(
     config: Path | None = CONFIG_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Evict entries of superseded stage versions, by age and by total size (oldest first)."""
+    """Evict entries of superseded stage versions. By age and by total size (oldest first)."""
 
     def go() -> dict[str, Any]:
         if not superseded and max_age is None and max_size is None:

@@ -137,6 +137,7 @@ def list_(
                 ]
                 for x in data
             ],
+            drop=("SYNCED", "REGION", "VERSION", "SLICES", "FREE MILLI", "ADAPTER", "NODES"),
         )
 
     emit(clusters, output, table)
@@ -149,8 +150,8 @@ def describe(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Show a cluster: adapter, version, health, last sync, cordon and drain, its stored
-    settings, and each node's cards with their free memory and compute."""
+    """Show a cluster, its nodes and their cards. Adapter, version, health, last sync, cordon and
+    drain, its stored settings, and each node's cards with their free memory and compute."""
     with client(server, token) as c:
         cluster = c.cluster(name)
     emit(cluster, output, _describe)
@@ -225,7 +226,7 @@ def drain(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Cordon a cluster and move its waiting binds elsewhere; its running jobs finish there
+    """Cordon a cluster and move its waiting binds elsewhere. Its running jobs finish there
     (`--requeue`: they are preempted and requeued). Then `cluster remove` it."""
     with client(server, token) as c:
         done = c.cluster_action(name, "drain", requeue=str(requeue).lower())
@@ -244,7 +245,7 @@ def drain(
 def remove(
     name: str = CLUSTER, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
 ) -> None:
-    """Remove a cluster added with `cluster add` (refused while it holds jobs: drain it)."""
+    """Remove a cluster added with `cluster add`. Refused while it holds jobs: drain it."""
     with client(server, token) as c:
         c.remove_cluster(name)
     console.print(f"cluster {name} removed", highlight=False)

@@ -20,13 +20,13 @@ err = Console(stderr=True, soft_wrap=True)
 
 @app.command()
 def defaults() -> None:
-    """Print the complete configuration with every default, as YAML (a starting gpuplane.yaml)."""
+    """Print the complete configuration with every default. As YAML: a starting gpuplane.yaml."""
     typer.echo(yaml.safe_dump(Settings().model_dump(mode="json"), sort_keys=False), nl=False)
 
 
 @app.command()
 def reference() -> None:
-    """Print every setting with its type, default and meaning (Markdown)."""
+    """Print every setting's type, default and meaning. As Markdown."""
     typer.echo("\n".join(reference_table()))
 
 
@@ -38,7 +38,7 @@ def reference_table() -> list[str]:
 
 @app.command()
 def check(path: Path = typer.Argument(..., help="gpuplane.yaml to validate")) -> None:
-    """Validate a config file; exit 1 with the reasons when it is invalid."""
+    """Validate a config file. Exit 1 with the reasons when it is invalid."""
     try:
         settings = load_settings(path)
     except ConfigError as exc:

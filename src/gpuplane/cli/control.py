@@ -13,6 +13,7 @@ from gpuplane.config import load_settings, parse_settings
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
 app = typer.Typer(help="The multi-cluster control plane service.", no_args_is_help=True)
 
@@ -32,7 +33,7 @@ def serve(
         "them to its restart",
     ),
 ) -> None:
-    """Serve the control plane (OpenAPI at /docs) on embedded defaults or a config file.
+    """Serve the control plane. OpenAPI at /docs; on embedded defaults or a config file.
 
     Every request but /healthz needs a bearer token. At start the service writes an admin token
     to its state dir (0600) and prints where; the CLI on this machine reads it by itself.
@@ -66,8 +67,9 @@ def serve(
     for line in messages:
         typer.echo(line)
     api = create_app(service, audit=settings.audit)
+    admin = service.tokens.local_admin(Path(control.state_dir)).read_text().strip()
     try:
-        asyncio.run(_serve_until_signal(server_config(api, control)))
+        asyncio.run(_serve_until_signal(server_config(api, control), api, admin))
     except GpuplaneError as exc:  # its port is taken
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -75,11 +77,15 @@ def serve(
         service.close(stop_jobs=stop_jobs)
 
 
-async def _serve_until_signal(config: uvicorn.Config) -> None:
-    """Serve the control API until SIGTERM or SIGINT; the service's own shutdown runs after."""
+async def _serve_until_signal(config: uvicorn.Config, api: FastAPI, admin: str) -> None:
+    """Serve the control API until SIGTERM or SIGINT; the service's own shutdown runs after.
+    Once listening it prints a one-time console login URL for the local `admin` token."""
+    from gpuplane.control.console import login_url
     from gpuplane.serve.server import stop_on_signal, uvicorn_serving
 
     with stop_on_signal() as stop:
         async with uvicorn_serving(config, "control plane", "control.port, --port") as port:
-            typer.echo(f"control plane on http://{config.host}:{port} (API docs at /docs)")
+            base = f"http://{config.host}:{port}"
+            typer.echo(f"control plane on {base} (API docs at /docs)")
+            typer.echo(f"web console (one-time login link): {login_url(api, base, admin)}")
             await stop.wait()

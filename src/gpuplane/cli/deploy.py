@@ -45,7 +45,7 @@ def apply(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Create or change a deployment; a spec that can never be served is refused with why."""
+    """Create or change a deployment. A spec that can never be served is refused with why."""
     spec = load_spec(
         file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
     )
@@ -84,8 +84,8 @@ def render(
     ),
     namespace: str | None = typer.Option(None, "--namespace", help="the manifests' namespace"),
 ) -> None:
-    """Print a deployment as YAML manifests (kserve: one InferenceService per version, raw
-    deployment mode, HAMi resources), without a control plane."""
+    """Print a deployment as YAML manifests. kserve: one InferenceService per version, raw
+    deployment mode, HAMi resources; no control plane needed."""
     data = load_spec(
         file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
     )
@@ -151,7 +151,8 @@ def describe(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """A deployment's spec, its instances (state, cluster/node/cards, URL) and its events."""
+    """Show a deployment: spec, instances and events. Instances with their state, cluster/node/cards
+    and URL."""
     with client(server, token) as c:
         out = c.deployment(name)
     emit(out, output, _describe_table)
@@ -181,6 +182,7 @@ def _describe_table(d: dict[str, Any]) -> None:
             for i in d["instances"]
         ],
         title="instances",
+        drop=("URL", "VERSION", "IN USE"),
     )
     print_table(
         ["WHEN", "EVENT"],
@@ -197,14 +199,15 @@ def scale(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Set a deployment's replicas; surplus instances drain before they stop."""
+    """Set a deployment's replicas. Surplus instances drain before they stop."""
     with client(server, token) as c:
         out = c.scale_deployment(name, replicas)
     emit(out, output, _describe_table)
 
 
 rollout_app = typer.Typer(
-    help="A deployment's rollout: its versions' weights, promote a canary, roll back.",
+    help="Roll a deployment's versions out and back.\n\nIts versions' weights, promote a "
+    "canary, roll back.",
     no_args_is_help=True,
 )
 app.add_typer(rollout_app, name="rollout")
@@ -217,7 +220,8 @@ def rollout_status(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Per version: its share of requests and its instances (wanted, running, ready, draining)."""
+    """Show each version's share of requests. Per version: its share of requests and its instances
+    (wanted, running, ready, draining)."""
     with client(server, token) as c:
         out = c.rollout(name)
     emit(out, output, _rollout_table)
@@ -233,7 +237,7 @@ def promote(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """The canary becomes the version: its instances stay, the old version's drain once it
+    """Make the canary the deployment's version. Its instances stay; the old version's drain once it
     serves the deployment's replicas."""
     with client(server, token) as c:
         out = c.rollout(name, "promote", version)
@@ -247,7 +251,7 @@ def rollback(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Drop the canaries: their instances drain; the version serves every request."""
+    """Drop the canaries. Their instances drain; the version serves every request."""
     with client(server, token) as c:
         out = c.rollout(name, "rollback")
     emit(out, output, _rollout_table)
@@ -275,7 +279,7 @@ def _rollout_table(d: dict[str, Any]) -> None:
 def delete(
     name: str = NAME, server: str | None = SERVER_OPTION, token: str | None = TOKEN_OPTION
 ) -> None:
-    """Delete a deployment: its instances drain (no new requests), then stop."""
+    """Delete a deployment. Its instances drain (no new requests), then stop."""
     with client(server, token) as c:
         c.delete_deployment(name)
     console.print(f"deployment {name} is deleting: its instances drain, then stop", highlight=False)

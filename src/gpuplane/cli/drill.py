@@ -58,6 +58,8 @@ def _table(r: DrillResult) -> None:
         f"retried by the gateway {r.retried}",
         highlight=False,
     )
+    if r.errors:
+        console.print("what failed clients saw (first kinds):", highlight=False)
     for error in r.errors:
         console.print(f"  {error}", highlight=False, markup=False)
     if not r.recovered:
@@ -96,8 +98,8 @@ def drill(
     lost_for_s: float = LOST_FOR,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Self-healing drill: inject FAULT into DEPLOYMENT under streaming load through the
-    gateway and time each recovery step."""
+    """Time a self-healing drill on a deployment. Injects FAULT into DEPLOYMENT under streaming load
+    through the gateway and times each recovery step."""
     opts: dict[str, Any] = {
         "control": server,
         "control_token": token,

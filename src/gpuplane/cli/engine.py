@@ -11,8 +11,10 @@ import subprocess
 from pathlib import Path
 
 import typer
+import yaml
 
 from gpuplane.cli import _loop
+from gpuplane.cli._control_common import Output
 from gpuplane.errors import EngineError
 from gpuplane.serve.engines.diagnose import classify_exit, tail_of
 from gpuplane.serve.engines.llamacpp import (
@@ -74,12 +76,15 @@ def sim(
     drop_rate: float = typer.Option(0.0, help="share of requests whose connection is dropped"),
     drop_at_token: int = typer.Option(1, help="dropped requests lose the connection here"),
     slow: list[str] = typer.Option([], help="INDEX=FACTOR: instance INDEX is FACTOR times slower"),
-    json_ready: bool = typer.Option(False, "--json", help="print one JSON line when ready"),
+    output: Output = typer.Option(
+        Output.table, "--output", "-o", help="when ready: json (one line: the URLs) or table"
+    ),
+    json_ready: bool = typer.Option(False, "--json", hidden=True, help="deprecated: -o json"),
     start_delay_s: float = typer.Option(
         0.0, min=0.0, help="wait this long before listening, as an engine loads its model"
     ),
 ) -> None:
-    """Run K simulated OpenAI-compatible engine instances in one process (see docs)."""
+    """Run K simulated OpenAI-compatible engines. In one process (see docs)."""
     try:
         params = fleet_params(
             instances,
@@ -102,7 +107,7 @@ def sim(
         raise typer.BadParameter(str(exc)) from None
     fleet = SimFleet(params, seed=seed, host=host, base_port=base_port, model=model)
     try:
-        _loop.run(_serve(fleet, json_ready, start_delay_s))
+        _loop.run(_serve(fleet, Output.json if json_ready else output, start_delay_s))
     except OSError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -118,8 +123,8 @@ def smoke(
         SMOKE_CHILD, hidden=True, help="what the child runs with the model's path (tests)"
     ),
 ) -> None:
-    """Load the model with llama.cpp in a child process and generate one token; on a crash,
-    say why and what to do (exit 1)."""
+    """Check that the embedded engine generates a token. Loads the model with llama.cpp in a child
+    process and generates one token; on a crash, says why and what to do (exit 1)."""
     try:
         if child_code == SMOKE_CHILD:
             check_installed()
@@ -150,7 +155,7 @@ def smoke(
     typer.echo(f"smoke inference ok: {Path(path).name} generated {answer[0] if answer else '?'}")
 
 
-async def _serve(fleet: SimFleet, json_ready: bool, start_delay_s: float) -> None:
+async def _serve(fleet: SimFleet, output: Output, start_delay_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -161,8 +166,10 @@ async def _serve(fleet: SimFleet, json_ready: bool, start_delay_s: float) -> Non
     if stop.is_set():
         return
     await fleet.start()
-    if json_ready:
-        typer.echo(json.dumps({"urls": fleet.urls}), nl=True)
+    if output in (Output.json, Output.yaml):  # one line, which a parent reads to go on
+        ready = {"urls": fleet.urls}
+        flow = yaml.safe_dump(ready, default_flow_style=True, width=2**31).strip()
+        typer.echo(json.dumps(ready) if output == Output.json else flow)
     else:
         for inst in fleet.instances:
             cap = inst.core.params.max_num_seqs

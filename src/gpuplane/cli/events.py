@@ -33,9 +33,9 @@ def events(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Show the trail, oldest first: job steps (submitted, admitted, started, preempted, moved,
-    finished), cluster changes and every call that changed something (kind api: who, from
-    where, the HTTP status); `--kind api` shows only the calls."""
+    """Show the trail of job steps and changes. Oldest first: job steps (submitted, admitted,
+    started, preempted, moved, finished), cluster changes and every call that changed something
+    (kind api: who, from where, the HTTP status); `--kind api` shows only the calls."""
     params: dict[str, Any] = {"team": team, "since": since, "limit": limit, "kind": kind or None}
     with client(server, token) as c:
         rows = c.events({k: v for k, v in params.items() if v is not None})
@@ -58,6 +58,7 @@ def events(
                 ]
                 for e in data
             ],
+            drop=("FROM", "TIME", "WHO", "STATUS", "TEAM"),
         )
 
     emit(rows, output, table)

@@ -29,6 +29,7 @@ from gpuplane.cli._control_common import (
     relative,
 )
 from gpuplane.cli.events import timeline_rows
+from gpuplane.control.client import ControlClient
 from gpuplane.control.spec import format_duration
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
@@ -77,7 +78,7 @@ def submit(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Submit a job spec; an impossible request is refused with the reason."""
+    """Submit a job spec. An impossible request is refused with the reason."""
     if wait and dry_run:
         fail("--wait and --dry-run exclude each other: a dry run submits nothing to wait for")
     spec = load_spec(
@@ -109,26 +110,36 @@ def submit(
 
     emit(out, output, table)
     if wait:
-        _wait(server, token, out["id"])
+        _wait(server, token, out["id"], logs_to_stderr=output in (Output.json, Output.yaml))
 
 
-def _wait(server: str | None, token: str | None, job_id: str) -> None:
-    """Poll until the job ends, then exit with its exit code (1 for a job that failed without
-    one, with why)."""
+def _wait(server: str | None, token: str | None, job_id: str, *, logs_to_stderr: bool) -> None:
+    """Stream the job's output as it comes (as `ray job submit` and `sky launch` do; on stderr
+    when stdout carries `-o json|yaml`) until it ends, then say its final state and exit with
+    its exit code (1 for a job that failed without one)."""
     with client(server, token) as c:
-        job = c.job(job_id)
-        while job["state"] not in FINAL:
-            _pause(POLL_S)
-            job = c.job(job_id)
+        job = _follow(c, job_id, err=logs_to_stderr)
     code, ok = job.get("exit_code"), job["state"] == "succeeded"
-    if not ok:
-        err_console.print(
-            f"job {job_id} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
-            highlight=False,
-        )
+    shown = "" if code is None else f" (exit code {code})"
+    why = f": {job['message']}" if job.get("message") and not ok else ""
+    err_console.print(f"job {job_id} {job['state']}{shown}{why}", highlight=False)
     if code is not None and code < 0:  # killed by a signal: as a shell reports it
         code = 128 - code
     raise typer.Exit(code or int(not ok))
+
+
+def _follow(c: ControlClient, ref: str, *, err: bool = False) -> dict[str, Any]:
+    """Print the job's output as it grows until the job ends (each poll asks only for the bytes
+    past those printed: a large log is never held whole); returns the ended job."""
+    shown = 0
+    while True:
+        job = c.job(ref)
+        for chunk in c.logs(ref, since=shown):
+            shown += len(chunk)
+            typer.echo(chunk, nl=False, err=err)
+        if job["state"] in FINAL:
+            return job
+        _pause(POLL_S)
 
 
 @app.command("list")
@@ -193,7 +204,11 @@ def _jobs_table(jobs: list[dict[str, Any]], wide: bool) -> None:
                 "-" if j.get("exit_code") is None else j["exit_code"],
             ]
         rows.append([*row, j["reason"]["code"] if j.get("reason") else j.get("message") or ""])
-    print_table([*columns, "REASON"], rows)
+    print_table([*columns, "REASON"], rows, drop=JOB_DROP)
+
+
+# what a narrow terminal leaves out of `job list` first (`-o json` has everything)
+JOB_DROP = ("FINISHED", "STARTED", "DEVICES", "NODE", "CLUSTER", "EXIT", "PRIO", "AGE", "WHERE")
 
 
 def _env(env: dict[str, Any]) -> str:
@@ -279,12 +294,4 @@ def logs(
             for chunk in c.logs(ref, tail):
                 typer.echo(chunk, nl=False)
             return
-        shown = 0  # bytes printed so far; each poll asks only for what lies past them
-        while True:
-            state = c.job(ref)["state"]
-            for chunk in c.logs(ref, since=shown):
-                shown += len(chunk)
-                typer.echo(chunk, nl=False)
-            if state in FINAL:
-                return
-            _pause(POLL_S)
+        _follow(c, ref)

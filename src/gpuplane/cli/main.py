@@ -47,9 +47,28 @@ app.add_typer(audit_cli.app, name="audit")
 app.command()(usage_cli.usage)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print gpuplane's version and exit.",
+    ),
+) -> None:
+    """A control plane for an organisation's GPUs."""
+
+
 @app.command()
 def version() -> None:
-    """Print gpuplane's version."""
+    """Print gpuplane's version (as `gpuplane --version`)."""
     typer.echo(__version__)
 
 

@@ -52,8 +52,8 @@ def set_(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Change a team's quota on a GPU model, its cohort or its weight; what is not given keeps
-    its value (--gpu-model may be left out when the team has one quota)."""
+    """Change a team's quota, cohort or weight. On a GPU model; what is not given keeps its value
+    (--gpu-model may be left out when the team has one quota)."""
     values = (gpus, gpu_mem_mib, borrow_gpus, borrow_mem, lend_gpus, lend_mem)
     quota = {k: v for k, v in zip(QUOTA_FIELDS, values, strict=True) if v is not None}
     team_fields = {k: v for k, v in (("cohort", cohort), ("weight", weight)) if v is not None}

@@ -82,7 +82,7 @@ def delete(
     server: str | None = SERVER_OPTION,
     token: str | None = TOKEN_OPTION,
 ) -> None:
-    """Delete a secret; a job referring to it that has not started yet fails when it would."""
+    """Delete a secret. A job referring to it that has not started yet fails when it would."""
     with client(server, token) as c:
         c.delete_secret(team, name)
     console.print(f"secret {name} of team {team} deleted", highlight=False)

@@ -16,6 +16,7 @@ from rich.markup import escape
 from gpuplane import logs
 from gpuplane.cli import _loop
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
+from gpuplane.cli._invocation import invocation
 from gpuplane.config import Settings, load_settings
 from gpuplane.control.client import DEFAULT_SERVER
 from gpuplane.errors import GpuplaneError
@@ -81,8 +82,8 @@ def _gateway_group(
     control: str | None = CONTROL_OPTION,
     control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
-    """The OpenAI-compatible gateway: `serve` it, read its `status` and its tenants' `usage`,
-    or create API keys (`key create`).
+    """Serve and inspect the OpenAI-compatible gateway. `serve` it, read its `status` and its
+    tenants' `usage`, or create API keys (`key create`).
 
     `gpuplane gateway --config FILE` (no command) is `gpuplane gateway serve --config FILE`.
     """
@@ -105,7 +106,7 @@ def gateway(
     control: str | None = CONTROL_OPTION,
     control_token: str | None = CONTROL_TOKEN_OPTION,
 ) -> None:
-    """Serve the OpenAI-compatible gateway in front of the configured engine instances, and
+    """Serve the OpenAI-compatible gateway. In front of the configured engine instances, and
     (--control URL) the deployments of a control plane."""
     from gpuplane.serve.app import Gateway
     from gpuplane.serve.server import serve_until_signal
@@ -152,8 +153,9 @@ def up(
         None, help="control plane port (control.port); 0 picks a free one"
     ),
 ) -> None:
-    """Start the whole plane: a control plane on loopback, a deployment of the embedded
-    llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops everything."""
+    """Start the whole plane on this machine. A control plane on loopback, a deployment of the
+    embedded llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops
+    everything."""
     from gpuplane.plane import embedded_control, run_up
 
     logs.configure()
@@ -201,18 +203,23 @@ def _print_usage(plane: Plane, settings: Settings) -> None:
         chat_flag += " --api-key KEY"
         status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
     server_flag = "" if plane.control_url == DEFAULT_SERVER else f" --server {plane.control_url}"
+    run = invocation()
+    hint = f"  ({escape(run.hint)})\n" if run.hint else ""
+    cmd = escape(run.command)
+    web = f"{plane.control_url}/ui"  # a one-time login link when `up` made one
+    web = f"{plane.console_url}  (logs in once)" if plane.console_url else web
     err.print(
         f"""
 [bold green]gpuplane is serving '{model}' ({plane.replicas} llama.cpp instance(s))[/bold green]
   gateway (OpenAI API)  {base}/v1   metrics: {base}/metrics
   control plane         {plane.control_url}   API docs: /docs
-  web console           {plane.control_url}/ui
+  web console           {web}
   admin token           {plane.token_file}
 
 try:
-  gpuplane chat{chat_flag} "What is a GPU?"
-  gpuplane deploy list{server_flag}
-  gpuplane gateway status{status_flag}
+{hint}  {cmd} chat{chat_flag} "What is a GPU?"
+  {cmd} deploy list{server_flag}
+  {cmd} gateway status{status_flag}
   curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
 Ctrl-C stops everything.
 """,
@@ -275,8 +282,9 @@ def status(
     server: str = SERVER_OPTION,
     admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
-    """Show the gateway's role in HA (mode, role, epoch), its instances (model, state, in
-    flight, capacity, last error) and each model's queue, from its /admin/state."""
+    """Show the gateway's instances, queues and HA role. Its role in HA (mode, role, epoch), its
+    instances (model, state, in flight, capacity, last error) and each model's queue, from its
+    /admin/state."""
     emit(admin_get(server, "/admin/state", admin_key), output, _state_tables)
 
 
@@ -286,9 +294,9 @@ def usage(
     server: str = SERVER_OPTION,
     admin_key: str | None = ADMIN_KEY_OPTION,
 ) -> None:
-    """Show what each tenant used since the gateway started (requests, prompt and completion
-    tokens, slot-seconds, requests refused by its limits) and its limits' current windows, from
-    its /admin/usage."""
+    """Show what each tenant used since the gateway started. Requests, prompt and completion tokens,
+    slot-seconds, requests refused by its limits, and its limits' current windows, from its
+    /admin/usage."""
     emit(admin_get(server, "/admin/usage", admin_key), output, _usage_table)
 
 
@@ -359,8 +367,8 @@ def key_create(
     name: str = typer.Argument(..., help="the tenant the key is for (or a name for an admin)"),
     admin: bool = typer.Option(False, "--admin", help="an admin key (/admin/*, /metrics)"),
 ) -> None:
-    """Make a new API key: print it once (it is stored nowhere) and the config lines that hold
-    its SHA-256 digest."""
+    """Make a new API key and print it once. It is stored nowhere; the config lines printed with it
+    hold its SHA-256 digest."""
     from gpuplane.serve.settings import key_digest
     from gpuplane.serve.tenants import new_key
 
@@ -415,14 +423,16 @@ def _state_tables(state: dict[str, Any]) -> None:
             )
             for i in state["instances"]
         ],
+        drop=("PREFIX CACHE", "CAPACITY", "IN FLIGHT"),
     )
     print_table(
-        ["MODEL", "QUEUED", "QUEUED BY TENANT"],
+        ["MODEL", "QUEUED", "QUEUED BY TENANT", "STREAM USAGE"],
         [
             (
                 m["name"],
                 m["queued"],
                 ", ".join(f"{t}={n}" for t, n in m["queued_by_tenant"].items()) or "-",
+                m.get("stream_usage", "-"),
             )
             for m in state["models"]
         ],

@@ -35,7 +35,7 @@ def create(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Make a token and print it, this once: it is stored only as a keyed hash."""
+    """Make a token and print it, this once. It is stored only as a keyed hash."""
     ttl = None
     if expires is not None:
         try:
@@ -91,7 +91,7 @@ def revoke(
     server: str | None = SERVER_OPTION,
     token: str | None = TOKEN_OPTION,
 ) -> None:
-    """Revoke a token: it stops working at once (revoking it again changes nothing)."""
+    """Revoke a token: it stops working at once. Revoking it again changes nothing."""
     with client(server, token) as c:
         c.revoke_token(token_id)
     console.print(f"token {token_id} revoked", highlight=False)

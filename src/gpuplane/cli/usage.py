@@ -52,8 +52,8 @@ def usage(
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """GPU-hours and slice-hours per team and GPU model (a slice counts its share of the card),
-    used and idle apart where the control plane's control.samples_dir measured them, cost from
+    """Show GPU-hours and cost per team and GPU model. Slice-hours count a slice's share of the
+    card; used and idle apart where the control plane's control.samples_dir measured them, cost from
     its audit.prices; reconciled to the cards' physical GPU-hours."""
     params = {"since": since, "until": until, "step": step, "team": team}
     with client(server, token) as c:

@@ -64,7 +64,7 @@ from gpuplane.control.views import (
     TokenCreated,
     TokenView,
 )
-from gpuplane.errors import ConfigError, GpuplaneError, ResourceError
+from gpuplane.errors import ConfigError, GpuplaneError, ResourceError, user_message
 
 if TYPE_CHECKING:
     import uvicorn
@@ -209,7 +209,9 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer echoes the input, and an inf or NaN there cannot be JSON: a 500
-        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        errors = [
+            {"loc": list(e["loc"]), "msg": user_message(e), "type": e["type"]} for e in exc.errors()
+        ]
         return JSONResponse({"detail": errors}, status_code=422)
 
     service.metrics.watch(lambda: queries.metrics_state(service))
@@ -422,6 +424,7 @@ def create_app(
         return TokenView(**asdict(service.tokens.revoke(token_id)))
 
     console.add_console(app, service, sessions, caller)
+    app.state.sessions = sessions  # for `console.login_url`, printed at start
 
     unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
     if unlisted:

@@ -49,7 +49,7 @@ from gpuplane.control.oplog import job_event
 from gpuplane.control.records import Records
 from gpuplane.control.runtime import Binder
 from gpuplane.control.settings import ClusterConfig, ControlConfig
-from gpuplane.errors import ConfigError, unknown_name
+from gpuplane.errors import ConfigError, unknown_name, user_message
 
 log = logging.getLogger("gpuplane.control.clusters")
 
@@ -122,7 +122,7 @@ class Clusters:
             cluster = ClusterConfig.model_validate(settings)
         except ValidationError as exc:
             why = (
-                f"its stored settings are no longer valid ({exc.errors()[0]['msg']}); "
+                f"its stored settings are no longer valid ({user_message(exc.errors()[0])}); "
                 f"`gpuplane cluster remove {name}` and add it again"
             )
             self._mark_down(name, why)

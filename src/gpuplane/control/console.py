@@ -29,7 +29,7 @@ from gpuplane.control import console_fleet, history, queries
 from gpuplane.control.auth import AuthError, Principal, Role
 from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
 from gpuplane.control.service import ControlService
-from gpuplane.control.sessions import COOKIE, Sessions, csrf_matches
+from gpuplane.control.sessions import COOKIE, LOGIN_CODE_TTL_S, Sessions, csrf_matches
 from gpuplane.control.views import NodeView, TeamView
 from gpuplane.errors import ResourceError, unknown_name
 
@@ -248,8 +248,19 @@ def add_console(
         return Response(_CSS, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
     @app.get("/ui/login", include_in_schema=False)
-    def login_form(request: Request) -> Response:
-        return render(request, "login.html", None, error=None)
+    def login_form(request: Request, code: str | None = None) -> Response:
+        """The login page; with `code`, the one-time link printed at start logs in at once."""
+        if code is None:
+            return render(request, "login.html", None, error=None)
+        token = sessions.redeem(code)
+        if token is None or (who := service.authenticate(token)) is None:
+            error = (
+                "that login link was already used or has expired (it works once, for "
+                f"{LOGIN_CODE_TTL_S / 60:.0f} minutes): restart the server for a new one, or "
+                "paste a token below"
+            )
+            return render(request, "login.html", None, status=401, error=error)
+        return _logged_in(request, token, who)
 
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
@@ -261,6 +272,10 @@ def add_console(
                 "token from `gpuplane token create`, or the local admin token in the state dir"
             )
             return render(request, "login.html", None, status=401, error=error)
+        return _logged_in(request, token, who)
+
+    def _logged_in(request: Request, token: str, who: Principal) -> Response:
+        """A new session for a valid `token`: its cookie, and on to the overview."""
         request.state.principal = who  # the trail records who logged in (a failure: counted)
         sid, _ = sessions.open(token)
         response = RedirectResponse("/ui", status_code=303)
@@ -355,6 +370,13 @@ def add_console(
         return render(request, "events.html", who, events=list(reversed(listed)), team=team)
 
     console_fleet.add_pages(app, service, caller, render)
+
+
+def login_url(app: FastAPI, base_url: str, token: str) -> str:
+    """A one-time URL that logs a browser into `app`'s console as `token` (single use, void
+    after `LOGIN_CODE_TTL_S`), for a server to print to its own terminal at start."""
+    sessions: Sessions = app.state.sessions
+    return f"{base_url}/ui/login?code={sessions.issue_code(token)}"
 
 
 def session_caller(

@@ -57,7 +57,9 @@ class Records:
         *,
         expect: str | None = None,
     ) -> bool:
-        """Record the end of a job and free its devices; with `expect`, only from that state."""
+        """Record the end of a job and free its devices; with `expect`, only from that state.
+        Its pending reasons go: an ended job waits for nothing, and `message` says why it
+        ended (a cancelled job's REASON is its cancel, not the quota it waited for)."""
         if expect is not None:
             current = session.scalar(select(Job.state).where(Job.id == job_id))
             if current != expect:
@@ -66,7 +68,13 @@ class Records:
         session.execute(
             update(Job)
             .where(Job.id == job_id)
-            .values(state=state, exit_code=exit_code, message=message, finished_at=now)
+            .values(
+                state=state,
+                exit_code=exit_code,
+                message=message,
+                finished_at=now,
+                reasons={"list": []},
+            )
         )
         estate.release(job_id, ended_at=now if state == "succeeded" else None)
         self.event(session, state, message or state, job_id=job_id)

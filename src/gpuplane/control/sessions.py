@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 COOKIE = "gpuplane_console"
 TTL_S = 8 * 3600.0
+LOGIN_CODE_TTL_S = 600.0  # a one-time login link printed at start is void after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,26 @@ class Sessions:
         self.clock = clock
         self.ttl_s = ttl_s
         self._open: dict[str, Session] = {}
+        self._codes: dict[str, tuple[str, float]] = {}  # one-time login code -> (token, expiry)
         self._lock = threading.Lock()
+
+    def issue_code(self, token: str, ttl_s: float = LOGIN_CODE_TTL_S) -> str:
+        """A one-time login code for `token` (as Jupyter prints a login URL at start): the
+        server prints it in a URL only to its own terminal; `redeem` takes it once, within
+        `ttl_s`. The code is random, not the token, so the URL never shows the token."""
+        code = secrets.token_urlsafe(32)
+        with self._lock:
+            self._codes[code] = (token, self.clock() + ttl_s)
+        return code
+
+    def redeem(self, code: str | None) -> str | None:
+        """The token of a login code, once: the code is void from then on, used or not in
+        time; None for an unknown, used or expired code."""
+        now = self.clock()
+        with self._lock:
+            self._codes = {c: v for c, v in self._codes.items() if v[1] > now}
+            token, _ = self._codes.pop(code or "", (None, 0.0))
+        return token
 
     def open(self, token: str) -> tuple[str, Session]:
         """A new session for a valid `token`: its id (the cookie's value) and the session."""

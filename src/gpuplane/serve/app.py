@@ -197,6 +197,10 @@ class Gateway:
                 "name": router.name,
                 "queued": len(router.queue),
                 "queued_by_tenant": router.queue.depth_by_tenant(),
+                # where a stream's token counts come from when its client asks for `usage`
+                "stream_usage": "engine"
+                if self.adapters[router.name].stream_usage
+                else "estimated",
             }
             for router in self.routers.values()
         ]

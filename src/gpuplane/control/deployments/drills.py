@@ -18,6 +18,7 @@ retries) or was cut (200, then an error event in place of the rest) counts again
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -84,10 +85,11 @@ class Tally:
     ok: int = 0
     failed: int = 0
     cut: int = 0
-    errors: list[str] = field(default_factory=list)  # the first few failures, for the report
+    errors: list[str] = field(default_factory=list)  # the first few kinds of failure, in words
 
     def count(self, status: int, text: str) -> bool:
-        """Count one answer (status 0: no answer); True when it was whole."""
+        """Count one answer (status 0: no answer, `text` the exception); True when it was
+        whole."""
         if status == 200 and '"error"' not in text and "data: [DONE]" in text:
             self.ok += 1
             return True
@@ -95,9 +97,37 @@ class Tally:
             self.cut += 1
         else:
             self.failed += 1
-        if len(self.errors) < 5:
-            self.errors.append(f"{status}: {text[-300:]}")
+        why = failure(status, text)
+        if len(self.errors) < 5 and why not in self.errors:
+            self.errors.append(why)
         return False
+
+
+def failure(status: int, text: str) -> str:
+    """What a client saw, in words: the message of the gateway's OpenAI-shaped error (a
+    refusal, or the error event that cut a stream), never the raw body."""
+    if status == 0:
+        return f"no answer: {text}"
+    if status == 200:
+        events = [line.removeprefix("data: ") for line in text.splitlines()]
+        errors = [e for e in events if '"error"' in e]
+        why = _message(errors[-1]) if errors else None
+        return f"cut mid-stream: {why or 'the stream ended without [DONE]'}"
+    return f"HTTP {status}: {_message(text) or ' '.join(text.split()[:30]) or 'empty body'}"
+
+
+def _message(body: str) -> str | None:
+    """The message (and code) of an OpenAI-shaped error body; None when it is not one."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(error, str):
+        return error
+    if not isinstance(error, dict) or not error.get("message"):
+        return None
+    code = f" ({error['code']})" if error.get("code") else ""
+    return f"{error['message']}{code}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ class EngineAdapter:
     # sharing blocks between requests (vLLM, SGLang): the prefix index models its evictions.
     prefix_cache_per_request: ClassVar[bool] = False
     info_path: ClassVar[str | None] = None  # JSON read by `parse_capacity`, if the engine has one
+    # True when the engine's server ends a stream with its `usage` when the client asks
+    # (`stream_options.include_usage`: vLLM, SGLang, LMDeploy, TensorRT-LLM, OpenAI); False: its
+    # streams never carry it and the gateway counts their tokens as estimated (`/admin/state`).
+    stream_usage: ClassVar[bool] = True
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None

@@ -39,6 +39,8 @@ class LlamaCpp(EngineAdapter):
     # llama.cpp's own `llama-server` reports its slots (`--parallel`) there; llama-cpp-python's
     # server has no such route (404): it serves one request at a time, `default_capacity`.
     info_path = "/props"
+    # llama-cpp-python's server (0.3.x) ignores `stream_options`: a stream has no `usage`
+    stream_usage = False
 
     def launch(
         self, model_path: str, host: str, port: int, slice_: Slice, capacity: int | None

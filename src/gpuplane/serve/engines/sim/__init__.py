@@ -129,7 +129,7 @@ def sim_argv(
 ) -> list[str]:
     """The `gpuplane engine sim` command line for these options (SimParams fields as flags)."""
     caps = [max_num_seqs] if isinstance(max_num_seqs, int) else list(max_num_seqs)
-    argv = [sys.executable, "-m", "gpuplane.cli.main", "engine", "sim", "--json"]
+    argv = [sys.executable, "-m", "gpuplane.cli.main", "engine", "sim", "-o", "json"]
     argv += ["--instances", str(instances), "--max-num-seqs", ",".join(map(str, caps))]
     argv += ["--seed", str(seed), "--base-port", str(base_port), "--model", model]
     for index, factor in (slowdown or {}).items():
