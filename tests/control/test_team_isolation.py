@@ -280,7 +280,7 @@ def test_cgroups_asked_for_where_none_can_be_made_refuse_the_start_naming_the_fi
     with caplog.at_level(logging.WARNING, "gpuplane.control"):
         service = make_service(cfg)  # auto: falls back, and says so
     service.close()
-    assert f"cannot create {nowhere}" in caplog.text
+    assert "jobs get no cgroup of their own" in caplog.text
     assert "memory and CPU limits are not enforced" in caplog.text
 
 
@@ -300,3 +300,23 @@ def test_an_unreadable_uid_table_is_refused_not_reassigned(tmp_path: Path) -> No
     (tmp_path / "team_uids.json").write_text("{not json")
     with pytest.raises(AdapterError, match="restore it from a backup"):
         TeamIdTable(tmp_path, TeamUids(5000, 2)).uid("prod")
+
+
+@NEEDS_CGROUP
+def test_a_cgroup_left_by_an_earlier_try_of_the_job_is_emptied_and_replaced(
+    tmp_path: Path,
+) -> None:
+    assert isinstance(CGROUPS, _cgroup.Containment)
+    name = f"stale-{os.getpid()}"
+    first = _cgroup.make(CGROUPS.parent, name, {})
+    left = subprocess.Popen(["sleep", "300"])  # what a killed service's try left in it
+    try:
+        Path(first, "cgroup.procs").write_text(str(left.pid))
+        second = _cgroup.make(CGROUPS.parent, name, {})
+        assert second == first
+        assert left.wait() == -signal.SIGKILL
+        assert _cgroup.members(second) == []
+    finally:
+        left.kill()
+        left.wait()
+        _cgroup.remove(first)

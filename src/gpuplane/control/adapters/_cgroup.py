@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,25 +120,28 @@ def _words(path: Path) -> set[str]:
         return set()
 
 
-def make(parent: Path, job_id: str, files: dict[str, str]) -> str:
-    """A new cgroup for `job_id` under `parent` (a unique name: services may share `parent`),
-    with `files` written. Raises AdapterError."""
+def make(parent: Path, name: str, files: dict[str, str]) -> str:
+    """The cgroup `parent/name` for one job, new, with `files` written; one left by an earlier
+    try of the same job (a service killed between making it and recording the job) is
+    emptied and replaced. Raises AdapterError."""
+    path = parent / name
+    if path.exists():
+        kill(str(path))
+        remove(str(path))
     try:
-        path = tempfile.mkdtemp(prefix=f"{job_id}-", dir=parent)
+        path.mkdir()
     except OSError as exc:
-        raise AdapterError(
-            f"job {job_id}: cannot create its cgroup under {parent}: {exc.strerror}"
-        ) from None
-    for name, value in files.items():
+        raise AdapterError(f"cannot create the cgroup {path}: {exc.strerror}") from None
+    for key, value in files.items():
         try:
-            Path(path, name).write_text(value)
+            (path / key).write_text(value)
         except OSError as exc:
-            remove(path)
+            remove(str(path))
             raise AdapterError(
-                f"job {job_id}: cannot set {name} to {value} in {path}: {exc.strerror}; "
-                "check the spec's memory and cpu"
+                f"cannot set {key} to {value} in {path}: {exc.strerror}; check the spec's "
+                "memory and cpu"
             ) from None
-    return path
+    return str(path)
 
 
 def members(path: str) -> list[int]:

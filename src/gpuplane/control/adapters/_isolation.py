@@ -10,6 +10,7 @@ wrapper is a subreaper (`control.job_containment`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -45,6 +46,8 @@ class JobIsolation:
         except AdapterError as exc:
             raise AdapterError(f"cluster {cluster}: {exc}") from None
         self.table = TeamIdTable(Path(control.state_dir), uids)
+        # services on one machine may share the cgroup parent: each names its jobs' apart
+        self.tag = hashlib.sha256(os.path.abspath(control.state_dir).encode()).hexdigest()[:10]
         self.containment = self._contain(control.job_containment, control.cgroup_parent)
         self._warn_at_start()
 
@@ -123,4 +126,8 @@ class JobIsolation:
         files = _cgroup.limit_files(
             workload.memory_mib, workload.cpu_millis, self.containment.limits
         )
-        return _cgroup.make(self.containment.parent, workload.job_id, files)
+        name = f"{workload.job_id}-{self.tag}"
+        try:
+            return _cgroup.make(self.containment.parent, name, files)
+        except AdapterError as exc:
+            raise AdapterError(f"job {workload.job_id}: {exc}") from None
