@@ -131,6 +131,8 @@ def config(
         # as root here, jobs would run as nobody, who cannot reach the test interpreter (under
         # /root); tests/control/test_job_privilege.py covers the switch
         allow_root_jobs=True,
+        # every team as root: tests/control/test_team_isolation.py covers the refusal
+        allow_shared_job_user=True,
     )
 
 

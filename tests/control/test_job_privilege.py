@@ -7,6 +7,7 @@ live where `nobody` cannot reach it (here, under /root).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
@@ -18,12 +19,13 @@ import pytest
 
 from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError
-from gpuplane.control.adapters._privilege import MINIMAL_PATH, can_run, job_user
+from gpuplane.control.adapters._privilege import MINIMAL_PATH, TeamUids, can_run, job_user
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 SECRET = "s3cr3t-from-the-service-env"
+UIDS = TeamUids(ControlConfig().team_uid_start, ControlConfig().team_uid_count)
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the service as root")
 
 
@@ -41,10 +43,12 @@ def svc(tmp_path: Path) -> Iterator[ControlService]:
     service.close()
 
 
-def job_uid() -> int:
-    """The uid the default config runs jobs as here."""
-    user = job_user(None, allow_root_jobs=False)
-    return os.getuid() if user is None else user.uid
+def job_uid(service: ControlService, team: str = "research") -> int:
+    """The uid the default config runs `team`'s jobs as here (after its first job)."""
+    if os.geteuid() != 0:
+        return os.getuid()
+    table = Path(service.config.state_dir) / "team_uids.json"
+    return int(json.loads(table.read_text())[team])
 
 
 def run(service: ControlService, command: list[str], **spec: object) -> tuple[str, str]:
@@ -77,13 +81,13 @@ def test_a_jobs_working_dir_is_its_own_and_removed_when_it_ends(svc: ControlServ
     state, log = run(svc, ["/bin/sh", "-c", script])
     assert state == "succeeded", log
     home, mode_owner, wrote = log.split("\n")[:3]
-    assert mode_owner == f"700 {job_uid()}"
+    assert mode_owner == f"700 {job_uid(svc)}"
     assert wrote == "wrote"
     assert not Path(home).exists()  # released with the job
 
 
 @AS_ROOT
-def test_a_job_runs_as_nobody_and_cannot_read_or_change_the_state_dir(
+def test_a_job_runs_as_its_teams_uid_and_cannot_read_or_change_the_state_dir(
     svc: ControlService, tmp_path: Path
 ) -> None:
     state_dir = tmp_path / "state"
@@ -96,7 +100,8 @@ def test_a_job_runs_as_nobody_and_cannot_read_or_change_the_state_dir(
     state, log = run(svc, ["/bin/sh", "-c", script])
     assert state == "succeeded", log
     lines = log.splitlines()
-    assert lines[0] == str(job_uid()) != "0"
+    assert lines[0] == str(job_uid(svc)) != "0"
+    assert UIDS.start <= int(lines[0]) < UIDS.start + UIDS.count
     assert "read-refused" in lines
     assert "write-refused" in lines
     assert "list-refused" in lines
@@ -138,21 +143,29 @@ def test_a_root_service_refuses_to_run_jobs_as_root_saying_what_to_set(tmp_path:
 
 def test_a_missing_job_user_is_refused_with_what_to_do() -> None:
     with pytest.raises(AdapterError) as refused:
-        job_user("gpuplane-no-such-user", allow_root_jobs=False, euid=0)
+        job_user("gpuplane-no-such-user", allow_root_jobs=False, uids=UIDS, euid=0)
     message = str(refused.value)
     assert "'gpuplane-no-such-user' does not exist" in message
-    assert "control.job_user" in message
-    assert "allow_root_jobs: true" in message
+    assert "unset control.job_user" in message
 
 
 def test_job_user_needs_a_root_service_and_root_jobs_need_the_switch() -> None:
     with pytest.raises(AdapterError, match="does not run as root"):
-        job_user("nobody", allow_root_jobs=False, euid=1000)
-    assert job_user(None, allow_root_jobs=False, euid=1000) is None  # the service's own user
-    assert job_user(None, allow_root_jobs=True, euid=0) is None  # root, as asked
-    nobody = job_user(None, allow_root_jobs=False, euid=0)
+        job_user("nobody", allow_root_jobs=False, uids=UIDS, euid=1000)
+    # the service's own user
+    assert job_user(None, allow_root_jobs=False, uids=UIDS, euid=1000) is None
+    assert job_user(None, allow_root_jobs=True, uids=UIDS, euid=0) is None  # root, as asked
+    assert job_user(None, allow_root_jobs=False, uids=UIDS, euid=0) == UIDS  # each team its own
+    nobody = job_user("nobody", allow_root_jobs=False, uids=UIDS, euid=0)
+    assert not isinstance(nobody, TeamUids)
     assert nobody is not None
-    assert nobody.uid == pwd.getpwnam(nobody.name).pw_uid != 0
+    assert nobody.uid == pwd.getpwnam("nobody").pw_uid != 0
+
+
+def test_a_uid_range_holding_a_user_of_this_machine_is_refused() -> None:
+    nobody = pwd.getpwnam("nobody").pw_uid
+    with pytest.raises(AdapterError, match=r"cover the uid of user.*nobody"):
+        job_user(None, allow_root_jobs=False, uids=TeamUids(nobody - 1, 10), euid=0)
 
 
 @AS_ROOT
@@ -163,8 +176,7 @@ def test_a_python_the_job_user_cannot_run_is_named_at_start_and_in_the_jobs_fail
     hidden.mkdir(mode=0o700)
     (hidden / "python").symlink_to("/bin/true")  # a Python under a root-only dir, like /root
     tmp_path.chmod(0o755)
-    user = job_user(None, allow_root_jobs=False)
-    assert user is not None
+    user = UIDS.probe()
     assert not can_run(user, str(hidden / "python"))
     assert can_run(user, "/bin/sh")
     monkeypatch.setattr("sys.executable", str(hidden / "python"))
@@ -176,11 +188,12 @@ def test_a_python_the_job_user_cannot_run_is_named_at_start_and_in_the_jobs_fail
             r.getMessage() for r in caplog.records if "cannot run this service's" in r.message
         ]
         assert warned, caplog.text
-        assert user.name in warned[0]
+        assert "their teams' own uids" in warned[0]
         assert "control.allow_root_jobs" in warned[0]
         out = service.submit(job("probe", command=[str(hidden / "python")], gpus=1))
         row = wait_state(service, out["id"], "succeeded", "failed")
         assert row.state == "failed"
-        assert f"as user {user.name}: Permission denied" in (row.message or "")
+        uid = job_uid(service)
+        assert f"as user uid {uid}: Permission denied" in (row.message or "")
     finally:
         service.close()

@@ -65,7 +65,8 @@ def plan(rng: random.Random, k: int, out: Path) -> Planned:
 
 
 def live_jobs() -> dict[str, list[int]]:
-    """Job id -> pids of this test's job processes (wrapper and job) that run now."""
+    """Job id -> pids of this test's job processes that run now (not their wrappers, which
+    get none of the job's environment)."""
     out: dict[str, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

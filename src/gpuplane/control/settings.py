@@ -310,14 +310,47 @@ class ControlConfig(Section):
     kill_grace_s: Annotated[float, bounded(0, 3600, "SIGTERM to SIGKILL on cancel")] = 5.0
     job_user: str | None = Field(
         default=None,
-        description="local: the unprivileged user a service running as root starts jobs as; "
-        "unset: gpuplane-job if that user exists, else nobody (a service that is not root runs "
-        "jobs as its own user and refuses this setting)",
+        description="local: the one unprivileged user a service running as root starts every "
+        "team's jobs as; unset: each team its own uid (team_uid_start) (a service that is not "
+        "root runs jobs as its own user and refuses this setting)",
     )
     allow_root_jobs: bool = Field(
         default=False,
         description="local: a service running as root may run jobs as root (when job_user is "
-        "unset); otherwise it refuses to start without an unprivileged user for them",
+        "unset); otherwise it runs them as their team's own uid (team_uid_start)",
+    )
+    team_uid_start: Annotated[
+        int,
+        bounded(
+            1000,
+            4_000_000_000,
+            "local, service as root: the first uid (and gid) of the range each team's jobs "
+            "get a uid of their own from, in the order teams first run a job here; no user of "
+            "this machine may hold one (like /etc/subuid, give each service its own range)",
+        ),
+    ] = 1_900_000_000
+    team_uid_count: Annotated[
+        int, bounded(1, 1_000_000, "local: how many uids from team_uid_start teams may take")
+    ] = 65536
+    allow_shared_job_user: bool = Field(
+        default=False,
+        description="local: jobs of different teams may run at the same time as one user "
+        "(service not root, job_user or root jobs), able to read each other's environment "
+        "and signal each other; otherwise a second team's job is refused while another "
+        "team's run there",
+    )
+    job_containment: Literal["auto", "cgroup", "subreaper"] = Field(
+        default="auto",
+        description="local: how a job's every process is found and stopped at cancel, time "
+        "limit and release: a cgroup v2 of its own (which also enforces its memory and CPU), "
+        "or its wrapper as a subreaper (no limits); auto: cgroup where the service can "
+        "create one (cgroup_parent), else subreaper, said at start",
+    )
+    cgroup_parent: str | None = Field(
+        default=None,
+        description="local: the cgroup v2 directory jobs' cgroups are made under (a "
+        "delegated one, e.g. systemd's Delegate=yes); unset: gpuplane-jobs under the "
+        "service's own cgroup in the cgroup2 mount",
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="tokens, hosts, OIDC")
     http: HttpConfig = Field(default_factory=HttpConfig, description="body limits, proxies")

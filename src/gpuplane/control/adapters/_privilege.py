@@ -1,10 +1,12 @@
 """Least privilege for the local adapter's jobs: which user they run as, and what they see.
 
-A service running as root starts each job's command as `control.job_user` (default: the
-dedicated user `gpuplane-job` when it exists, else `nobody`); its wrapper stays root, so it can
-still write the job's exit file into the state dir, which the job cannot read (mode 0700). Jobs
-run as root only with `control.allow_root_jobs: true` and no `job_user`. A service that is not
-root cannot switch users: its jobs run as its own user, and naming a `job_user` is refused.
+A service running as root starts each job's command as its team's own uid and gid, from the
+range `control.team_uid_start` / `team_uid_count` (`TeamUids`; which team holds which uid is
+kept by `_team_ids.py`), or as the one user `control.job_user` when set; its wrapper stays root,
+so it can still write the job's exit file into the state dir, which the job cannot read (mode
+0700). Jobs run as root only with `control.allow_root_jobs: true` and no `job_user`. A service
+that is not root cannot switch users: its jobs run as its own user, and naming a `job_user` is
+refused. Whenever every team's jobs run as one user, `shared_user_note` says so at start.
 
 A job's environment is built from nothing (`job_env`), never from the service's: its spec's
 `env`, the adapter's GPU variables, a minimal PATH, HOME (its own directory, mode 0700, owned by
@@ -14,7 +16,6 @@ service's Python, then /usr/local/bin:/usr/bin:/bin.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
@@ -27,8 +28,6 @@ from pathlib import Path
 
 from gpuplane.control.adapters.base import AdapterError
 
-DEDICATED_USER = "gpuplane-job"
-FALLBACK_USER = "nobody"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # the service's own Python first, so `python` in a spec (the minimal job) is the interpreter the
 # service runs; then the system's directories, nothing from the service's PATH
@@ -50,12 +49,32 @@ class JobUser:
         return f"{self.uid}:{self.gid}:{','.join(map(str, self.groups))}"
 
 
+@dataclass(frozen=True, slots=True)
+class TeamUids:
+    """A root service's jobs run as their team's own uid (and gid) from this range: one team's
+    job can neither read another's /proc/PID/environ, nor signal it, nor enter its HOME."""
+
+    start: int
+    count: int
+
+    def user(self, team: str, uid: int) -> JobUser:
+        """The user `team`'s jobs run as (`uid` from its `TeamIdTable`), with no other group."""
+        return JobUser(f"team {team}", uid, uid, ())
+
+    def probe(self) -> JobUser:
+        """Any one of the range: what every team's uid may reach (the bits for others)."""
+        return self.user("*", self.start)
+
+
 def job_user(
-    configured: str | None, allow_root_jobs: bool, euid: int | None = None
-) -> JobUser | None:
-    """The user jobs run as; None: the service's own. Raises AdapterError saying what to set
-    when a root service would run jobs as root without `allow_root_jobs`, or when the user
-    cannot be used."""
+    configured: str | None,
+    allow_root_jobs: bool,
+    uids: TeamUids,
+    euid: int | None = None,
+) -> JobUser | TeamUids | None:
+    """Whom jobs run as: each team its own uid (`uids`), one user for every team, or None (the
+    service's own user). Raises AdapterError saying what to set when a root service would run
+    jobs as root without `allow_root_jobs`, or when the user or range cannot be used."""
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
         if configured is not None:
@@ -65,20 +84,16 @@ def job_user(
                 "as the service's user) or run the service as root"
             )
         return None
-    if configured is None and allow_root_jobs:
-        return None
-    names = [configured] if configured is not None else [DEDICATED_USER, FALLBACK_USER]
-    for name in names:
-        with contextlib.suppress(KeyError):
-            entry = pwd.getpwnam(name)
-            break
-    else:
+    if configured is None:
+        return None if allow_root_jobs else _free_range(uids)
+    try:
+        entry = pwd.getpwnam(configured)
+    except KeyError:
         raise AdapterError(
-            f"the service runs as root and refuses to run jobs as root, but user "
-            f"{' or '.join(map(repr, names))} does not exist on this machine; create it "
-            "(useradd --system --no-create-home gpuplane-job), set control.job_user to an "
-            "existing unprivileged user, or set control.allow_root_jobs: true to run jobs as root"
-        )
+            f"control.job_user {configured!r} does not exist on this machine; create it "
+            "(useradd --system --no-create-home gpuplane-job), or unset control.job_user to "
+            "run each team's jobs as its own uid (control.team_uid_start)"
+        ) from None
     if entry.pw_uid == 0 and not allow_root_jobs:
         raise AdapterError(
             f"control.job_user {entry.pw_name!r} is root (uid 0); name an unprivileged user, "
@@ -86,6 +101,36 @@ def job_user(
         )
     groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid)
     return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+
+def _free_range(uids: TeamUids) -> TeamUids:
+    """`uids`, once no user of this machine holds one of them (a job would run as that user)."""
+    end = uids.start + uids.count
+    taken = sorted(e.pw_name for e in pwd.getpwall() if uids.start <= e.pw_uid < end)
+    if taken:
+        raise AdapterError(
+            f"control.team_uid_start {uids.start} and team_uid_count {uids.count} cover the "
+            f"uid of user(s) {', '.join(taken)} of this machine, whom teams' jobs would run as; "
+            "move the range past every user's uid"
+        )
+    return uids
+
+
+def shared_user_note(who: JobUser | TeamUids | None, euid: int | None = None) -> str | None:
+    """Why every team's jobs run as one user, to say at start; None: each team has its own."""
+    if isinstance(who, TeamUids):
+        return None
+    euid = os.geteuid() if euid is None else euid
+    if who is not None:
+        why = f"control.job_user is {who.name!r}"
+    elif euid == 0:
+        why = "control.allow_root_jobs is set, so jobs run as root"
+    else:
+        why = "the service does not run as root, so it cannot switch users"
+    return (
+        f"{why}: every team's jobs run as one user, and the local adapter gives no isolation "
+        "between teams (a job can read another's environment, signal it and enter its files)"
+    )
 
 
 def can_run(user: JobUser, program: str) -> bool:

@@ -11,6 +11,7 @@ never by the pid alone: pids are reused.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -23,8 +24,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuplane.control.adapters import _cgroup
 from gpuplane.control.adapters._privilege import JobUser
-from gpuplane.control.adapters._wrap import write_atomic
+from gpuplane.control.adapters._wrap import (
+    WRAPPER_ENV,
+    descendants,
+    kill_descendants,
+    live_processes,
+    write_atomic,
+)
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.statedir import private_dir
 
@@ -69,19 +77,7 @@ def session_orphans(sid: int) -> list[int]:
     session ended), there are none. Linux only (/proc); elsewhere always []."""
     if not _PROC or process_start(sid) is not None:
         return []
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):  # field 6: session id
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, fields in live_processes() if int(fields[3]) == sid]
 
 
 class JobRecord(BaseModel):
@@ -98,6 +94,9 @@ class JobRecord(BaseModel):
     limit_s: float | None
     placement: dict[str, str]  # node and device env: bound again elsewhere, it starts afresh
     home: str | None = None  # its own directory (HOME), removed when it is released
+    team: str | None = None  # whose job: jobs of teams sharing one user are refused together
+    cgroup: str | None = None  # its own cgroup v2 (`_cgroup.py`): killed and removed at release
+    reap: bool = False  # no cgroup: its wrapper is a subreaper, whose descendants are the job's
 
 
 class ExitRecord(BaseModel):
@@ -119,36 +118,62 @@ class JobProcess:
         return process_start(self.record.pid) == self.record.start_time
 
     def kill(self) -> None:
-        """SIGKILL its process group now, as a crash or a lost machine would (drills); the
-        wrapper dies too, so `status` reports the job lost. Idempotent; never raises."""
+        """SIGKILL every process of the job now, as a crash or a lost machine would (drills);
+        the wrapper dies too, so `status` reports the job lost. Idempotent; never raises."""
+        record = self.record
+        if record.cgroup is not None:
+            _cgroup.kill(record.cgroup)
+            return
         if self.alive():
+            if record.reap:  # before the wrapper: its orphans would leave its tree
+                kill_descendants(record.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.record.pid, signal.SIGKILL)
+                os.killpg(record.pid, signal.SIGKILL)
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM to its process group, SIGKILL after `grace_s`; the identity is checked again
-        before each signal, so a reused pid is never signalled. A wrapper killed on its own
-        (say, by the OOM killer) leaves its job running in its session: those processes are
-        stopped the same way, so a card is never freed while its job still runs. Idempotent;
-        never raises."""
-        pid = self.record.pid
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-            if self.alive():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)
-                running = self.alive
-            elif orphans := session_orphans(pid):
-                for member in orphans:
+        """SIGTERM to the job's processes, SIGKILL after `grace_s` to every one that is left,
+        then its cgroup is removed. Without a cgroup, the identity of the wrapper is checked
+        again before each signal, so a reused pid is never signalled, and a wrapper killed on
+        its own (say, by the OOM killer) leaves its job running in its session: those processes
+        are stopped the same way, so a card is never freed while its job still runs (a process
+        that left the session with `setsid` is stopped only with a cgroup, or while its
+        subreaper wrapper lives). Idempotent; never raises."""
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.kill()
+        self._signal(signal.SIGKILL)  # what a dead wrapper left in its session
+        deadline = time.monotonic() + _cgroup.KILL_WAIT_S
+        while self._running():
+            if time.monotonic() >= deadline:  # uninterruptible sleep: it dies when it wakes
+                log.warning("job %s: processes still ending after SIGKILL", self.record.job_id)
+                return
+            time.sleep(0.02)
+        if self.record.cgroup is not None:
+            _cgroup.remove(self.record.cgroup)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        record = self.record
+        if record.cgroup is not None:
+            _cgroup.signal_all(record.cgroup, sig)
+        elif self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, sig)
+            if record.reap:
+                for member in descendants(record.pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(member, sig)
+        else:
+            for member in session_orphans(record.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(member, sig)
 
-                def running() -> bool:
-                    return bool(session_orphans(pid))
-            else:
-                return
-            deadline = None if wait_s is None else time.monotonic() + wait_s
-            while running() and (deadline is None or time.monotonic() < deadline):
-                time.sleep(0.02)
+    def _running(self) -> bool:
+        record = self.record
+        if record.cgroup is not None:
+            return bool(_cgroup.members(record.cgroup))
+        return self.alive() or bool(session_orphans(record.pid))
 
 
 class RunDir:
@@ -202,10 +227,14 @@ class RunDir:
         placement: dict[str, str],
         user: JobUser | None,
         home: str | None,
+        team: str | None = None,
+        cgroup: str | None = None,
     ) -> JobProcess:
-        """Spawn the wrapper, record it, then let it start `command` (as `user`, None: as this
-        process); returns once the command started. Raises AdapterError saying why it could
-        not."""
+        """Spawn the wrapper (in `WRAPPER_ENV`), record it, then send it `env` and `cgroup` to
+        start `command` with (as `user`, None: as this process; in `cgroup`, None: under the
+        wrapper as a subreaper); returns once the command started. Raises AdapterError saying
+        why it could not."""
+        _check_env(job_id, env)
         record_path, exit_path = self.files(job_id)
         private_dir(self.path)
         with contextlib.suppress(FileNotFoundError):
@@ -217,7 +246,7 @@ class RunDir:
             argv += [record_path, exit_path, "-" if user is None else user.wrapper_arg()]
             argv += ["--", *command]
             try:
-                popen = _spawn(job_id, argv, env, workdir, log_path, (go_r, report_w))
+                popen = _spawn(job_id, argv, workdir, log_path, (go_r, report_w))
             finally:
                 os.close(go_r)
                 os.close(report_w)
@@ -230,6 +259,9 @@ class RunDir:
                 limit_s=limit_s,
                 placement=placement,
                 home=home,
+                team=team,
+                cgroup=cgroup,
+                reap=cgroup is None,
             )
             try:
                 write_atomic(record_path, record.model_dump_json())
@@ -240,8 +272,9 @@ class RunDir:
                     f"job {job_id}: cannot record its process in {record_path}: {exc.strerror}; "
                     "make the control plane's state_dir writable"
                 ) from None
+            message = {"env": dict(env), "cgroup": cgroup, "reap": record.reap}
             with contextlib.suppress(BrokenPipeError):  # it ended: the answer below is empty
-                go.write(b"g")
+                go.write(json.dumps(message).encode())
             go.close()
             answer = report.read().decode(errors="replace")
         if answer != "ok":
@@ -252,10 +285,19 @@ class RunDir:
         return JobProcess(record, popen)
 
 
+def _check_env(job_id: str, env: Mapping[str, str]) -> None:
+    """Refuse what no process can be given (execve's rules), before anything starts."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise AdapterError(
+                f"job {job_id}: its env cannot be passed to a process ({name!r}); remove NUL "
+                "bytes, and '=' from env names, in the job spec"
+            )
+
+
 def _spawn(
     job_id: str,
     argv: list[str],
-    env: Mapping[str, str],
     workdir: str | None,
     log_path: str,
     fds: tuple[int, int],
@@ -274,7 +316,7 @@ def _spawn(
         try:
             return subprocess.Popen(
                 argv,
-                env=env,
+                env=WRAPPER_ENV,  # it runs as root: nothing of the job's may reach it
                 cwd=workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -284,8 +326,8 @@ def _spawn(
             )
         except ValueError as exc:  # e.g. a NUL byte, or '=' in an env name
             raise AdapterError(
-                f"job {job_id}: its command, env or workdir cannot be passed to a process "
-                f"({exc}); remove NUL bytes, and '=' from env names, in the job spec"
+                f"job {job_id}: its command or workdir cannot be passed to a process "
+                f"({exc}); remove NUL bytes from them in the job spec"
             ) from None
         except OSError as exc:
             if workdir is not None and exc.filename == workdir:

@@ -8,12 +8,16 @@ compute share in percent). Output goes to a log file per job; the exit code is t
 with a time limit that is still running once it has run that long (from its start here) is
 reported TIMED_OUT by `status`; the service then records why and `release` stops it.
 
-Least privilege (`_privilege.py`): a job's environment is its spec's `env`, the GPU variables,
-a minimal PATH, HOME and LANG/TZ, never the service's; it runs in a directory of its own (its
-HOME, mode 0700, owned by its user, removed at release) unless its spec names a `workdir`; and a
-service running as root starts it as `control.job_user` (refusing root jobs unless
-`control.allow_root_jobs`), while its wrapper stays root to write the exit file into the state
-dir, which the job cannot enter.
+Least privilege (`_privilege.py`, `_isolation.py`): a job's environment is its spec's `env`,
+the GPU variables, a minimal PATH, HOME and LANG/TZ, never the service's, and it reaches the
+job's own process only (its wrapper, root, runs in a fixed environment); it runs in a directory
+of its own (its HOME, mode 0700, owned by its user, removed at release) unless its spec names a
+`workdir`; a service running as root starts it as its team's own uid (or `control.job_user`;
+root only with `control.allow_root_jobs`), while its wrapper stays root to write the exit file
+into the state dir, which the job cannot enter. Where teams share one user, a second team's job
+is refused while another's run (unless `control.allow_shared_job_user`). Each job has a cgroup
+v2 of its own (`_cgroup.py`: memory and CPU limits, and every descendant killed at release),
+or, where none can be made, a subreaper wrapper.
 
 Jobs outlive the service (`_procs.py`): each runs in a session of its own under a wrapper that
 records its exit code, and its pid and start time are recorded before it starts, in
@@ -31,25 +35,19 @@ killed, and the adapter answers nothing for a while, so the service marks it unr
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-from gpuplane.control.adapters._privilege import (
-    can_run,
-    job_env,
-    job_user,
-    make_home,
-    remove_home,
-)
+from gpuplane.control.adapters import _cgroup
+from gpuplane.control.adapters._isolation import JobIsolation
+from gpuplane.control.adapters._privilege import job_env, make_home, remove_home
 from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
     AdapterError,
@@ -68,8 +66,6 @@ from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 
 # a deployment instance's engine listens here: the jobs run on this machine
 ENGINE_HOST = "127.0.0.1"
-
-log = logging.getLogger("gpuplane.control")
 
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,memory.total,uuid"
 
@@ -115,22 +111,8 @@ class LocalAdapter(ClusterAdapter):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._dir = RunDir(self.state_dir / "run")
-        # refused here, at start, when jobs would run as root without allow_root_jobs
-        try:
-            self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
-        except AdapterError as exc:
-            raise AdapterError(f"cluster {self.cluster.name}: {exc}") from None
-        if self._user is not None and not can_run(self._user, sys.executable):
-            log.warning(
-                "cluster %s: jobs run as user %s, who cannot run this service's Python (%s), "
-                "the first on a job's PATH: `python` in a job's command fails with Permission "
-                "denied (`python3` finds the system's); install gpuplane where that user can "
-                "read it, set control.job_user to a user who can, or set "
-                "control.allow_root_jobs: true to run jobs as root",
-                self.cluster.name,
-                self._user.name,
-                os.path.realpath(sys.executable),
-            )
+        # refused here, at start, when the settings cannot hold on this machine
+        self._isolation = JobIsolation(self.cluster.name, self.control)
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
         self._lost_until = float("-inf")  # time.monotonic() until which a drill lost it
@@ -231,6 +213,9 @@ class LocalAdapter(ClusterAdapter):
         with self._lock:
             runs = self._held()
             if workload.job_id not in runs:
+                teams = (run.record.team for run in runs.values())
+                if (why := self._isolation.refusal(workload.team, teams)) is not None:
+                    raise AdapterError(why)
                 runs[workload.job_id] = self._start(workload)
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
@@ -293,13 +278,16 @@ class LocalAdapter(ClusterAdapter):
     def _start(self, workload: Workload) -> JobProcess:
         if not workload.command:
             raise AdapterError(f"job {workload.job_id} has an empty command")
-        home = make_home(workload.job_id, self._user)
+        user = self._isolation.user(workload.team)
+        home = make_home(workload.job_id, user)
         gpu_env = {
             **hami_env(workload),
             "GPUPLANE_JOB_ID": workload.job_id,
             "GPUPLANE_JOB_NAME": workload.name,
         }
+        cgroup = None
         try:
+            cgroup = self._isolation.cgroup(workload)
             return self._dir.start(
                 workload.job_id,
                 workload.command,
@@ -309,11 +297,16 @@ class LocalAdapter(ClusterAdapter):
                 instance=self.control.instance,
                 limit_s=workload.time_limit_s,
                 placement=_placement(workload),
-                user=self._user,
+                user=user,
                 home=home,
+                team=workload.team,
+                cgroup=cgroup,
             )
         except AdapterError:
             remove_home(home)
+            if cgroup is not None:
+                _cgroup.kill(cgroup)
+                _cgroup.remove(cgroup)
             raise
 
     def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
