@@ -187,7 +187,7 @@ def test_serve_refuses_a_bad_config_with_the_nearest_key(tmp_path: Path) -> None
     assert "did you mean 'clusters'" in result.output
 
 
-def test_serve_on_a_taken_port_names_the_setting(
+def test_serve_on_a_taken_port_names_the_setting_before_it_opens_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -199,6 +199,7 @@ def test_serve_on_a_taken_port_names_the_setting(
     assert result.exit_code == 1, result.output
     assert f"could not listen on 127.0.0.1:{port}" in result.output
     assert "choose another (control.port, --port)" in result.output
+    assert not (tmp_path / ".gpuplane" / "control.db").exists()  # refused before it opened
 
 
 def test_the_example_config_and_job_are_valid() -> None:
