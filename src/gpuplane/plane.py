@@ -9,7 +9,8 @@ applied later) by watching the control plane, beside the config's own `models`.
 In process, not as a child process: one process to start and to stop, the imports paid once, no
 control plane left behind when `up` dies, and one signal handler that orders shutdown: the
 gateway stops admitting and drains, the control API stops, then the service stops every job it
-runs (the engines) and closes its store. The control API shares the gateway's event loop for
+runs (the engines, recorded cancelled: a clean stop is no failure), the default deployment is
+deleted and the store closed. The control API shares the gateway's event loop for
 its async glue only; its handlers and its tick run on threads. `gpuplane control serve` and
 `gpuplane gateway serve --control URL` run the same two parts as separate processes, as on a
 cluster.
@@ -30,6 +31,7 @@ from sqlalchemy import select
 from gpuplane.config import Settings
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api import create_app, server_config
+from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
@@ -101,7 +103,9 @@ async def run_up(
     Refused before anything starts when another process holds the state dir (`exclusive`) or
     a port is taken. Fails, with the engine's diagnosis, when an instance of the default
     deployment ends while starting, or when not every one serves within
-    `engine.start_timeout_s`."""
+    `engine.start_timeout_s`. However it ends, short of SIGKILL, the engines are stopped
+    (recorded cancelled) and the default deployment is deleted: it is `up`'s, not a stored
+    deployment for the next control plane in this state dir to start again."""
     check_installed()
     name = settings.engine.model_name
     if any(m.name == name for m in settings.models):
@@ -118,7 +122,7 @@ async def run_up(
             service.start()
             await _serve(settings, service, default_deployment(settings.engine, team), on_ready)
         finally:
-            service.close(stop_jobs=True)
+            _shut_down(service, name)
 
 
 async def _serve(
@@ -147,6 +151,19 @@ async def _serve(
                 if await _until_ready(service, gateway, plane, started, wait, stop):
                     on_ready(plane)
                     await stop.wait()
+
+
+def _shut_down(service: ControlService, deployment: str) -> None:
+    """Delete `deployment` (its instances drain), stop the jobs (its instances among them,
+    recorded cancelled), let the deployment forget its ended instances, which deletes it, and
+    close the service. Idempotent steps; the service is closed even when one fails."""
+    try:
+        with contextlib.suppress(NotFoundError):  # never applied: `up` failed before
+            service.deployments.delete(deployment)
+        service.binder.stop_all()
+        service.deployments.reconcile(deployment)
+    finally:
+        service.close(stop_jobs=True)
 
 
 async def _until_ready(
