@@ -103,6 +103,12 @@ def _placement(workload: Workload) -> dict[str, str]:
     return {"node": workload.node, **hami_env(workload)}
 
 
+FIX_PYTHON = (
+    "install gpuplane where that user can read it, set control.job_user to a user who can, or "
+    "set control.allow_root_jobs: true to run jobs as root"
+)
+
+
 @register
 class LocalAdapter(ClusterAdapter):
     """Processes on this machine; one node (this host) unless nodes are declared."""
@@ -120,16 +126,18 @@ class LocalAdapter(ClusterAdapter):
             self._user = job_user(self.control.job_user, self.control.allow_root_jobs)
         except AdapterError as exc:
             raise AdapterError(f"cluster {self.cluster.name}: {exc}") from None
+        # a deployment instance's command is this Python: refused as long as the user cannot
+        self._no_python: str | None = None
         if self._user is not None and not can_run(self._user, sys.executable):
+            self._no_python = (
+                f"cluster {self.cluster.name}: jobs run as user {self._user.name}, who cannot "
+                f"run this service's Python ({os.path.realpath(sys.executable)})"
+            )
             log.warning(
-                "cluster %s: jobs run as user %s, who cannot run this service's Python (%s), "
-                "the first on a job's PATH: `python` in a job's command fails with Permission "
-                "denied (`python3` finds the system's); install gpuplane where that user can "
-                "read it, set control.job_user to a user who can, or set "
-                "control.allow_root_jobs: true to run jobs as root",
-                self.cluster.name,
-                self._user.name,
-                os.path.realpath(sys.executable),
+                "%s, the first on a job's PATH: `python` in a job's command fails with "
+                "Permission denied (`python3` finds the system's); %s",
+                self._no_python,
+                FIX_PYTHON,
             )
         self._runs: dict[str, JobProcess] | None = None  # loaded from the records at first use
         self._lock = threading.Lock()
@@ -324,7 +332,11 @@ class LocalAdapter(ClusterAdapter):
             self.release(job_id)
 
     def serving_refusal(self) -> str | None:
-        return None  # an instance's engine listens on this machine's loopback
+        """None: an instance's engine listens on this machine's loopback; refused while the
+        job user cannot run the Python of the instance's command."""
+        if self._no_python is None:
+            return None
+        return f"{self._no_python}, which an instance's engine runs in; {FIX_PYTHON}"
 
     def instance_url(self, job_id: str, port: int) -> str | None:
         return f"http://{ENGINE_HOST}:{port}"
