@@ -81,6 +81,8 @@ def read_capacity(url: str, engine: str) -> tuple[int, str] | None:
     found = adapter.parse_capacity(info) if isinstance(info, dict) else None
     if found is not None:
         return found, f"reported by its engine at {adapter.info_path}"
+    if response.status_code == 404:  # a server without the route (llama-cpp-python's)
+        return adapter.default_capacity, f"the {engine} default (its server reports none)"
     return adapter.default_capacity, (
         f"the {engine} default ({adapter.info_path} answered {response.status_code} without "
         "them; set max_concurrency to be sure)"
