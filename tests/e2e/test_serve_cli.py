@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from sqlalchemy import select
 from gpuplane.control.models import Deployment, Job
 from gpuplane.control.statedir import exclusive
 from gpuplane.control.store import Store
-from tests.conftest import free_port
+from tests.conftest import free_port, taken_port
 from tests.serve.test_crash_diagnosis import NO_ENGINE
 
 GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]
@@ -304,10 +303,7 @@ def test_up_on_a_taken_gateway_port_is_refused_before_anything_starts(
     from gpuplane.cli.main import app
 
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         result = CliRunner().invoke(app, ["up", "--port", str(port), "--control-port", "0"])
     assert result.exit_code == 1, result.output
     assert "choose another (gateway.port, --port)" in " ".join(result.output.split())
