@@ -104,8 +104,14 @@ def exclusive(state_dir: str) -> Iterator[None]:
     and without touching anything else in the dir. Released when the block ends, and by the
     kernel when the process dies (`flock`: a stale lock file does not block)."""
     root = Path(state_dir)
-    private_dir(root)
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)  # not inherited by jobs
+    try:
+        private_dir(root)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)  # jobs do not inherit it
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot lock the state dir {root}: {exc.strerror}; make it writable, or set "
+            "control.state_dir to a directory that is"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
