@@ -1,11 +1,15 @@
-"""Shared fixtures: the anyio backend, free ports, settings for a gateway, and logging that no
-test leaves configured for the next."""
+"""Shared fixtures: the anyio backend, free ports, settings for a gateway, logging that no test
+leaves configured for the next, and a checkout the suite leaves as it found it."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,49 @@ import pytest
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+# what the tools running the suite write into a checkout, not the tests
+TOOL_CACHES = frozenset(
+    {"__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"}
+)
+
+
+def untracked(root: Path) -> set[str] | None:
+    """The untracked and ignored paths of the git checkout at `root` (`git status --porcelain
+    --ignored`), the tools' caches aside; None when `root` is no git checkout (an sdist)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    done = subprocess.run(
+        [git, "status", "--porcelain", "--ignored", "-z"], cwd=root, capture_output=True
+    )
+    if done.returncode != 0:
+        return None
+    entries = [e.decode() for e in done.stdout.split(b"\0") if e]
+    return {  # each entry "XY PATH"
+        e[3:] for e in entries if e[:2] in ("??", "!!") and not TOOL_CACHES & set(Path(e[3:]).parts)
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests write only under temp dirs: what the suite left in the checkout (a stage cache
+    under .gpuplane/, say) would greet the next `make run` there. Compares the checkout's
+    untracked and ignored paths before and after the session; fails the session's last
+    teardown naming each new one."""
+    root = Path(request.config.rootpath)
+    before = untracked(root)
+    yield
+    after = untracked(root)
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    assert not new, (
+        f"the tests left {', '.join(new)} in the checkout {root}: write under tmp_path (the "
+        "commands' defaults, such as batch.cache_url and control.state_dir, are relative to "
+        "the working directory)"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +73,15 @@ def _logging_as_it_was() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A loopback port something listens on while the block runs."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ applied later) by watching the control plane, beside the config's own `models`.
 In process, not as a child process: one process to start and to stop, the imports paid once, no
 control plane left behind when `up` dies, and one signal handler that orders shutdown: the
 gateway stops admitting and drains, the control API stops, then the service stops every job it
-runs (the engines) and closes its store. The control API shares the gateway's event loop for
+runs (the engines, recorded cancelled: a clean stop is no failure), the default deployment is
+deleted and the store closed. The control API shares the gateway's event loop for
 its async glue only; its handlers and its tick run on threads. `gpuplane control serve` and
 `gpuplane gateway serve --control URL` run the same two parts as separate processes, as on a
 cluster.
@@ -31,14 +32,16 @@ from gpuplane.config import Settings
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api import create_app, server_config
 from gpuplane.control.console import login_url
+from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
+from gpuplane.control.statedir import exclusive
 from gpuplane.errors import ConfigError, EngineError
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of
 from gpuplane.serve.engines.llamacpp import LlamaCpp, check_installed
-from gpuplane.serve.server import serving, stop_on_signal, uvicorn_serving
+from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
 from gpuplane.serve.settings import EngineConfig
 
 UP_TEAM = "default"  # the default deployment's team when the config declares none
@@ -99,8 +102,12 @@ async def run_up(
     settings: Settings, control: ControlConfig, team: str, on_ready: Callable[[Plane], None]
 ) -> None:
     """Serve the plane (`control`, `team`: from `embedded_control`) until SIGINT or SIGTERM.
-    Fails, with the engine's diagnosis, when an instance of the default deployment ends while
-    starting, or when not every one serves within `engine.start_timeout_s`."""
+    Refused before anything starts when another process holds the state dir (`exclusive`) or
+    a port is taken. Fails, with the engine's diagnosis, when an instance of the default
+    deployment ends while starting, or when not every one serves within
+    `engine.start_timeout_s`. However it ends, short of SIGKILL, the engines are stopped
+    (recorded cancelled) and the default deployment is deleted: it is `up`'s, not a stored
+    deployment for the next control plane in this state dir to start again."""
     check_installed()
     name = settings.engine.model_name
     if any(m.name == name for m in settings.models):
@@ -108,30 +115,56 @@ async def run_up(
             f"model '{name}' is both in `models` and the embedded engine (engine.model_name); "
             "rename one"
         )
-    spec = default_deployment(settings.engine, team)
-    service = ControlService(control)
+    gw = settings.gateway
+    with exclusive(control.state_dir):
+        check_free(control.host, control.port, "control plane", "control.port, --control-port")
+        check_free(gw.host, gw.port, "gateway", "gateway.port, --port")
+        service = ControlService(control)
+        try:
+            service.start()
+            await _serve(settings, service, default_deployment(settings.engine, team), on_ready)
+        finally:
+            _shut_down(service, name)
+
+
+async def _serve(
+    settings: Settings,
+    service: ControlService,
+    spec: dict[str, Any],
+    on_ready: Callable[[Plane], None],
+) -> None:
+    """The control API, the default deployment `spec` applied through it and the gateway,
+    until a signal (or a failed start, raised)."""
+    control = service.config
+    token_file = service.tokens.local_admin(Path(control.state_dir)).resolve()
+    with stop_on_signal() as stop:
+        app = create_app(service, audit=settings.audit)
+        config = server_config(app, control)
+        async with uvicorn_serving(config, "control plane", "control.port, --control-port") as port:
+            control_url = f"http://{control.host}:{port}"
+            started = service.clock()
+            await asyncio.to_thread(service.deployments.apply, spec)
+            gateway = Gateway(
+                settings, control=control_url, control_token=token_file.read_text().strip()
+            )
+            async with serving(settings, gateway) as gateway_url:
+                plane = Plane(gateway_url, control_url, token_file, spec["name"], spec["replicas"])
+                wait = settings.engine.start_timeout_s
+                if await _until_ready(service, gateway, plane, started, wait, stop):
+                    admin = token_file.read_text().strip()
+                    on_ready(replace(plane, console_url=login_url(app, control_url, admin)))
+                    await stop.wait()
+
+
+def _shut_down(service: ControlService, deployment: str) -> None:
+    """Delete `deployment` (its instances drain), stop the jobs (its instances among them,
+    recorded cancelled), let the deployment forget its ended instances, which deletes it, and
+    close the service. Idempotent steps; the service is closed even when one fails."""
     try:
-        service.start()
-        token_file = service.tokens.local_admin(Path(control.state_dir)).resolve()
-        with stop_on_signal() as stop:
-            app = create_app(service, audit=settings.audit)
-            config = server_config(app, control)
-            async with uvicorn_serving(
-                config, "control plane", "control.port, --control-port"
-            ) as port:
-                control_url = f"http://{control.host}:{port}"
-                started = service.clock()
-                await asyncio.to_thread(service.deployments.apply, spec)
-                gateway = Gateway(
-                    settings, control=control_url, control_token=token_file.read_text().strip()
-                )
-                async with serving(settings, gateway) as gateway_url:
-                    plane = Plane(gateway_url, control_url, token_file, name, spec["replicas"])
-                    wait = settings.engine.start_timeout_s
-                    if await _until_ready(service, gateway, plane, started, wait, stop):
-                        admin = token_file.read_text().strip()
-                        on_ready(replace(plane, console_url=login_url(app, control_url, admin)))
-                        await stop.wait()
+        with contextlib.suppress(NotFoundError):  # never applied: `up` failed before
+            service.deployments.delete(deployment)
+        service.binder.stop_all()
+        service.deployments.reconcile(deployment)
     finally:
         service.close(stop_jobs=True)
 

@@ -25,6 +25,14 @@ def write_clips(root: Path, n: int, broken: tuple[int, ...] = ()) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch test runs in its own temp dir: the commands' defaults (batch.cache_url
+    `.gpuplane/cache`, batch.runs_dir) are relative to the working directory, which would
+    otherwise be the checkout, where the next `make run` would find the toy stages' cache."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def clips(tmp_path: Path) -> Path:
     return write_clips(tmp_path / "clips", 12)

@@ -19,6 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
+from tests.conftest import taken_port
 
 MINIMAL = """\
 name: hello
@@ -189,18 +190,16 @@ def test_serve_refuses_a_bad_config_with_the_nearest_key(tmp_path: Path) -> None
     assert "did you mean 'clusters'" in result.output
 
 
-def test_serve_on_a_taken_port_names_the_setting(
+def test_serve_on_a_taken_port_names_the_setting_before_it_opens_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         result = runner.invoke(app, ["control", "serve", "--port", str(port)])
     assert result.exit_code == 1, result.output
     assert f"could not listen on 127.0.0.1:{port}" in result.output
     assert "choose another (control.port, --port)" in result.output
+    assert not (tmp_path / ".gpuplane" / "control.db").exists()  # refused before it opened
 
 
 def test_the_example_config_and_job_are_valid() -> None:

@@ -394,7 +394,8 @@ def test_an_instance_without_max_concurrency_serves_the_slots_its_engine_reports
     ("status", "body", "expected"),
     [
         (200, {"total_slots": 3}, (3, "reported by its engine at /props")),  # llama-server
-        (404, {"detail": "Not Found"}, (1, "the llamacpp default (/props answered 404")),
+        (404, {"detail": "Not Found"}, (1, "the llamacpp default (its server reports none)")),
+        (400, {}, (1, "the llamacpp default (/props answered 400 without them")),
         (503, {}, None),  # loading its model: ask again next tick
     ],
 )

@@ -20,8 +20,11 @@ import pytest
 from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError
 from gpuplane.control.adapters._privilege import MINIMAL_PATH, TeamUids, can_run, job_user
+from gpuplane.control.deployments.routes import describe
+from gpuplane.control.models import Deployment
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig
+from gpuplane.control.spec import SpecError
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 SECRET = "s3cr3t-from-the-service-env"
@@ -195,5 +198,43 @@ def test_a_python_the_job_user_cannot_run_is_named_at_start_and_in_the_jobs_fail
         assert row.state == "failed"
         uid = job_uid(service)
         assert f"as user uid {uid}: Permission denied" in (row.message or "")
+    finally:
+        service.close()
+
+
+@AS_ROOT
+def test_a_stored_deployment_its_job_user_cannot_start_says_why_once_and_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment left in the store (by a killed `gpuplane up`, which ran its engines as
+    root) meets a control plane whose jobs run as an unprivileged user who cannot run this
+    Python: no instance starts to crash, its events say why once however many ticks pass, and
+    a new apply is refused with the same reason."""
+    hidden = tmp_path / "root-only"
+    hidden.mkdir(mode=0o700)
+    (hidden / "python").symlink_to("/bin/true")
+    tmp_path.chmod(0o755)
+    cfg = least_privilege(tmp_path)
+    first = make_service(cfg.model_copy(update={"allow_root_jobs": True}))
+    spec = {"name": "chat", "model": "sim", "engine": "sim", "team": "research", "replicas": 0}
+    first.deployments.apply(spec)  # stored; no instance wanted yet
+    with first.store.session() as session, session.begin():
+        row = session.get(Deployment, "chat")
+        assert row is not None
+        row.spec = {**row.spec, "replicas": 1}  # as `up` left it
+    first.close()
+    monkeypatch.setattr("sys.executable", str(hidden / "python"))
+    service = make_service(cfg)
+    try:
+        for _ in range(3):
+            service.tick()
+        described = describe(service, "chat")
+        assert described["instances"] == []
+        waiting = [e["message"] for e in described["events"] if "waiting" in e["message"]]
+        assert len(waiting) == 1, described["events"]
+        assert "cannot run this service's Python" in waiting[0]
+        assert "control.job_user" in waiting[0]
+        with pytest.raises(SpecError, match="cannot run this service's Python"):
+            service.deployments.apply({**spec, "name": "other", "replicas": 1})
     finally:
         service.close()

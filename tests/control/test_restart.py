@@ -26,6 +26,7 @@ from gpuplane.control.adapters.base import WorkloadState
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig
+from gpuplane.control.statedir import exclusive
 from gpuplane.control.store import Store
 from tests.control.svc_helpers import (
     assert_no_device_over_allocated,
@@ -365,7 +366,48 @@ def test_stop_jobs_stops_them_on_shutdown_and_records_why(tmp_path: Path) -> Non
         with store.session() as session:
             row = session.get(Job, jid)
             assert row is not None
-            assert row.state == "failed"
+            assert row.state == "cancelled"  # stopped on purpose: no failure
             assert "stopped when its control plane shut down" in (row.message or "")
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_a_second_control_plane_on_the_state_dir_is_refused_and_a_killed_ones_lock_is_not(
+    tmp_path: Path,
+) -> None:
+    """A second `control serve` on the same state dir (another port) is refused before it
+    reads or changes anything there, naming the first's pid: the first's job keeps running
+    as its own. Once the first is killed (SIGKILL: no clean release), the next start takes the
+    dir and the job back; a clean stop frees the dir."""
+    pidfile = tmp_path / "pid"
+    first = Serve(tmp_path)
+    again: Serve | None = None
+    pid: int | None = None
+    try:
+        jid = submit(first, job("sleeper", command=writes_pid(pidfile), gpus=1))
+        pid = pid_in(pidfile)
+        cmd = [sys.executable, "-m", "gpuplane.cli.main", "control", "serve"]
+        cmd += ["--port", str(free_port()), "--config", str(tmp_path / "gpuplane.yaml")]
+        second = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        said = " ".join(second.stderr.split())
+        assert f"in use by another gpuplane process (pid {first.proc.pid}: " in said, said
+        assert "control serve" in said, said
+        assert "adopted" not in second.stdout + second.stderr  # it took nothing back
+        assert alive(pid)
+        assert first.http.get(f"/jobs/{jid}").json()["state"] == "running"
+        first.kill()  # SIGKILL: the lock file stays, its lock does not
+        again = Serve(tmp_path)
+        assert "adopted 1 running jobs" in again.output()
+        assert again.http.get(f"/jobs/{jid}").json()["state"] == "running"
+        assert again.http.post(f"/jobs/{jid}/cancel").json()["state"] == "cancelled"
+        assert again.stop() == 0, again.output()
+        with exclusive(str(tmp_path / "state")):
+            pass  # released by the clean stop
+    finally:
+        for s in (first, again):
+            if s is not None:
+                s.kill()
+        if pid is not None and alive(pid):
+            os.kill(pid, signal.SIGKILL)

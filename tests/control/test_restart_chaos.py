@@ -84,6 +84,14 @@ def live_jobs() -> dict[str, list[int]]:
     return out
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` has not yet died (neither gone nor a zombie, whose files are closed)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class Fleet:
     """The zygote (`serve_fork.py`) and the service child it forked last."""
 
@@ -99,8 +107,14 @@ class Fleet:
         self.pid: int | None = None
 
     def start(self) -> int:
+        """Fork a new service once the last one has died: until then it holds the state dir
+        (a kill is delivered, not yet done, when `kill` returns), and a start is refused."""
         assert self.zygote.stdin is not None
         assert self.zygote.stdout is not None
+        deadline = time.monotonic() + 60
+        while self.pid is not None and running(self.pid):
+            assert time.monotonic() < deadline, f"service {self.pid} did not die"
+            time.sleep(0.005)
         self.zygote.stdin.write("start\n")
         self.zygote.stdin.flush()
         self.pid = int(self.zygote.stdout.readline())

@@ -17,8 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
-from tests.conftest import free_port
+from gpuplane.control.models import Deployment, Job
+from gpuplane.control.statedir import exclusive
+from gpuplane.control.store import Store
+from tests.conftest import free_port, taken_port
 from tests.serve.test_crash_diagnosis import NO_ENGINE
 
 GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]
@@ -140,39 +144,74 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+BANNER_END = "Ctrl-C stops everything."
+needs_engine = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason=NO_ENGINE)
+
+
+class Up:
+    """`gpuplane up` started in `workdir` (its own ports, one instance), as a user runs it with
+    its output piped; `lines` collects stdout and stderr together as they come."""
+
+    def __init__(self, workdir: Path, *args: str) -> None:
+        self.workdir = workdir
+        port, control_port = free_port(), free_port()
+        self.gateway = f"http://127.0.0.1:{port}"
+        self.control = f"http://127.0.0.1:{control_port}"
+        (workdir / "gpuplane.yaml").write_text(
+            f"engine: {{instances: 1}}\ngateway: {{port: {port}}}\n"
+            f"control: {{port: {control_port}}}\n"
+        )
+        self.proc = subprocess.Popen(
+            [*GPUPLANE, "up", "--config", "gpuplane.yaml", *args],
+            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "COLUMNS": "1000"},
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_serving(self) -> None:
+        """Until it printed its summary (it serves); fails if it exits first."""
+        deadline = time.monotonic() + 300
+        while not any(BANNER_END in line for line in self.lines):
+            assert self.proc.poll() is None, self.out
+            assert time.monotonic() < deadline, self.out
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        """Ctrl-C, as a user stops it; its exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(120)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(30)
+            self.reader.join(30)
+        return self.proc.returncode
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason=NO_ENGINE)
+@needs_engine
 def test_up_runs_the_whole_plane_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
     """`gpuplane up` in a fresh directory: a control plane, its default deployment of the
     embedded llama.cpp and the gateway; a chat answers through the gateway, the deployment is
     listed through the control API with the token whose file `up` printed (and by the CLI,
     which finds that token by itself), and Ctrl-C leaves no process behind."""
-    port, control_port = free_port(), free_port()
-    (tmp_path / "gpuplane.yaml").write_text(
-        f"engine: {{instances: 1}}\ngateway: {{port: {port}}}\ncontrol: {{port: {control_port}}}\n"
-    )
-    up = subprocess.Popen(
-        [*GPUPLANE, "up", "--config", "gpuplane.yaml"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "1000"},
-    )  # fmt: skip
-    lines: list[str] = []
-
-    def read() -> None:
-        assert up.stdout is not None
-        for line in up.stdout:
-            lines.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    gateway, control = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control_port}"
+    up = Up(tmp_path)
+    gateway, control = up.gateway, up.control
     try:
-        deadline = time.monotonic() + 300
-        while not any("Ctrl-C stops everything." in line for line in lines):
-            assert up.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
-        out = "".join(lines)
+        up.wait_serving()
+        out = up.out
         assert f"{gateway}/v1" in out
         assert f"{control}/ui" in out
         (link,) = re.findall(r"web console +(\S+)", out)  # one-time: logs a browser in once
@@ -203,12 +242,73 @@ def test_up_runs_the_whole_plane_and_ctrl_c_leaves_no_process(tmp_path: Path) ->
         status = run_cli("gateway", "status", "--gateway", gateway, "-o", "json")
         assert status.returncode == 0, status.stderr
         assert [i["state"] for i in json.loads(status.stdout)["instances"]] == ["ready"]
-        children = descendants(up.pid)
+        children = descendants(up.proc.pid)
         assert children  # the engine and its wrapper
     finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(120)
-        reader.join(30)
-    assert up.returncode == 0, "".join(lines)
-    assert "stopped: gateway, control plane and engines are down" in "".join(lines)
+        code = up.stop()
+    assert code == 0, up.out
+    assert "stopped: gateway, control plane and engines are down" in up.out
     assert not [p for p in children if alive(p)]
+
+
+def stored(workdir: Path) -> tuple[dict[str, str], list[str]]:
+    """The state of each job (by name) and the deployments in `up`'s store in `workdir`."""
+    store = Store.open(f"sqlite:///{workdir}/.gpuplane/control.db")
+    try:
+        with store.session() as session:
+            jobs = {job.name: job.state for job in session.scalars(select(Job))}
+            return jobs, list(session.scalars(select(Deployment.name)))
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@needs_engine
+def test_a_second_up_in_the_same_dir_is_refused_and_a_clean_stop_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """A second `up` in the same directory is refused before it touches anything, naming the
+    first; the first keeps serving. It starts quietly (no log line before its summary) and
+    Ctrl-C is a clean stop: its engines' jobs end cancelled, not failed, its default deployment
+    is gone (the next control plane in the dir has none to start again) and so is its lock."""
+    first = Up(tmp_path)
+    try:
+        first.wait_serving()
+        before = first.out.split("gpuplane is serving")[0].splitlines()
+        assert [line for line in before if line.strip()] == [
+            line for line in before if line.startswith(("note: ", "starting "))
+        ], first.out
+        second = subprocess.run(
+            [*GPUPLANE, "up", "--config", "gpuplane.yaml"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        said = " ".join(second.stderr.split())
+        assert f"pid {first.proc.pid}:" in said, said
+        assert "main.py up --config gpuplane.yaml)" in said, said
+        assert "in use by another gpuplane process" in said, said
+        assert stored(tmp_path) == ({"smollm2-v1": "running"}, ["smollm2"])  # untouched
+        answer = run_cli("chat", "Say hi.", "--server", first.gateway, "--max-tokens", "5")
+        assert answer.returncode == 0, answer.stderr  # its engine still answers
+    finally:
+        code = first.stop()
+    assert code == 0, first.out
+    assert stored(tmp_path) == ({"smollm2-v1": "cancelled"}, [])
+    with exclusive(str(tmp_path / ".gpuplane")):
+        pass  # free again
+
+
+@needs_engine
+def test_up_on_a_taken_gateway_port_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from gpuplane.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    with taken_port() as port:
+        result = CliRunner().invoke(app, ["up", "--port", str(port), "--control-port", "0"])
+    assert result.exit_code == 1, result.output
+    assert "choose another (gateway.port, --port)" in " ".join(result.output.split())
+    assert not (tmp_path / ".gpuplane" / "control.db").exists()  # no control plane, no engine

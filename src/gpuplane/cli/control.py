@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuplane import logs
-from gpuplane.config import load_settings, parse_settings
+from gpuplane.config import Settings, load_settings, parse_settings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -29,8 +29,8 @@ def serve(
     stop_jobs: bool = typer.Option(
         False,
         "--stop-jobs",
-        help="on shutdown, stop the jobs this service runs (recorded failed) instead of leaving "
-        "them to its restart",
+        help="on shutdown, stop the jobs this service runs (recorded cancelled) instead of "
+        "leaving them to its restart",
     ),
 ) -> None:
     """Serve the control plane. OpenAPI at /docs; on embedded defaults or a config file.
@@ -39,14 +39,17 @@ def serve(
     to its state dir (0600) and prints where; the CLI on this machine reads it by itself.
     Listening beyond loopback needs control.auth.allowed_hosts (refused at start otherwise).
 
+    One control plane per state dir: a second one started on the same dir is refused, naming
+    the process that holds it, before it reads or changes anything.
+
     SIGTERM and SIGINT (Ctrl-C) stop the service, not its jobs: they keep running, and the
     service started again with the same control.instance (default host:port) takes them back,
     recording the exit code of any that ended meanwhile. With --stop-jobs, shutting down stops
     them too.
     """
-    from gpuplane.control.api import create_app, server_config
-    from gpuplane.control.service import ControlService
+    from gpuplane.control.statedir import exclusive
     from gpuplane.errors import GpuplaneError
+    from gpuplane.serve.server import check_free
 
     logs.configure()
     try:
@@ -58,11 +61,24 @@ def serve(
         )
         settings = parse_settings(data, source=str(config or "defaults"))
         control = settings.control
-        service = ControlService(control)
-        messages = service.start()
+        # one control plane per state dir, on a free port, before its jobs are taken back
+        with exclusive(control.state_dir):
+            check_free(control.host, control.port, "control plane", "control.port, --port")
+            _run(settings, stop_jobs)
     except GpuplaneError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _run(settings: Settings, stop_jobs: bool) -> None:
+    """Start the service, serve its API until a signal, then close it (`stop_jobs`: with its
+    jobs)."""
+    from gpuplane.control.api import create_app, server_config
+    from gpuplane.control.service import ControlService
+
+    control = settings.control
+    service = ControlService(control)
+    messages = service.start()
     typer.echo(f"store: {service.store.safe_url} (policy {service.policy.name})")
     for line in messages:
         typer.echo(line)
@@ -70,9 +86,6 @@ def serve(
     admin = service.tokens.local_admin(Path(control.state_dir)).read_text().strip()
     try:
         asyncio.run(_serve_until_signal(server_config(api, control), api, admin))
-    except GpuplaneError as exc:  # its port is taken
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
     finally:
         service.close(stop_jobs=stop_jobs)
 

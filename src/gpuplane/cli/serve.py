@@ -4,6 +4,7 @@ online inference commands."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,13 +153,21 @@ def up(
     control_port: int | None = typer.Option(
         None, help="control plane port (control.port); 0 picks a free one"
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="log each job, deployment and gateway event, not only warnings",
+    ),
 ) -> None:
     """Start the whole plane on this machine. A control plane on loopback, a deployment of the
     embedded llama.cpp through it, and the gateway that finds its instances; Ctrl-C stops
-    everything."""
+    everything. Only warnings and errors are logged unless -v: the summary it prints once it
+    serves says where everything is. One `up` (or `control serve`) per state dir: a second one
+    is refused, naming the process that holds it, before it starts or stops anything."""
     from gpuplane.plane import embedded_control, run_up
 
-    logs.configure()
+    logs.configure(logging.INFO if verbose else logging.WARNING)
     try:
         settings = _settings(config, host, port)
         if instances is not None:

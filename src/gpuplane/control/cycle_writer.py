@@ -214,7 +214,10 @@ class CycleWriter:
         if allocs:
             session.execute(insert(Allocation), allocs)
         teams = {job.job_id: job.team for job in pending}
-        reasons = {a.job_id: f"placed on {a.placement.node} ({a.flavor})" for a in result.admitted}
+        reasons = {
+            a.job_id: f"placed on {a.placement.node}" + (f" ({a.flavor})" if a.flavor else "")
+            for a in result.admitted
+        }
         now = self.records.clock()
         session.execute(  # the jobs' timelines: one row each, in one statement
             insert(Event),

@@ -223,8 +223,9 @@ class Binder:
         )
 
     def stop_all(self) -> int:
-        """Record the running jobs of this service process failed (stopped at shutdown), then stop
-        every workload its adapters hold; returns how many jobs were stopped."""
+        """Record the running jobs of this service process cancelled (stopped at shutdown, on
+        purpose: not a failure), then stop every workload its adapters hold; returns how many
+        jobs were stopped. Idempotent."""
         reason = (
             "stopped when its control plane shut down with its jobs (`gpuplane up`, or "
             "`control serve --stop-jobs`); "
@@ -249,7 +250,7 @@ class Binder:
                                 session,
                                 estate,
                                 row.id,
-                                "failed",
+                                "cancelled",
                                 None,
                                 reason,
                                 now,
@@ -261,7 +262,9 @@ class Binder:
                     adapter.close()
         for row in stopped:
             team, cluster = row.team_name, row.cluster_name
-            job_event("finished", row.id, team=team, cluster=cluster, reason=reason, state="failed")
+            job_event(
+                "cancelled", row.id, team=team, cluster=cluster, reason=reason, state="cancelled"
+            )
         return len(stopped)
 
     def drain_stops(self) -> None:

@@ -156,7 +156,7 @@ class ControlService:
         return messages
 
     def close(self, *, stop_jobs: bool = True) -> None:
-        """Shut down. `stop_jobs`: stop the jobs this process runs, recorded failed; False leaves
+        """Shut down. `stop_jobs`: stop the jobs this process runs, recorded cancelled; False leaves
         them running for a restart of this instance to take back (`control serve` on SIGTERM)."""
         if stop_jobs:
             self.binder.stop_all()

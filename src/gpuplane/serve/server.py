@@ -59,6 +59,13 @@ async def uvicorn_serving(config: uvicorn.Config, what: str, setting: str) -> As
         sock.close()
 
 
+def check_free(host: str, port: int, what: str, setting: str) -> None:
+    """Refuse a taken host:port as `listen_socket` would, before a command starts anything
+    that it would have to undo (port 0: any free one will do)."""
+    if port != 0:
+        listen_socket(host, port, what, setting).close()
+
+
 def listen_socket(host: str, port: int, what: str, setting: str) -> socket.socket:
     """A TCP socket bound to host:port (port 0: a free one), as uvicorn binds one."""
     try:

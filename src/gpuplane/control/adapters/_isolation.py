@@ -30,6 +30,10 @@ from gpuplane.control.adapters.base import AdapterError, Workload
 from gpuplane.control.settings import ControlConfig
 
 log = logging.getLogger("gpuplane.control")
+FIX_PYTHON = (
+    "install gpuplane where every user can read it, set control.job_user to a user who can, or "
+    "set control.allow_root_jobs: true to run jobs as root"
+)
 
 
 class JobIsolation:
@@ -49,6 +53,7 @@ class JobIsolation:
         # services on one machine may share the cgroup parent: each names its jobs' apart
         self.tag = hashlib.sha256(os.path.abspath(control.state_dir).encode()).hexdigest()[:10]
         self.containment = self._contain(control.job_containment, control.cgroup_parent)
+        self.no_python = self._python_refusal()  # None: job users can run this Python
         self._warn_at_start()
 
     def _contain(self, mode: str, parent: str | None) -> _cgroup.Containment | None:
@@ -83,18 +88,25 @@ class JobIsolation:
             log.warning("cluster %s: %s; %s", self.cluster, note, then)
         if self.containment is not None and self.containment.note is not None:
             log.warning("cluster %s: %s", self.cluster, self.containment.note)
-        probe = self.who.probe() if isinstance(self.who, TeamUids) else self.who
-        if probe is not None and not can_run(probe, sys.executable):
+        if self.no_python is not None:
             log.warning(
-                "cluster %s: jobs run as %s, who cannot run this service's Python (%s), the "
-                "first on a job's PATH: `python` in a job's command fails with Permission "
-                "denied (`python3` finds the system's); install gpuplane where every user can "
-                "read it, set control.job_user to a user who can, or set "
-                "control.allow_root_jobs: true to run jobs as root",
-                self.cluster,
-                "their teams' own uids" if isinstance(self.who, TeamUids) else probe.name,
-                os.path.realpath(sys.executable),
+                "%s, the first on a job's PATH: `python` in a job's command fails with "
+                "Permission denied (`python3` finds the system's); %s",
+                self.no_python,
+                FIX_PYTHON,
             )
+
+    def _python_refusal(self) -> str | None:
+        """Why jobs here cannot run this service's Python (None: they can); an instance's
+        engine runs in it, so a deployment is not served here while this holds."""
+        probe = self.who.probe() if isinstance(self.who, TeamUids) else self.who
+        if probe is None or can_run(probe, sys.executable):
+            return None
+        whom = "their teams' own uids" if isinstance(self.who, TeamUids) else f"user {probe.name}"
+        return (
+            f"cluster {self.cluster}: jobs run as {whom}, who cannot run this service's Python "
+            f"({os.path.realpath(sys.executable)})"
+        )
 
     def refusal(self, team: str | None, running: Iterable[str | None]) -> str | None:
         """Why a job of `team` may not start beside jobs of the teams `running` (None: it may):

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from gpuplane.control.adapters import _cgroup
-from gpuplane.control.adapters._isolation import JobIsolation
+from gpuplane.control.adapters._isolation import FIX_PYTHON, JobIsolation
 from gpuplane.control.adapters._privilege import job_env, make_home, remove_home
 from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
@@ -97,6 +97,7 @@ def hami_env(workload: Workload) -> dict[str, str]:
 
 def _placement(workload: Workload) -> dict[str, str]:
     return {"node": workload.node, **hami_env(workload)}
+
 
 
 @register
@@ -317,7 +318,11 @@ class LocalAdapter(ClusterAdapter):
             self.release(job_id)
 
     def serving_refusal(self) -> str | None:
-        return None  # an instance's engine listens on this machine's loopback
+        """None: an instance's engine listens on this machine's loopback; refused while the
+        job user cannot run the Python of the instance's command."""
+        if (no_python := self._isolation.no_python) is None:
+            return None
+        return f"{no_python}, which an instance's engine runs in; {FIX_PYTHON}"
 
     def instance_url(self, job_id: str, port: int) -> str | None:
         return f"http://{ENGINE_HOST}:{port}"

@@ -81,6 +81,8 @@ def read_capacity(url: str, engine: str) -> tuple[int, str] | None:
     found = adapter.parse_capacity(info) if isinstance(info, dict) else None
     if found is not None:
         return found, f"reported by its engine at {adapter.info_path}"
+    if response.status_code == 404:  # a server without the route (llama-cpp-python's)
+        return adapter.default_capacity, f"the {engine} default (its server reports none)"
     return adapter.default_capacity, (
         f"the {engine} default ({adapter.info_path} answered {response.status_code} without "
         "them; set max_concurrency to be sure)"
@@ -158,6 +160,7 @@ class Deployments:
         self._windows: dict[str, Window] = {}
         # deployment -> the instance started to restore its spread, until it serves
         self._moving: dict[str, str] = {}
+        self._waiting: dict[str, str] = {}  # deployment -> why none of its instances can start
         self._since = service.clock()  # an instance that ended before this did no crash here
 
     # -- commands ----------------------------------------------------------------------------
@@ -324,6 +327,7 @@ class Deployments:
             self._scaled.pop(name, None)
             self._windows.pop(name, None)
             self._moving.pop(name, None)
+            self._waiting.pop(name, None)
 
     def _discover(self, session: Session, spec: DeploymentSpec, now: float) -> None:
         """Learn where each running instance answers, once its cluster knows (at once on a
@@ -596,6 +600,10 @@ class Deployments:
         for job_id in todo.stop:
             with contextlib.suppress(ConflictError):  # it ended meanwhile: forgotten next round
                 self.service.cancel(job_id)
+        if todo.start:
+            with self.service.store.session() as session, session.begin():
+                if self._cannot_start(session, spec, now):
+                    return
         for version, n in todo.start.items():
             for _ in range(n):
                 self._start(spec.of_version(version), now)
@@ -759,10 +767,24 @@ class Deployments:
         """Refuse a placement that could land on a cluster that cannot run an instance the
         gateway reaches (its adapter's `serving_refusal`: e.g. a Kubernetes cluster without
         KServe, a Ray cluster), naming the clusters that can."""
+        candidates, refusals = self._refusals(spec)
+        if refusals:
+            able = sorted(c for c in candidates if c not in refusals)
+            raise SpecError(
+                f"deployment {spec.name} could be placed on cluster(s) "
+                f"{', '.join(sorted(refusals))}, which cannot run its instances: "
+                + "; ".join(refusals.values())
+                + "; set placement.cluster"
+                + (f" to one of: {', '.join(able)}" if able else " to a cluster that can")
+            )
+
+    def _refusals(self, spec: DeploymentSpec) -> tuple[list[str], dict[str, str]]:
+        """The clusters `spec`'s placement selects, and why each that cannot run its instances
+        cannot (its adapter's `serving_refusal`)."""
         clusters = self.service.config.clusters
         sel = spec.placement
         candidates = [
-            c
+            c.name
             for c in clusters
             if (sel.cluster is None or c.name == sel.cluster)
             and (sel.region is None or c.region == sel.region)
@@ -773,23 +795,34 @@ class Deployments:
                 + unknown_name("cluster", sel.cluster, {c.name for c in clusters})
             )
         refusals: dict[str, str] = {}
-        for c in candidates:
-            adapter = self.service.adapters.get(c.name)
+        for name in candidates:
+            adapter = self.service.adapters.get(name)
             try:
                 why = "it is not connected" if adapter is None else adapter.serving_refusal()
             except AdapterError as exc:
                 why = str(exc)
             if why is not None:
-                refusals[c.name] = why
-        if refusals:
-            able = sorted(c.name for c in candidates if c.name not in refusals)
-            raise SpecError(
-                f"deployment {spec.name} could be placed on cluster(s) "
-                f"{', '.join(sorted(refusals))}, which cannot run its instances: "
-                + "; ".join(refusals.values())
-                + "; set placement.cluster"
-                + (f" to one of: {', '.join(able)}" if able else " to a cluster that can")
-            )
+                refusals[name] = why
+        return candidates, refusals
+
+    def _cannot_start(self, session: Session, spec: DeploymentSpec, now: float) -> bool:
+        """Whether no cluster `spec` could be placed on can run its instances now (a stored
+        deployment whose job user cannot run this Python, say): starting one would only crash.
+        Says why once, in its events (`deploy describe`), until the reason changes; it is asked
+        again on each tick, so the deployment starts once the cause is fixed."""
+        try:
+            candidates, refusals = self._refusals(spec)
+        except SpecError as exc:
+            why = str(exc)
+        else:
+            why = "; ".join(refusals.values()) if len(refusals) == len(candidates) else ""
+        if not why:
+            self._waiting.pop(spec.name, None)
+            return False
+        if self._waiting.get(spec.name) != why:
+            self._waiting[spec.name] = why
+            _event(session, now, spec.name, f"waiting: no instance can start: {why}")
+        return True
 
 
 def _shown(row: Deployment, teams: Collection[str] | None) -> bool:
