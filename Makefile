@@ -80,7 +80,7 @@ lint: setup
 # it; the reference pages are rendered from the code (scripts/docs_reference.py). The variable
 # silences a banner Material prints on every build.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Re-resolve every dependency to the newest release pyproject's ranges allow, for every Python
 # the project supports, and pin the no-deps packages with their hashes. Review, then commit both.
