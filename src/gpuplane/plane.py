@@ -72,10 +72,17 @@ def embedded_control(control: ControlConfig, euid: int) -> tuple[ControlConfig, 
         control = control.model_copy(update={"teams": [*control.teams, TeamConfig(name=team)]})
     note = None
     if euid == 0 and not {"job_user", "allow_root_jobs"} & control.model_fields_set:
-        control = control.model_copy(update={"allow_root_jobs": True})
+        # one user's plane: its teams share that user knowingly (the note says so)
+        shared = (
+            {"allow_shared_job_user": True}
+            if "allow_shared_job_user" not in control.model_fields_set
+            else {}
+        )
+        control = control.model_copy(update={"allow_root_jobs": True, **shared})
         note = (
-            "running as root: the plane's jobs (its engines too) run as root; set "
-            "control.job_user to run them as an unprivileged user who can run this Python"
+            "running as root: the plane's jobs (its engines too) run as root, every team's "
+            "alike; set control.job_user to run them as an unprivileged user who can run this "
+            "Python"
         )
     return control, team, note
 

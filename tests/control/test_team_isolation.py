@@ -249,6 +249,31 @@ def test_a_jobs_cgroup_holds_its_memory_and_cpu_limits(tmp_path: Path) -> None:
         service.close()
 
 
+@NEEDS_CGROUP
+def test_a_job_asking_for_limits_this_machine_cannot_enforce_is_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The machine's gap is only noted at start (a plane whose jobs ask no limits has nothing
+    to fear); the first job that asks for one is a warning, naming it, and the next is not."""
+    assert isinstance(CGROUPS, _cgroup.Containment)
+    if CGROUPS.limits == frozenset(_cgroup.LIMITS):
+        pytest.skip("this machine's cgroup v2 enforces every limit")
+    cfg = settings(tmp_path, allow_shared_job_user=True, allow_root_jobs=True)
+    with caplog.at_level(logging.WARNING, "gpuplane.control"):
+        service = make_service(cfg)
+        try:
+            assert "not enforced" not in caplog.text  # at start: no warning
+            for name in ("first", "second"):
+                out = service.submit(job(name, memory_mib=256))
+                assert wait_state(service, out["id"], "running").state == "running"
+                service.cancel(out["id"])
+        finally:
+            service.close()
+    said = [r.getMessage() for r in caplog.records if "does not enforce" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "asks for limits this machine does not enforce" in said[0]
+
+
 def test_limit_files_ask_for_what_the_spec_requests() -> None:
     both = frozenset(_cgroup.LIMITS)
     assert _cgroup.limit_files(256, 1500, both) == {

@@ -54,6 +54,7 @@ class JobIsolation:
         self.tag = hashlib.sha256(os.path.abspath(control.state_dir).encode()).hexdigest()[:10]
         self.containment = self._contain(control.job_containment, control.cgroup_parent)
         self.no_python = self._python_refusal()  # None: job users can run this Python
+        self._unenforced_said = False
         self._warn_at_start()
 
     def _contain(self, mode: str, parent: str | None) -> _cgroup.Containment | None:
@@ -85,9 +86,12 @@ class JobIsolation:
                 else "a second team's job is refused while another team's run here "
                 "(control.allow_shared_job_user: true allows it)"
             )
-            log.warning("cluster %s: %s; %s", self.cluster, note, then)
+            # a warning until the operator has said sharing is fine (as `up` does for its one user)
+            level = logging.INFO if self.allow_shared else logging.WARNING
+            log.log(level, "cluster %s: %s; %s", self.cluster, note, then)
         if self.containment is not None and self.containment.note is not None:
-            log.warning("cluster %s: %s", self.cluster, self.containment.note)
+            # a fact of the machine; it warns once a job asks for a limit it cannot have
+            log.info("cluster %s: %s", self.cluster, self.containment.note)
         if self.no_python is not None:
             log.warning(
                 "%s, the first on a job's PATH: `python` in a job's command fails with "
@@ -138,6 +142,17 @@ class JobIsolation:
         files = _cgroup.limit_files(
             workload.memory_mib, workload.cpu_millis, self.containment.limits
         )
+        asked = {"memory": workload.memory_mib, "cpu": workload.cpu_millis}
+        if not self._unenforced_said and any(
+            n > 0 and limit not in self.containment.limits for limit, n in asked.items()
+        ):
+            self._unenforced_said = True  # once: the same holds for every later job
+            log.warning(
+                "cluster %s: job %s asks for limits this machine does not enforce: %s",
+                self.cluster,
+                workload.job_id,
+                self.containment.note,
+            )
         name = f"{workload.job_id}-{self.tag}"
         try:
             return _cgroup.make(self.containment.parent, name, files)
