@@ -52,13 +52,19 @@ engine-rebuild: | $(BIN)/python
 run: setup
 	$(BIN)/gpuplane up
 
+# The suite runs on $(TEST_WORKERS) pytest-xdist workers (one per logical core: the tests wait on
+# servers and processes more than they compute); tests that share a Ray cluster per session are
+# pinned to one worker (`xdist_group`, see docs/testing.md). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= logical
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(PYTEST)
 
 test-fast: setup
-	$(BIN)/pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
