@@ -66,6 +66,18 @@ test: setup
 test-fast: setup
 	$(PYTEST) -m "not slow"
 
+# The quick set of benchmarks (times in docs/testing.md): the gateway matrix, the fleet
+# against the peer routers and the deployments drills, each with --quick. Their figures go to
+# benchmarks/results/quick/ (ignored by git): a quick run never replaces a recorded full run.
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[bench]"
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/gateway_matrix.py --quick
+	$(BIN)/python benchmarks/gateway_fleet.py --quick
+	$(BIN)/python benchmarks/deployments.py --quick
+
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
