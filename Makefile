@@ -62,14 +62,32 @@ engine-rebuild: $(VENV)/.locked
 run: setup
 	$(BIN)/gpuplane up
 
+# The suite runs on $(TEST_WORKERS) pytest-xdist workers (one per logical core: the tests wait on
+# servers and processes more than they compute); tests that share a Ray cluster per session are
+# pinned to one worker (`xdist_group`, see docs/testing.md). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= logical
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(MAKE) docs
-	$(BIN)/pytest
+	$(PYTEST)
 
 test-fast: setup
-	$(BIN)/pytest -m "not slow"
+	$(PYTEST) -m "not slow"
+
+# The quick set of benchmarks (times in docs/testing.md): the gateway matrix, the fleet
+# against the peer routers and the deployments drills, each with --quick. Their figures go to
+# benchmarks/results/quick/ (ignored by git): a quick run never replaces a recorded full run.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(UV) sync --locked --inexact --quiet $(SYNC_EXTRAS) --extra bench --no-install-package llama-cpp-python
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/gateway_matrix.py --quick
+	$(BIN)/python benchmarks/gateway_fleet.py --quick
+	$(BIN)/python benchmarks/deployments.py --quick
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -27,16 +27,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.audit.findings import FindingKind
-from gpuplane.audit.fleet import FleetSpec, generate
-from gpuplane.audit.pipeline import run_audit
-from gpuplane.audit.plan import make_plan
-from gpuplane.audit.recommend import replay
-from gpuplane.audit.samples import SAMPLE_SCHEMA, TRAFFIC_SCHEMA, SampleStore
-from gpuplane.audit.usage import usage
+with optional_imports():
+    import pyarrow as pa
+
+    from _results import save
+    from gpuplane.audit.findings import FindingKind
+    from gpuplane.audit.fleet import FleetSpec, generate
+    from gpuplane.audit.pipeline import run_audit
+    from gpuplane.audit.plan import make_plan
+    from gpuplane.audit.recommend import replay
+    from gpuplane.audit.samples import SAMPLE_SCHEMA, TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.usage import usage
 
 RESULTS = Path(__file__).with_name("results")
 

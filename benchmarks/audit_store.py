@@ -25,12 +25,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.audit.samples import SampleStore, coerce
+with optional_imports():
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from _results import save
+    from gpuplane.audit.samples import SampleStore, coerce
 
 RESULTS = Path(__file__).with_name("results") / "audit_store.json"
 START = datetime(2026, 12, 1, tzinfo=UTC)

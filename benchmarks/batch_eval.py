@@ -22,7 +22,6 @@ runner, memory sampled as it goes, and the same pipeline on a Ray runner (`--ray
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import secrets
@@ -39,15 +38,19 @@ from typing import Any
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one BLAS thread per worker, for every contender
 
-import fsspec  # noqa: E402
+from _extras import optional_imports  # noqa: E402
 
-from gpuplane.batch.clips import ClipRef, list_clips  # noqa: E402
-from gpuplane.batch.driver import Driver, RunOptions  # noqa: E402
-from gpuplane.batch.metrics import StageMetrics  # noqa: E402
-from gpuplane.batch.packing import Plan, declared_devices  # noqa: E402
-from gpuplane.batch.pipeline import BoundStage, CachePolicy, Pipeline, Stage, load_pipeline  # noqa: E402
-from gpuplane.batch.runners.base import WorkerSpec, make_runner  # noqa: E402
-from gpuplane.resources import Slice  # noqa: E402
+with optional_imports():
+    import fsspec
+
+    from _results import save
+    from gpuplane.batch.clips import ClipRef, list_clips
+    from gpuplane.batch.driver import Driver, RunOptions
+    from gpuplane.batch.metrics import StageMetrics
+    from gpuplane.batch.packing import Plan, declared_devices
+    from gpuplane.batch.pipeline import BoundStage, CachePolicy, Pipeline, Stage, load_pipeline
+    from gpuplane.batch.runners.base import WorkerSpec, make_runner
+    from gpuplane.resources import Slice
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "drive_eval")
@@ -282,15 +285,11 @@ def main() -> None:
 
     # the host is shared: other processes' load decides how much CPU overlap can win
     result["loadavg_1m_end"] = os.getloadavg()[0]
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result))
-    else:
+    save(result, args.results, echo_json=args.json)
+    if not args.json:
         for key in ("cold_speedup", "rerun_speedup", "rerun_device_seconds_ratio",
                     "cold_device_seconds_ratio"):  # fmt: skip
             print(f"{key}: {result[key]:.2f}")
-        print(f"written to {args.results}")
 
 
 if __name__ == "__main__":

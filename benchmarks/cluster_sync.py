@@ -41,9 +41,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-import numpy as np  # noqa: E402
+from _extras import optional_imports  # noqa: E402
 
-from _results import save  # noqa: E402
+with optional_imports():
+    import numpy as np
+
+    from _results import save
 
 RESULTS = Path(__file__).with_name("results") / "cluster_sync.json"
 MINORS = (26, 28, 30, 32)

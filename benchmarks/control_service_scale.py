@@ -29,30 +29,28 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from sqlalchemy import func, select  # noqa: E402
+from _extras import optional_imports  # noqa: E402
 
-from _results import save  # noqa: E402
-from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job  # noqa: E402
-from gpuplane.control.scheduler import (  # noqa: E402
-    Request,
-    Snapshot,
-    feasible,
-)
-from gpuplane.control.service import ControlService  # noqa: E402
-from gpuplane.control.settings import (  # noqa: E402
-    ClusterConfig,
-    ControlConfig,
-    DeclaredGpus,
-    DeclaredNode,
-    TeamConfig,
-)
-from gpuplane.resources import LABEL_VGPU  # noqa: E402
-from scheduler_scale import CLUSTERS, backlog, inventory  # noqa: E402
+with optional_imports():
+    import numpy as np
+    from sqlalchemy import func, select
+
+    from _results import save
+    from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
+    from gpuplane.control.scheduler import Request, Snapshot, feasible
+    from gpuplane.control.service import ControlService
+    from gpuplane.control.settings import (
+        ClusterConfig,
+        ControlConfig,
+        DeclaredGpus,
+        DeclaredNode,
+        TeamConfig,
+    )
+    from gpuplane.resources import LABEL_VGPU
+    from scheduler_scale import CLUSTERS, backlog, inventory
 
 RESULTS = ROOT / "benchmarks" / "results" / "control_service_scale.json"
 GIB = 1024

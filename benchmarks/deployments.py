@@ -58,28 +58,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-import numpy as np
-import uvicorn
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.config import parse_settings
-from gpuplane.control.api import create_app
-from gpuplane.control.client import ADMIN_TOKEN_FILE
-from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
-from gpuplane.control.deployments.drills import run_drill
-from gpuplane.control.deployments.faults import FAULTS
-from gpuplane.control.service import ControlService
-from gpuplane.control.settings import (
-    ClusterConfig,
-    ControlConfig,
-    DeclaredGpus,
-    DeclaredNode,
-    TeamConfig,
-)
-from gpuplane.errors import unknown_name
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.server import serving
+with optional_imports():
+    import httpx
+    import numpy as np
+    import uvicorn
+
+    from _results import save
+    from gpuplane.config import parse_settings
+    from gpuplane.control.api import create_app
+    from gpuplane.control.client import ADMIN_TOKEN_FILE
+    from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
+    from gpuplane.control.deployments.drills import run_drill
+    from gpuplane.control.deployments.faults import FAULTS
+    from gpuplane.control.service import ControlService
+    from gpuplane.control.settings import (
+        ClusterConfig,
+        ControlConfig,
+        DeclaredGpus,
+        DeclaredNode,
+        TeamConfig,
+    )
+    from gpuplane.errors import unknown_name
+    from gpuplane.serve.app import Gateway
+    from gpuplane.serve.server import serving
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deployments.json"
 SLICE = {"gpu_mem_mib": 8192, "gpu_cores_pct": 25}  # four instances per card
@@ -701,7 +704,7 @@ def main() -> None:
     began = time.monotonic()
     out = asyncio.run(run(args))
     out["wall_s"] = round(time.monotonic() - began, 1)
-    save(out, args.out, echo_json=args.json)
+    save(out, args.out, quick=args.quick, echo_json=args.json)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ import httpx
 import uvloop
 import yaml
 
+from _extras import require_programs
+from _results import save
 from gpuplane.serve.engines.sim import SimProcess, sim_process
 
 ROOT = Path(__file__).resolve().parent
@@ -63,6 +65,7 @@ SIM = {
     "prefix_cache_tokens": 6144,  # about five system prompts per instance
     "tokens_per_chunk": 32,  # 8 SSE chunks per answer: keeps 2 shared cores out of the way
 }
+PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}  # the bench extra's peer routers
 PIDS: dict[str, int] = {}  # contender base URL -> its process, for CPU time per request
 CONTENDERS = {
     "round_robin": ("gateway", "round_robin"),
@@ -157,11 +160,10 @@ def gateway_config(
 def contender_argv(
     kind: str, policy: str, urls: list[str], caps: list[int], port: int
 ) -> list[str]:
-    if kind in ("sglang", "vllm"):
-        head = ["sglang-router", "launch"] if kind == "sglang" else ["vllm-router"]
+    if kind in PROGRAMS:
         return [
-            str(BIN / head[0]),
-            *head[1:],
+            str(BIN / PROGRAMS[kind]),
+            *(["launch"] if kind == "sglang" else []),
             "--worker-urls",
             *urls,
             "--policy",
@@ -183,6 +185,11 @@ def contender_argv(
     path.write_text(yaml.safe_dump(config))
     # the CLI's own entry point, as a user starts it
     return [sys.executable, "-m", "gpuplane.cli.main", "gateway", "serve", "--config", str(path)]
+
+
+def programs(contenders: list[str]) -> list[str]:
+    """The peer routers' programs that these contenders start (the bench extra installs them)."""
+    return sorted({PROGRAMS[k] for k, _ in (CONTENDERS[c] for c in contenders) if k in PROGRAMS})
 
 
 @contextlib.asynccontextmanager
@@ -640,16 +647,15 @@ if __name__ == "__main__":
         help="run one part and replace just that part of the results file",
     )
     ns = parser.parse_args()
+    require_programs(*programs(ns.contenders))
     if ns.baseline_src is not None:
         BASELINE_SRC.append(ns.baseline_src.resolve())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         res = runner.run(main(ns))
-    if ns.only and ns.out.exists():  # keep the other part of an earlier full run
+    if ns.only and not ns.quick and ns.out.exists():  # keep the other part of an earlier run
         earlier = json.loads(ns.out.read_text())
         earlier[ns.only] = res[ns.only]
         earlier["config"][f"{ns.only}_rerun"] = res["config"]
         res = earlier
-    if not ns.quick:
-        ns.out.parent.mkdir(parents=True, exist_ok=True)
-        ns.out.write_text(json.dumps(res, indent=2) + "\n")
+    save(res, ns.out, quick=ns.quick)
     print(json.dumps(res) if ns.json else table(res))

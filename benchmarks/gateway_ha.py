@@ -29,10 +29,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from tests.serve.ha.conftest import etcd_process, redis_process  # noqa: E402
-from tests.serve.ha.drill import CAPACITY, drill  # noqa: E402
+from _extras import optional_imports  # noqa: E402
 
-from _results import save  # noqa: E402
+with optional_imports():
+    from tests.serve.ha.conftest import etcd_process, redis_process
+    from tests.serve.ha.drill import CAPACITY, drill
+
+    from _results import save
 
 
 async def run(args: argparse.Namespace, tmp: Path, ha: dict[str, Any] | None) -> dict[str, Any]:

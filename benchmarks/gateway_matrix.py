@@ -52,8 +52,10 @@ from typing import Any
 import httpx
 import uvloop
 
+from _extras import require_programs
 from _results import save
 from gateway_fleet import (
+    PROGRAMS,
     SIM,
     gateway_config,
     interleaved_sustained,
@@ -799,13 +801,11 @@ if __name__ == "__main__":
     if ns.quick:
         ns.seeds = 1
         ns.parts = [p for p in ns.parts if p != "llama"]
+    if "peers" in ns.parts:  # sglang-router and vllm-router
+        require_programs(*PROGRAMS.values())
+    if "cpu" in ns.parts:  # gpuplane beside vllm-router
+        require_programs(PROGRAMS["vllm"])
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         res = runner.run(main(ns))
     print(table(res))
-    if ns.quick:
-        if ns.json:
-            import json
-
-            print(json.dumps(res))
-    else:
-        save(merge(ns.out, res), ns.out, echo_json=ns.json)
+    save(res if ns.quick else merge(ns.out, res), ns.out, quick=ns.quick, echo_json=ns.json)

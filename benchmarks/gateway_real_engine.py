@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from _results import save
 from gpuplane.config import parse_settings
 from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.server import serving
@@ -215,6 +216,5 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     out = asyncio.run(main(args))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    save(out, RESULTS)
     print(json.dumps(out) if args.json else table(out))

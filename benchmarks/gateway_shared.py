@@ -35,14 +35,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT.parent), str(ROOT)]  # the drill harness lives with its test
 
-from tests.serve.ha.shared_drill import Drill, drill, redis_process  # noqa: E402
+from _extras import optional_imports  # noqa: E402
 
-from _results import save  # noqa: E402
-from gpuplane.config import parse_settings  # noqa: E402
-from gpuplane.serve.ha.shared import RedisSlotTable, Share, SharedOptions  # noqa: E402
-from gpuplane.serve.router import ModelRouter  # noqa: E402
+with optional_imports():
+    from tests.serve.ha.shared_drill import Drill, drill, redis_process
 
-# -- added latency per acquire -----------------------------------------------------------------
+    from _results import save
+    from gpuplane.config import parse_settings
+    from gpuplane.serve.ha.shared import RedisSlotTable, Share, SharedOptions
+    from gpuplane.serve.router import ModelRouter
+
+    # -- added latency per acquire -----------------------------------------------------------------
 
 
 def pct(values: list[float], q: float) -> float:

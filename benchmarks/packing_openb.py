@@ -31,20 +31,23 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.control.mixes import MIXES, derive, gpu_models, measure, mix_named
-from gpuplane.control.scheduler import Request, policy_names
-from gpuplane.control.simulate import (
-    SeedResult,
-    SimulationResult,
-    load_nodes,
-    load_pods,
-    parse_seeds,
-    run_seed,
-)
-from gpuplane.errors import ConfigError
+with optional_imports():
+    import numpy as np
+
+    from _results import save
+    from gpuplane.control.mixes import MIXES, derive, gpu_models, measure, mix_named
+    from gpuplane.control.scheduler import Request, policy_names
+    from gpuplane.control.simulate import (
+        SeedResult,
+        SimulationResult,
+        load_nodes,
+        load_pods,
+        parse_seeds,
+        run_seed,
+    )
+    from gpuplane.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPUPLANE_OPENB", ROOT.parent / "shared" / "data" / "openb"))

@@ -31,19 +31,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.control.scheduler import (
-    DEFAULT_SPEED_WEIGHT,
-    DeviceInfo,
-    NodeInfo,
-    Request,
-    Snapshot,
-    make_policy,
-    schedule,
-)
-from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU, Selector
+with optional_imports():
+    import numpy as np
+
+    from _results import save
+    from gpuplane.control.scheduler import (
+        DEFAULT_SPEED_WEIGHT,
+        DeviceInfo,
+        NodeInfo,
+        Request,
+        Snapshot,
+        make_policy,
+        schedule,
+    )
+    from gpuplane.resources import (
+        LABEL_CLUSTER,
+        LABEL_GPU_MODEL,
+        LABEL_REGION,
+        LABEL_VGPU,
+        Selector,
+    )
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scheduler_scale.json"

@@ -53,22 +53,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _extras import optional_imports
 
-from _results import save
-from gpuplane.control.admission import Estate, NominationPolicy, PendingJob, run_pass
-from gpuplane.control.quota import QuotaBook
-from gpuplane.control.scheduler import (
-    DeviceInfo,
-    NodeInfo,
-    Request,
-    Snapshot,
-    feasible,
-    make_policy,
-)
-from gpuplane.control.settings import ControlConfig
-from gpuplane.control.simulate import parse_seeds
-from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, Selector
+with optional_imports():
+    import numpy as np
+
+    from _results import save
+    from gpuplane.control.admission import Estate, NominationPolicy, PendingJob, run_pass
+    from gpuplane.control.quota import QuotaBook
+    from gpuplane.control.scheduler import (
+        DeviceInfo,
+        NodeInfo,
+        Request,
+        Snapshot,
+        feasible,
+        make_policy,
+    )
+    from gpuplane.control.settings import ControlConfig
+    from gpuplane.control.simulate import parse_seeds
+    from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, Selector
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "unified_vs_isolated.json"

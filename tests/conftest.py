@@ -1,5 +1,6 @@
 """Shared fixtures: the anyio backend, free ports, settings for a gateway, logging that no test
-leaves configured for the next, and a checkout the suite leaves as it found it."""
+leaves configured for the next, and a checkout the suite leaves as it found it; the tests that
+share a heavy per-session backend are pinned to one pytest-xdist worker."""
 
 from __future__ import annotations
 
@@ -13,6 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Fixtures that start a backend too heavy to run twice at once on a small machine -> the
+# pytest-xdist group whose one worker runs every test that asks for it (`--dist loadgroup`, as
+# `make test` runs). Servers that are cheap to start (PostgreSQL, Redis, etcd) are started per
+# worker instead: each on a free port with its files in a temp dir.
+ONE_WORKER = {
+    "ray_address": "ray",  # a local Ray cluster of two nodes (tests/control/adapters)
+    "ray_cluster": "ray",  # Ray's own test cluster (tests/batch/test_ray.py)
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in sorted(set(getattr(item, "fixturenames", ())) & ONE_WORKER.keys()):
+            item.add_marker(pytest.mark.xdist_group(ONE_WORKER[fixture]))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from gpuplane.batch.settings import BatchConfig
 from gpuplane.config import load_settings
 from gpuplane.errors import GpuplaneError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error names paths: print them whole, never cut
 T = TypeVar("T")
 
 

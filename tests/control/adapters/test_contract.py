@@ -51,7 +51,9 @@ class Target:
         return adapter
 
 
-KINDS = ["local", pytest.param("ray", marks=pytest.mark.slow), "kubernetes"]
+# "ray" asks for the session's Ray cluster by name (below), so it carries the Ray group itself
+RAY = pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.xdist_group("ray")])
+KINDS = ["local", RAY, "kubernetes"]
 
 
 @pytest.fixture(params=KINDS)
