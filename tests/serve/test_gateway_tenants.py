@@ -246,11 +246,12 @@ async def test_gateway_usage_and_status_read_the_admin_routes_with_the_admin_key
         await client.post(f"{base}/v1/chat/completions", json=CHAT, headers=A)
         runner = CliRunner()
 
-        def cli(*args: str) -> Any:
-            return runner.invoke(app, ["gateway", *args, "--gateway", base])
+        def cli(*args: str, key: str | None = None) -> Any:
+            env = {} if key is None else {"GPUPLANE_ADMIN_KEY": key}
+            return runner.invoke(app, ["gateway", *args, "--gateway", base], env=env)
 
-        as_json = await asyncio.to_thread(cli, "usage", "-o", "json", "--admin-key", "admin-key")
-        table = await asyncio.to_thread(cli, "usage", "--admin-key", "admin-key")
+        as_json = await asyncio.to_thread(cli, "usage", "-o", "json", key="admin-key")
+        table = await asyncio.to_thread(cli, "usage", key="admin-key")
         keyless = await asyncio.to_thread(cli, "status")
     assert as_json.exit_code == 0, as_json.output
     by_tenant = {t["tenant"]: t for t in json.loads(as_json.output)["tenants"]}

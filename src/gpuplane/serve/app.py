@@ -401,7 +401,7 @@ def _not_admin(identity: Identity, request: Request) -> Response:
     elif presented_key(request.headers) is None:
         message = (
             f"{path} needs an admin key: send 'Authorization: Bearer ADMIN_KEY' (the CLI: "
-            "--admin-key or $GPUPLANE_ADMIN_KEY)"
+            "$GPUPLANE_ADMIN_KEY or --admin-key @FILE)"
         )
     else:
         message = f"the key is not an admin key of this gateway, which {path} needs"
