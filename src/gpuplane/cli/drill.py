@@ -23,6 +23,7 @@ from gpuplane.cli._loop import run
 from gpuplane.cli._secrets import secret_option
 from gpuplane.cli.serve import ADMIN_KEY_OPTION
 from gpuplane.cli.serve import SERVER_OPTION as GATEWAY_OPTION
+from gpuplane.control.client import ClientError
 from gpuplane.control.deployments.drills import DrillError, DrillResult, run_drill
 
 NAME = typer.Argument(..., help="deployment name")
@@ -111,7 +112,7 @@ def drill(
         opts["lost_for_s"] = lost_for_s
     try:
         result = run(run_drill(fault.value, deployment, **opts))
-    except DrillError as exc:
+    except (DrillError, ClientError) as exc:  # ClientError: a deployment name no path can hold
         fail(str(exc))
     emit(result.to_json(), output, lambda _: _table(result))
     if not result.recovered:
