@@ -498,6 +498,7 @@ async def _completion(
         deadline_s=gw.cfg.request_timeout_s,
         idle_s=gw.cfg.idle_timeout_s,
         retries=gw.cfg.retries,
+        show_instance=gw.identity.is_admin(headers),
     )
 
 

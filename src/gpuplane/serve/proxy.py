@@ -117,6 +117,7 @@ class ProxyCall:
         "retries",
         "router",
         "series",
+        "show_instance",
         "silent_since",
         "slot_s",
         "started",
@@ -146,6 +147,7 @@ class ProxyCall:
         deadline_s: float,
         idle_s: float,
         retries: int,
+        show_instance: bool = False,
     ) -> None:
         self.router = router
         self.upstream = upstream
@@ -168,6 +170,8 @@ class ProxyCall:
         self.deadline_s = deadline_s
         self.idle_s = idle_s
         self.retries = retries
+        # name the instance in x-gpuplane-instance: for admins only, its id is an address
+        self.show_instance = show_instance
         self.started = time.monotonic()
         self.status = 0  # HTTP status sent to the client; 0 until the answer starts
         self.finished = False
@@ -352,7 +356,8 @@ class ProxyCall:
             refused = 400 <= response.status < 500  # the request's fault, not the instance's
             passed = _PASSED_WITH_REFUSAL if refused else _PASSED
             headers = [(k, v) for k, v in response.raw_headers if k.lower() in passed]
-            headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
+            if self.show_instance:
+                headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
                 body = await self.upstream.read(response)
                 self.series.ttft.observe(time.monotonic() - self.started)
