@@ -191,18 +191,7 @@ async def test_a_standby_that_proxies_forwards_to_the_leader_once(
     settings = _settings(
         fleet.urls, tmp_path / "lease", proxy_to_leader=True, forward_secret_file=_secret(tmp_path)
     )
-    ha = settings.gateway.ha
-    gws = []
-    for gid in ("a", "b"):
-        cfg = settings.gateway.model_copy(update={"ha": ha.model_copy(update={"gateway_id": gid})})
-        gws.append(Gateway(settings.model_copy(update={"gateway": cfg})))
-    gw_a, gw_b = gws
-    async with AsyncExitStack() as stack:
-        url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
-        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
-        await _until(lambda: _ready_at(client, url_a))
-        url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
-        await _until(lambda: gw_b.state()["ha"]["leader_url"] == url_a)
+    async with _leader_and_standby(settings) as (client, _, url_b):
         via_b = await client.post(url_b + "/v1/chat/completions", json=_chat(stream=True))
         assert via_b.status_code == 200
         assert b"[DONE]" in via_b.content
@@ -222,6 +211,25 @@ async def test_a_standby_that_proxies_forwards_to_the_leader_once(
         )
         assert bounced.status_code == 503
         assert bounced.json()["error"]["code"] == "not_leader"
+
+
+@asynccontextmanager
+async def _leader_and_standby(settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, str, str]]:
+    """Gateways a (the leader) and b (a standby that knows where a serves), served over real
+    sockets; yields a client and the URLs of a and b."""
+    ha = settings.gateway.ha
+    gw_a, gw_b = (
+        Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(
+            update={"ha": ha.model_copy(update={"gateway_id": gid})})}))
+        for gid in ("a", "b")
+    )  # fmt: skip
+    async with AsyncExitStack() as stack:
+        url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
+        await _until(lambda: _ready_at(client, url_a))
+        url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
+        await _until(lambda: gw_b.state()["ha"]["leader_url"] == url_a)
+        yield client, url_a, url_b
 
 
 async def _ready_at(client: httpx.AsyncClient, url: str) -> bool:
@@ -292,26 +300,9 @@ async def test_the_leader_bills_the_tenant_the_standby_resolved_never_the_caller
         proxy_to_leader=True,
         forward_secret_file=_secret(tmp_path),
     )
-    ha = settings.gateway.ha
-    gw_a, gw_b = (
-        Gateway(
-            settings.model_copy(
-                update={
-                    "gateway": settings.gateway.model_copy(
-                        update={"ha": ha.model_copy(update={"gateway_id": gid})}
-                    )
-                }
-            )
-        )
-        for gid in ("a", "b")
-    )
     url = "/v1/chat/completions"
     async with AsyncExitStack() as stack:
-        url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
-        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
-        await _until(lambda: _ready_at(client, url_a))
-        url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
-        await _until(lambda: gw_b.state()["ha"]["leader_url"] == url_a)
+        client, url_a, url_b = await stack.enter_async_context(_leader_and_standby(settings))
         member = httpx.AsyncClient(  # from another loopback address than the gateways'
             transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2"), timeout=10.0
         )
