@@ -30,8 +30,10 @@ _app = typer.Typer()
 audit_review.register(_app)
 
 
-def audit(*args: str, answer: str | None = None) -> tuple[int, str]:
-    result = CliRunner().invoke(_app, list(args), input=answer)
+def audit(
+    *args: str, answer: str | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    result = CliRunner().invoke(_app, list(args), input=answer, env=env)
     return result.exit_code, result.output
 
 
@@ -84,11 +86,9 @@ def apply(p: Planned, *extra: str, answer: str | None = None) -> tuple[int, str]
         str(p.plans),
         "--server",
         p.url,
-        "--token",
-        token,
         *extra,
     )
-    return audit(*args, answer=answer)
+    return audit(*args, answer=answer, env={"GPUPLANE_TOKEN": token})
 
 
 def _node(svc: ControlService, job_id: str) -> str | None:

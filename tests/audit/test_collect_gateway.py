@@ -75,7 +75,9 @@ async def test_a_gateway_with_keys_is_read_with_its_admin_key() -> None:
     tenants = [{"name": "a", "key_sha256": [key_digest("a-key")]}]
     async with gateway(instances=1, tenants=tenants, **keys) as (base, _, _):
         keyless = GatewayReader(base)
-        with pytest.raises(CollectError, match="needs the gateway's admin key: pass --admin-key"):
+        with pytest.raises(
+            CollectError, match=r"needs the gateway.s admin key: set \$GPUPLANE_ADMIN_KEY"
+        ):
             await keyless.sample(0.0)
         await keyless.aclose()
         reader = GatewayReader(base, admin_key="ops-key")

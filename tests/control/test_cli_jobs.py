@@ -280,3 +280,27 @@ def test_job_list_fits_80_columns_with_whole_ids_and_the_reason(
     assert "…" not in "".join(line.split()[0] for line in lines[1:] if line[:1] != " ")
     wide_out = CliRunner().invoke(cli_app, args, env={**env, "COLUMNS": "250"}).output
     assert max(len(line) for line in wide_out.splitlines()) > 80  # room: nothing dropped
+
+
+def test_a_job_reference_never_reaches_another_route(service: ControlService, url: str) -> None:
+    """`job cancel ../clusters/X/cordon?x=` once cordoned cluster X: a reference is one path
+    segment, encoded once; one holding '/' (or '.', '..') is refused before any request."""
+    code, out = cli(url, "cluster", "list", "-o", "json")
+    assert code == 0, out
+    name = json.loads(out)[0]["name"]
+    for ref in (f"../clusters/{name}/cordon?x=", "..", "a/b"):
+        code, out = cli(url, "job", "cancel", ref)
+        assert code == 1
+        assert "is not a valid name or id" in out, out
+    code, out = cli(url, "cluster", "describe", name, "-o", "json")
+    assert code == 0, out
+    assert not json.loads(out)["cordoned"]
+
+
+def test_api_paths_encode_each_segment_once() -> None:
+    from gpuplane.control.client import ClientError, api_path
+
+    assert api_path("/jobs/{}/cancel", "a b?c#d%2F&") == "/jobs/a%20b%3Fc%23d%252F%26/cancel"
+    assert api_path("/teams/{}/quotas/{}", "t", "a100") == "/teams/t/quotas/a100"
+    with pytest.raises(ClientError, match="holds no '/'"):
+        api_path("/jobs/{}", "x/y")

@@ -200,9 +200,11 @@ def test_every_panel_returns_series_from_a_real_prometheus(
                 proc.terminate()
                 proc.wait(30)
             # the tenant's traffic in the usage report, next to the store's allocations
+            admin_key_file = tmp_path / "admin-key"
+            admin_key_file.write_text(ADMIN_KEY + "\n")
             code, out = cli(
                 control, "usage", "--since", "1h", "--step", "1s", "--gateway", gateway,
-                "--admin-key", ADMIN_KEY, "-o", "json",
+                "--admin-key", f"@{admin_key_file}", "-o", "json",
             )  # fmt: skip
         assert service.cancel(waiting)
     finally:

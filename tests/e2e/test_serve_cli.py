@@ -312,3 +312,24 @@ def test_up_on_a_taken_gateway_port_is_refused_before_anything_starts(
     assert result.exit_code == 1, result.output
     assert "choose another (gateway.port, --port)" in " ".join(result.output.split())
     assert not (tmp_path / ".gpuplane" / "control.db").exists()  # no control plane, no engine
+
+
+def test_sigterm_ends_a_stream_with_an_error_event_within_the_drain(tmp_path: Path) -> None:
+    """A stream still running when the drain ends gets an OpenAI-shaped error event, then its
+    end (not a cut connection the client could take for a whole answer); the gateway exits 0."""
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100_000, "stream": True}  # fmt: skip
+    with gateway_over_sim(tmp_path) as (url, gw):
+        events: list[str] = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        gw.send_signal(signal.SIGTERM)
+        assert gw.wait(30) == 0
+    last = json.loads(events[-1])
+    assert last["error"]["code"] == "gateway_shutdown"
+    assert last["error"]["type"] == "service_unavailable"
+    assert all("error" not in json.loads(e) for e in events[:-1] if e != "[DONE]")

@@ -54,6 +54,22 @@ def samples(page: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 # -- admin routes -----------------------------------------------------------------------------
 
 
+async def test_only_an_admin_sees_which_instance_answered() -> None:
+    """x-gpuplane-instance names an engine by its address (or configured name): a tenant gets
+    no such header, streamed or not. A gateway without keys, whose /admin/state is open to any
+    caller, names it to every caller (each is an admin there)."""
+    async with gateway(tenants=tenants(), **ADMIN_CONFIG) as (base, client, _):
+        url = f"{base}/v1/chat/completions"
+        tenant = await client.post(url, json=CHAT, headers=A)
+        streamed = await client.post(url, json={**CHAT, "stream": True}, headers=A)
+    async with gateway() as (base, client, _):
+        open_ = await client.post(f"{base}/v1/chat/completions", json=CHAT)
+    assert tenant.status_code == streamed.status_code == open_.status_code == 200
+    assert "x-gpuplane-instance" not in tenant.headers
+    assert "x-gpuplane-instance" not in streamed.headers
+    assert open_.headers["x-gpuplane-instance"].startswith("http://127.0.0.1:")
+
+
 async def test_admin_routes_and_metrics_answer_only_to_an_admin_key_once_keys_exist() -> None:
     async with gateway(tenants=tenants(), **ADMIN_CONFIG) as (base, client, _):
         answers = {
@@ -246,11 +262,12 @@ async def test_gateway_usage_and_status_read_the_admin_routes_with_the_admin_key
         await client.post(f"{base}/v1/chat/completions", json=CHAT, headers=A)
         runner = CliRunner()
 
-        def cli(*args: str) -> Any:
-            return runner.invoke(app, ["gateway", *args, "--gateway", base])
+        def cli(*args: str, key: str | None = None) -> Any:
+            env = {} if key is None else {"GPUPLANE_ADMIN_KEY": key}
+            return runner.invoke(app, ["gateway", *args, "--gateway", base], env=env)
 
-        as_json = await asyncio.to_thread(cli, "usage", "-o", "json", "--admin-key", "admin-key")
-        table = await asyncio.to_thread(cli, "usage", "--admin-key", "admin-key")
+        as_json = await asyncio.to_thread(cli, "usage", "-o", "json", key="admin-key")
+        table = await asyncio.to_thread(cli, "usage", key="admin-key")
         keyless = await asyncio.to_thread(cli, "status")
     assert as_json.exit_code == 0, as_json.output
     by_tenant = {t["tenant"]: t for t in json.loads(as_json.output)["tenants"]}

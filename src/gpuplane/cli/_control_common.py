@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from gpuplane.cli._secrets import secret_option
 from gpuplane.control.client import (
     DEFAULT_SERVER,
     SERVER_ENV,
@@ -40,12 +41,10 @@ class Output(StrEnum):
 SERVER_OPTION = typer.Option(
     None, "--server", envvar=SERVER_ENV, help=f"control plane URL (default {DEFAULT_SERVER})"
 )
-TOKEN_OPTION = typer.Option(
-    None,
+TOKEN_OPTION = secret_option(
     "--token",
-    envvar=TOKEN_ENV,
-    help="API token; default: the admin token a server on this machine wrote to .gpuplane/",
-    show_default=False,
+    TOKEN_ENV,
+    "API token (default: the admin token a server on this machine wrote to .gpuplane/)",
 )
 OUTPUT_OPTION = typer.Option(Output.table, "--output", "-o", help="table, wide, json or yaml")
 

@@ -18,6 +18,7 @@ import typer
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError, SampleStore
 from gpuplane.cli._loop import run as run_loop
+from gpuplane.cli._secrets import secret_option
 from gpuplane.control.spec import parse_duration
 from gpuplane.errors import GpuplaneError
 
@@ -96,11 +97,8 @@ def collect(
     record: Path | None = typer.Option(
         None, "--record", help="--source nvml: also write NVML's answer of each pass here (JSON)"
     ),
-    admin_key: str | None = typer.Option(
-        None,
-        "--admin-key",
-        envvar="GPUPLANE_ADMIN_KEY",
-        help="--source gateway: its admin key, once it has keys ($GPUPLANE_ADMIN_KEY)",
+    admin_key: str | None = secret_option(
+        "--admin-key", "GPUPLANE_ADMIN_KEY", "--source gateway: its admin key, once it has keys"
     ),
 ) -> None:
     """Collect usage samples into the store at --out. Each pass is written as it completes, so an

@@ -20,17 +20,17 @@ from gpuplane.cli._control_common import (
     print_table,
 )
 from gpuplane.cli._loop import run
+from gpuplane.cli._secrets import secret_option
 from gpuplane.cli.serve import ADMIN_KEY_OPTION
 from gpuplane.cli.serve import SERVER_OPTION as GATEWAY_OPTION
+from gpuplane.control.client import ClientError
 from gpuplane.control.deployments.drills import DrillError, DrillResult, run_drill
 
 NAME = typer.Argument(..., help="deployment name")
 CLIENTS = typer.Option(4, min=1, max=256, help="concurrent streaming clients of the load")
 MAX_TOKENS = typer.Option(32, min=1, help="max_tokens of each request of the load")
 TIMEOUT = typer.Option(120.0, min=1, help="give up on a recovery step after this many seconds")
-API_KEY = typer.Option(
-    None, "--api-key", envvar="GPUPLANE_API_KEY", help="a tenant key, for a gateway with keys"
-)
+API_KEY = secret_option("--api-key", "GPUPLANE_API_KEY", "a tenant key, for a gateway with keys")
 LOST_FOR = typer.Option(
     60.0, min=1, max=3600, help="node, cluster: how long the lost one answers nothing"
 )
@@ -114,7 +114,7 @@ def drill(
         opts["lost_for_s"] = lost_for_s
     try:
         result = run(run_drill(fault.value, deployment, **opts))
-    except DrillError as exc:
+    except (DrillError, ClientError) as exc:  # ClientError: a deployment name no path can hold
         fail(str(exc))
     emit(result.to_json(), output, lambda _: _table(result))
     if not result.recovered:

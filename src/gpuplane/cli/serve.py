@@ -18,6 +18,7 @@ from gpuplane import logs
 from gpuplane.cli import _loop
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
 from gpuplane.cli._invocation import invocation
+from gpuplane.cli._secrets import secret_option
 from gpuplane.config import Settings, load_settings
 from gpuplane.control.client import DEFAULT_SERVER
 from gpuplane.errors import GpuplaneError
@@ -36,24 +37,19 @@ PORT_OPTION = typer.Option(None, help="listen port (overrides gateway.port)")
 SERVER_OPTION = typer.Option(
     DEFAULT_GATEWAY, "--gateway", envvar=GATEWAY_ENV, help=f"gateway URL (${GATEWAY_ENV})"
 )
-ADMIN_KEY_OPTION = typer.Option(
-    None,
-    "--admin-key",
-    envvar=ADMIN_KEY_ENV,
-    help=f"admin key, needed once the gateway has keys (${ADMIN_KEY_ENV})",
+ADMIN_KEY_OPTION = secret_option(
+    "--admin-key", ADMIN_KEY_ENV, "admin key, needed once the gateway has keys"
 )
 CONTROL_OPTION = typer.Option(
     None,
     "--control",
     help="a control plane's URL: serve its deployments, found by watching it",
 )
-CONTROL_TOKEN_OPTION = typer.Option(
-    None,
+CONTROL_TOKEN_OPTION = secret_option(
     "--control-token",
-    envvar="GPUPLANE_TOKEN",
-    help="the control plane's API token (an admin's; $GPUPLANE_TOKEN); default: the local "
-    "admin token of a control plane on this machine",
-    show_default=False,
+    "GPUPLANE_TOKEN",
+    "the control plane's API token (an admin's; default: the local admin token of a control "
+    "plane on this machine)",
 )
 
 
@@ -209,8 +205,8 @@ def _print_usage(plane: Plane, settings: Settings) -> None:
     chat_flag = "" if base == DEFAULT_GATEWAY else f" --server {base}"
     status_flag = "" if base == DEFAULT_GATEWAY else f" --gateway {base}"
     if any(t.digests for t in settings.tenants) or settings.gateway.admin.key_sha256:
-        chat_flag += " --api-key KEY"
-        status_flag += " --admin-key KEY"  # /admin/* and /metrics need it then
+        chat_flag += " --api-key @KEY_FILE"
+        status_flag += " --admin-key @KEY_FILE"  # /admin/* and /metrics need it then
     server_flag = "" if plane.control_url == DEFAULT_SERVER else f" --server {plane.control_url}"
     run = invocation()
     hint = f"  ({escape(run.hint)})\n" if run.hint else ""
@@ -242,7 +238,7 @@ def chat(
         os.environ.get("GPUPLANE_GATEWAY", DEFAULT_GATEWAY), help="gateway URL ($GPUPLANE_GATEWAY)"
     ),
     model: str = typer.Option("smollm2", help="model name"),
-    api_key: str | None = typer.Option(None, envvar="GPUPLANE_API_KEY", help="tenant API key"),
+    api_key: str | None = secret_option("--api-key", "GPUPLANE_API_KEY", "tenant API key"),
     max_tokens: int = typer.Option(256, help="longest answer"),
     system: str | None = typer.Option(None, help="system prompt"),
 ) -> None:

@@ -18,6 +18,7 @@ from gpuplane.cli._control_common import (
     emit,
     print_table,
 )
+from gpuplane.cli._secrets import secret_option
 from gpuplane.cli.serve import ADMIN_KEY_ENV
 
 
@@ -42,12 +43,7 @@ def usage(
     gateway: str | None = typer.Option(
         None, "--gateway", help="a gateway URL: adds its tenants' requests and tokens"
     ),
-    admin_key: str | None = typer.Option(
-        None,
-        "--admin-key",
-        envvar=ADMIN_KEY_ENV,
-        help=f"the gateway's admin key (${ADMIN_KEY_ENV})",
-    ),
+    admin_key: str | None = secret_option("--admin-key", ADMIN_KEY_ENV, "the gateway's admin key"),
     server: str | None = SERVER_OPTION,
     token: str | None = TOKEN_OPTION,
     output: Output = OUTPUT_OPTION,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -48,6 +48,20 @@ def local_token(server: str, state_dir: str = ControlConfig().state_dir) -> str 
         return (Path(state_dir) / ADMIN_TOKEN_FILE).read_text().strip() or None
     except OSError:
         return None
+
+
+def api_path(template: str, *segments: str) -> str:
+    """`template`'s `{}` filled with `segments`, each percent-encoded once as one path segment:
+    a reference the user typed (`../clusters/lab/cordon?x=`) names a job, never another route
+    or a query. A segment that is empty, `.`, `..` or holds a `/` can name nothing in the API
+    and is refused (servers and proxies decode `%2F` and resolve dot segments)."""
+    for segment in segments:
+        if segment in ("", ".", "..") or "/" in segment:
+            raise ClientError(
+                f"'{segment}' is not a valid name or id: a name or id is one path segment, "
+                "not empty, '.' or '..', and holds no '/'"
+            )
+    return template.format(*(quote(s, safe="") for s in segments))
 
 
 class ControlClient:
@@ -116,29 +130,29 @@ class ControlClient:
         return out
 
     def job(self, ref: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("GET", f"/jobs/{ref}")
+        out: dict[str, Any] = self.json("GET", api_path("/jobs/{}", ref))
         return out
 
     def cancel(self, ref: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/cancel")
+        out: dict[str, Any] = self.json("POST", api_path("/jobs/{}/cancel", ref))
         return out
 
     def move(self, ref: str, body: dict[str, Any]) -> dict[str, Any]:
         """Re-place a job on another node, keeping its id (`POST /jobs/{ref}/move`)."""
-        out: dict[str, Any] = self.json("POST", f"/jobs/{ref}/move", **_body(body))
+        out: dict[str, Any] = self.json("POST", api_path("/jobs/{}/move", ref), **_body(body))
         return out
 
     def logs(self, ref: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
         """The job's output as it streams in: from byte `since`, or its last `tail` lines."""
         params = {"tail": tail} if tail is not None else {"since": since} if since else {}
-        return self.stream(f"/jobs/{ref}/logs", params=params)
+        return self.stream(api_path("/jobs/{}/logs", ref), params=params)
 
     def clusters(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = self.json("GET", "/clusters")
         return out
 
     def cluster(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("GET", f"/clusters/{name}")
+        out: dict[str, Any] = self.json("GET", api_path("/clusters/{}", name))
         return out
 
     def add_cluster(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -146,11 +160,13 @@ class ControlClient:
         return out
 
     def remove_cluster(self, name: str) -> None:
-        self.request("DELETE", f"/clusters/{name}")
+        self.request("DELETE", api_path("/clusters/{}", name))
 
     def cluster_action(self, name: str, action: str, **params: Any) -> dict[str, Any]:
         """`cordon`, `uncordon` or `drain` (params: `requeue`) cluster `name`."""
-        out: dict[str, Any] = self.json("POST", f"/clusters/{name}/{action}", params=params)
+        out: dict[str, Any] = self.json(
+            "POST", api_path("/clusters/{}/{}", name, action), params=params
+        )
         return out
 
     def teams(self) -> list[dict[str, Any]]:
@@ -158,15 +174,17 @@ class ControlClient:
         return out
 
     def team(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("GET", f"/teams/{name}")
+        out: dict[str, Any] = self.json("GET", api_path("/teams/{}", name))
         return out
 
     def set_team(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("PUT", f"/teams/{name}", json=body)
+        out: dict[str, Any] = self.json("PUT", api_path("/teams/{}", name), json=body)
         return out
 
     def set_quota(self, team: str, flavor: str, body: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("PUT", f"/teams/{team}/quotas/{flavor}", json=body)
+        out: dict[str, Any] = self.json(
+            "PUT", api_path("/teams/{}/quotas/{}", team, flavor), json=body
+        )
         return out
 
     def apply_deployment(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
@@ -180,12 +198,12 @@ class ControlClient:
         return out
 
     def deployment(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("GET", f"/deployments/{name}")
+        out: dict[str, Any] = self.json("GET", api_path("/deployments/{}", name))
         return out
 
     def scale_deployment(self, name: str, replicas: int) -> dict[str, Any]:
         out: dict[str, Any] = self.json(
-            "POST", f"/deployments/{name}/scale", json={"replicas": replicas}
+            "POST", api_path("/deployments/{}/scale", name), json={"replicas": replicas}
         )
         return out
 
@@ -195,15 +213,17 @@ class ControlClient:
         """A deployment's rollout: `status`, or `promote` (a canary, `version` with several)
         or `rollback` (every canary drains)."""
         if action == "status":
-            out: dict[str, Any] = self.json("GET", f"/deployments/{name}/rollout")
+            out: dict[str, Any] = self.json("GET", api_path("/deployments/{}/rollout", name))
         elif action == "promote":
-            out = self.json("POST", f"/deployments/{name}/promote", json={"version": version})
+            out = self.json(
+                "POST", api_path("/deployments/{}/promote", name), json={"version": version}
+            )
         else:
-            out = self.json("POST", f"/deployments/{name}/rollback")
+            out = self.json("POST", api_path("/deployments/{}/rollback", name))
         return out
 
     def delete_deployment(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("DELETE", f"/deployments/{name}")
+        out: dict[str, Any] = self.json("DELETE", api_path("/deployments/{}", name))
         return out
 
     def events(self, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,21 +247,21 @@ class ControlClient:
         return out
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.json("DELETE", f"/tokens/{token_id}")
+        out: dict[str, Any] = self.json("DELETE", api_path("/tokens/{}", token_id))
         return out
 
     def set_secret(self, team: str, name: str, value: str) -> dict[str, Any]:
         out: dict[str, Any] = self.json(
-            "PUT", f"/teams/{team}/secrets/{name}", json={"value": value}
+            "PUT", api_path("/teams/{}/secrets/{}", team, name), json={"value": value}
         )
         return out
 
     def secrets(self, team: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = self.json("GET", f"/teams/{team}/secrets")
+        out: list[dict[str, Any]] = self.json("GET", api_path("/teams/{}/secrets", team))
         return out
 
     def delete_secret(self, team: str, name: str) -> None:
-        self.request("DELETE", f"/teams/{team}/secrets/{name}")
+        self.request("DELETE", api_path("/teams/{}/secrets/{}", team, name))
 
 
 def _body(data: Any) -> dict[str, Any]:

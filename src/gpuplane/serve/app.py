@@ -34,13 +34,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuplane.serve.discovery import Discovery
 from gpuplane.serve.engines import EngineAdapter, get_adapter
 from gpuplane.serve.errors import Rejection, error_response
+from gpuplane.serve.ha.forward import FORWARDED
 from gpuplane.serve.limits import OverLimit, asked_tokens
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import GatewayConfig, ModelConfig, ServeSettings
-from gpuplane.serve.tenants import Identity, presented_key
+from gpuplane.serve.tenants import Identity, Tenant, presented_key
 from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
 
@@ -405,7 +406,7 @@ def _not_admin(identity: Identity, request: Request) -> Response:
     elif presented_key(request.headers) is None:
         message = (
             f"{path} needs an admin key: send 'Authorization: Bearer ADMIN_KEY' (the CLI: "
-            "--admin-key or $GPUPLANE_ADMIN_KEY)"
+            "$GPUPLANE_ADMIN_KEY or --admin-key @FILE)"
         )
     else:
         message = f"the key is not an admin key of this gateway, which {path} needs"
@@ -433,18 +434,12 @@ async def _completion(
 ) -> ProxyCall | Response | ForwardToLeader:
     # decoded once: the lookups below would each scan and decode the raw list
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-    client = scope.get("client")
-    tenant = gw.identity.tenant(headers, client[0] if client else None)
-    if tenant is None:
-        gw.metrics.reject(UNKNOWN_MODEL, "unauthorized")
-        return _unauthorized(headers)
-    body_or_error = await _read_body(receive, headers, gw.cfg.max_body_bytes)
-    if isinstance(body_or_error, Response):
-        gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
-        return body_or_error
-    raw = body_or_error
+    caller = await _caller(gw, scope, receive, headers)
+    if isinstance(caller, Response):
+        return caller
+    tenant, raw = caller
     if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
-        forward = gw.leadership.forward(scope["path"], raw, headers)
+        forward = gw.leadership.forward(scope["path"], raw, headers, tenant.name)
         if forward is not None:
             return forward
         gw.metrics.reject(UNKNOWN_MODEL, Rejection.NOT_LEADER.value)
@@ -502,7 +497,45 @@ async def _completion(
         deadline_s=gw.cfg.request_timeout_s,
         idle_s=gw.cfg.idle_timeout_s,
         retries=gw.cfg.retries,
+        show_instance=gw.identity.is_admin(headers),
     )
+
+
+async def _caller(
+    gw: Gateway, scope: Scope, receive: Receive, headers: Mapping[str, str]
+) -> tuple[Tenant, bytes] | Response:
+    """The caller's tenant and the request's body, or the refusal to answer. A request that
+    another gateway of the group forwarded is the tenant it signed for (`ha/forward.py`),
+    whatever address sent it or tenant header it carries; any other is resolved from its key
+    (or a trusted proxy's tenant header) before its body is read."""
+    if gw.leadership is not None and FORWARDED in headers:
+        body = await _read_body(receive, headers, gw.cfg.max_body_bytes)
+        if isinstance(body, Response):
+            gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
+            return body
+        named = gw.leadership.forwarded_tenant(scope["path"], body, headers)
+        tenant = None if named is None else gw.identity.named(named)
+        if tenant is None:
+            gw.metrics.reject(UNKNOWN_MODEL, "unauthorized")
+            return error_response(
+                401,
+                f"the request is marked as forwarded by a gateway ({FORWARDED}) but the tenant "
+                "it names is not signed with this gateway group's secret: every gateway of "
+                "the group needs the same $GPUPLANE_GATEWAY_SECRET (or "
+                "gateway.ha.forward_secret_file), and clients must not send that header",
+                "invalid_forward_signature",
+            )
+        return tenant, body
+    client = scope.get("client")
+    tenant = gw.identity.tenant(headers, client[0] if client else None)
+    if tenant is None:
+        gw.metrics.reject(UNKNOWN_MODEL, "unauthorized")
+        return _unauthorized(headers)
+    body = await _read_body(receive, headers, gw.cfg.max_body_bytes)
+    if isinstance(body, Response):
+        gw.metrics.reject(UNKNOWN_MODEL, "invalid_request")
+        return body
+    return tenant, body
 
 
 async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes | Response:

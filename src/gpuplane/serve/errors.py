@@ -104,6 +104,7 @@ def error_response(
     return JSONResponse(error_body(status, message, code, param), status, headers=headers)
 
 
-def sse_error_event(message: str, code: str) -> bytes:
-    """An error event that ends a stream which failed after it began."""
-    return b"data: " + json.dumps(error_body(502, message, code)).encode() + b"\n\n"
+def sse_error_event(message: str, code: str, status: int = 502) -> bytes:
+    """An error event that ends a stream which failed after it began (`status`: the HTTP
+    status the error would have had before it, which sets its type)."""
+    return b"data: " + json.dumps(error_body(status, message, code)).encode() + b"\n\n"

@@ -16,6 +16,7 @@ token per chunk the engine sent), and the seconds it held slots.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import time
@@ -56,6 +57,8 @@ _DONE = b"data: [DONE]"
 # The client's connection is watched from this age of a request on: a request that ends sooner
 # starts no watcher task, and a client that leaves earlier is noticed at this age.
 WATCH_AFTER_S = 0.02
+# the longest the answer to a request the shutdown cuts off may wait on its client
+_CUT_OFF_S = 1.0
 _PASSED = frozenset(h.encode() for h in PASSED_RESPONSE_HEADERS)
 _PASSED_WITH_REFUSAL = frozenset({b"x-request-id"})  # the body is the gateway's JSON then
 _JSON = (b"content-type", b"application/json")
@@ -117,6 +120,7 @@ class ProxyCall:
         "retries",
         "router",
         "series",
+        "show_instance",
         "silent_since",
         "slot_s",
         "started",
@@ -146,6 +150,7 @@ class ProxyCall:
         deadline_s: float,
         idle_s: float,
         retries: int,
+        show_instance: bool = False,
     ) -> None:
         self.router = router
         self.upstream = upstream
@@ -168,6 +173,8 @@ class ProxyCall:
         self.deadline_s = deadline_s
         self.idle_s = idle_s
         self.retries = retries
+        # name the instance in x-gpuplane-instance: for admins only, its id is an address
+        self.show_instance = show_instance
         self.started = time.monotonic()
         self.status = 0  # HTTP status sent to the client; 0 until the answer starts
         self.finished = False
@@ -195,6 +202,7 @@ class ProxyCall:
             await self._serve(send)
         except asyncio.CancelledError:
             if self.cancelled_by is None or task.uncancel() > 0:
+                await self._cut_off(send)
                 raise  # not (only) ours: the server is shutting down
             if self.cancelled_by is _Cancel.DEADLINE:
                 await self._expired(send)
@@ -279,6 +287,21 @@ class ProxyCall:
         elif not self.finished:
             await self._finish(send, sse_error_event(message, "request_timeout"))
 
+    async def _cut_off(self, send: Send) -> None:
+        """The server cancelled the request at the end of its drain (SIGTERM): tell the client
+        why, in OpenAI's shape (a 503, or an error event that ends a stream that began), so
+        that it retries instead of taking a cut stream for a whole answer. Bounded: a client
+        that reads nothing does not hold the shutdown."""
+        if self.client_left or self.finished:
+            return
+        message = "the gateway is shutting down and ended the request; retry it"
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_CUT_OFF_S):
+                if not self.status:
+                    await self._send_error(send, 503, message, "gateway_shutdown")
+                elif self.stream:
+                    await self._finish(send, sse_error_event(message, "gateway_shutdown", 503))
+
     async def _serve(self, send: Send) -> None:
         """Acquire, proxy, finish (release, health: once per attempt, so a lost engine's slot
         is freed exactly once); a failure before the first byte (a refused or broken
@@ -352,7 +375,8 @@ class ProxyCall:
             refused = 400 <= response.status < 500  # the request's fault, not the instance's
             passed = _PASSED_WITH_REFUSAL if refused else _PASSED
             headers = [(k, v) for k, v in response.raw_headers if k.lower() in passed]
-            headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
+            if self.show_instance:
+                headers.append((b"x-gpuplane-instance", admission.lease.instance_id.encode()))
             if not self.stream or response.status != 200:
                 body = await self.upstream.read(response)
                 self.series.ttft.observe(time.monotonic() - self.started)

@@ -259,7 +259,14 @@ class HaConfig(Section):
     )
     proxy_to_leader: bool = Field(
         default=False,
-        description="a standby forwards completions to the leader instead of answering 503",
+        description="a standby forwards completions to the leader instead of answering 503, "
+        "naming the tenant it resolved under the gateways' shared secret "
+        "($GPUPLANE_GATEWAY_SECRET or forward_secret_file)",
+    )
+    forward_secret_file: str | None = Field(
+        default=None,
+        description="a file holding the secret every gateway of the group shares, which signs "
+        "the tenant a standby forwards (default: $GPUPLANE_GATEWAY_SECRET)",
     )
     gateway_id: str | None = Field(
         default=None, description="this gateway's name in the lease; default: host-pid"

@@ -106,6 +106,11 @@ class Identity:
         key = presented_key(headers)
         return None if key is None else self.by_digest.get(key_digest(key))
 
+    def named(self, name: str) -> Tenant | None:
+        """The tenant of this name (the default one included), as another gateway of the
+        group resolved it for a request it forwarded."""
+        return self.tenants.get(name) or (self.default if name == self.default.name else None)
+
     def is_admin(self, headers: Mapping[str, str]) -> bool:
         """May the caller read /admin/* and /metrics? Anyone while no key is configured."""
         if not self.admin_required:

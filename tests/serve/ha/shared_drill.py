@@ -113,6 +113,8 @@ class Drill:
     restart_after_s: float = 0.3
     kill_redis: bool = True
     redis_down_s: float = 1.0
+    pauses: int = 0  # gateway SIGSTOPs (taken out by the load balancer), SIGCONT after pause_s
+    pause_s: float = 4.0
     max_tokens: int = 12
     itl_ms: float = 10.0
     seed: int = 0
@@ -254,6 +256,7 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         # (requests sent, what then): the gateway kills, and Redis's at a third of the run
         plan = [(int(rng.uniform(0.05, 0.9) * d.requests), "gateway") for _ in range(d.kills)]
         plan += [(d.requests // 3, "redis")] if d.kill_redis else []
+        plan += [(int(rng.uniform(0.1, 0.5) * d.requests), "pause") for _ in range(d.pauses)]
         plan.sort()
 
         async def watch() -> None:
@@ -265,6 +268,19 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
                 most = max(s["max_in_flight_seen"] for s in await sim.stats())
                 if most > d.capacity and (not over or over[-1][1] < most):
                     over.append((round(time.perf_counter() - started, 2), most))
+
+        async def pause(victim: GatewayProcess) -> None:
+            """SIGSTOP past its lease TTL, with what it holds, then SIGCONT."""
+            assert victim.proc is not None
+            down.append(victim)
+            victim.proc.send_signal(signal.SIGSTOP)
+            events.append(f"{time.perf_counter() - started:.1f}s {victim.port} paused")
+            try:
+                await asyncio.sleep(d.pause_s)
+            finally:
+                victim.proc.send_signal(signal.SIGCONT)
+            events.append(f"{time.perf_counter() - started:.1f}s {victim.port} resumed")
+            down.remove(victim)
 
         async def killer() -> None:
             for at, what in plan:
@@ -281,6 +297,9 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
                     events.append(f"{time.perf_counter() - started:.1f}s redis back")
                     continue
                 victim = rng.choice(gws)
+                if what == "pause":
+                    await pause(victim)
+                    continue
                 victim.kill()
                 down.append(victim)
                 events.append(f"{time.perf_counter() - started:.1f}s {victim.port} killed")
@@ -311,6 +330,7 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
         "wall_s": round(wall, 1),
         "gateway_kills": kills,
         "redis_killed": any("redis killed" in e for e in events),
+        "gateway_pauses": sum("paused" in e for e in events),
         "events": events,
         "over_capacity_at": over,
         "max_running_seen": [s["max_running_seen"] for s in stats],

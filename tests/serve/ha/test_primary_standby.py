@@ -21,9 +21,12 @@ from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
+from gpuplane.errors import ConfigError
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.serve.ha.forward import sign
 from gpuplane.serve.server import serving
+from gpuplane.serve.settings import key_digest
 from tests.conftest import gateway_settings
 
 pytestmark = pytest.mark.anyio
@@ -31,7 +34,13 @@ pytestmark = pytest.mark.anyio
 CAPACITY = 2  # the gateway's slots per instance; the engines could run 8, so more would show
 
 
-def _settings(urls: list[str], lease: Path, **ha: Any) -> Any:
+def _settings(
+    urls: list[str],
+    lease: Path,
+    gateway: dict[str, Any] | None = None,
+    tenants: list[dict[str, Any]] | None = None,
+    **ha: Any,
+) -> Any:
     models = [
         {
             "name": "m",
@@ -40,7 +49,19 @@ def _settings(urls: list[str], lease: Path, **ha: Any) -> Any:
         }
     ]
     ha_cfg = {"mode": "primary_standby", "lease": "file", "path": str(lease), **ha}
-    return parse_settings(gateway_settings(models, ha=ha_cfg))
+    return parse_settings(
+        {**gateway_settings(models, ha=ha_cfg, **(gateway or {})), "tenants": tenants or []}
+    )
+
+
+def _secret(tmp_path: Path) -> str:
+    """The gateways' shared secret, in a file (gateway.ha.forward_secret_file)."""
+    path = tmp_path / "gateway.secret"
+    path.write_text(SECRET + "\n")
+    return str(path)
+
+
+SECRET = "the-gateways-shared-secret"
 
 
 @asynccontextmanager
@@ -167,31 +188,48 @@ async def test_a_leader_that_stops_leading_turns_its_waiters_away(
 async def test_a_standby_that_proxies_forwards_to_the_leader_once(
     fleet: SimFleet, tmp_path: Path
 ) -> None:
-    settings = _settings(fleet.urls, tmp_path / "lease", proxy_to_leader=True)
+    settings = _settings(
+        fleet.urls, tmp_path / "lease", proxy_to_leader=True, forward_secret_file=_secret(tmp_path)
+    )
+    async with _leader_and_standby(settings) as (client, _, url_b):
+        via_b = await client.post(url_b + "/v1/chat/completions", json=_chat(stream=True))
+        assert via_b.status_code == 200
+        assert b"[DONE]" in via_b.content
+        assert via_b.headers["x-gpuplane-instance"]  # the leader placed it
+        # a request another gateway already forwarded is not forwarded again
+        body = json.dumps(_chat()).encode()
+        signed = sign(SECRET.encode(), "default", "/v1/chat/completions", body)
+        bounced = await client.post(
+            url_b + "/v1/chat/completions",
+            content=body,
+            headers={
+                "content-type": "application/json",
+                "x-gpuplane-forwarded": "c",
+                "x-gpuplane-forwarded-tenant": "default",
+                "x-gpuplane-forward-signature": signed,
+            },
+        )
+        assert bounced.status_code == 503
+        assert bounced.json()["error"]["code"] == "not_leader"
+
+
+@asynccontextmanager
+async def _leader_and_standby(settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, str, str]]:
+    """Gateways a (the leader) and b (a standby that knows where a serves), served over real
+    sockets; yields a client and the URLs of a and b."""
     ha = settings.gateway.ha
-    gws = []
-    for gid in ("a", "b"):
-        cfg = settings.gateway.model_copy(update={"ha": ha.model_copy(update={"gateway_id": gid})})
-        gws.append(Gateway(settings.model_copy(update={"gateway": cfg})))
-    gw_a, gw_b = gws
+    gw_a, gw_b = (
+        Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(
+            update={"ha": ha.model_copy(update={"gateway_id": gid})})}))
+        for gid in ("a", "b")
+    )  # fmt: skip
     async with AsyncExitStack() as stack:
         url_a = await stack.enter_async_context(serving(gw_a.settings, gw_a))
         client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
         await _until(lambda: _ready_at(client, url_a))
         url_b = await stack.enter_async_context(serving(gw_b.settings, gw_b))
         await _until(lambda: gw_b.state()["ha"]["leader_url"] == url_a)
-        via_b = await client.post(url_b + "/v1/chat/completions", json=_chat(stream=True))
-        assert via_b.status_code == 200
-        assert b"[DONE]" in via_b.content
-        assert via_b.headers["x-gpuplane-instance"]  # the leader placed it
-        # a request another gateway already forwarded is not forwarded again
-        bounced = await client.post(
-            url_b + "/v1/chat/completions",
-            json=_chat(),
-            headers={"x-gpuplane-forwarded": "c"},
-        )
-        assert bounced.status_code == 503
-        assert bounced.json()["error"]["code"] == "not_leader"
+        yield client, url_a, url_b
 
 
 async def _ready_at(client: httpx.AsyncClient, url: str) -> bool:
@@ -237,3 +275,68 @@ async def test_metrics_and_status_show_each_gateways_role(fleet: SimFleet, tmp_p
         assert "gpuplane_ha_leader 1.0" in (await client.get(url_b + "/metrics")).text
         assert (await status(url_b)).splitlines()[1].split()[:2] == ["primary_standby", "leader"]
         assert json.loads(await status(url_b, "-o", "json"))["ha"]["role"] == "leader"
+
+
+async def test_the_leader_bills_the_tenant_the_standby_resolved_never_the_callers_header(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    """A member of team-a, through the standby, names team-b in X-Gpuplane-Tenant: the leader,
+    which trusts the standby's address as a proxy, still bills team-a (the standby forwards the
+    tenant it resolved, signed); a request that claims to be forwarded without a valid
+    signature is refused, whatever address sends it."""
+    tenants = [
+        {"name": "team-a", "key_sha256": [key_digest("key-a")]},
+        {"name": "team-b", "key_sha256": [key_digest("key-b")]},
+    ]
+    gateway = {
+        "trusted_proxies": ["127.0.0.1/32"],  # the gateways' address, not the client's
+        "admin": {"key_sha256": [key_digest("admin-key")]},
+    }
+    settings = _settings(
+        fleet.urls,
+        tmp_path / "lease",
+        gateway,
+        tenants,
+        proxy_to_leader=True,
+        forward_secret_file=_secret(tmp_path),
+    )
+    url = "/v1/chat/completions"
+    async with AsyncExitStack() as stack:
+        client, url_a, url_b = await stack.enter_async_context(_leader_and_standby(settings))
+        member = httpx.AsyncClient(  # from another loopback address than the gateways'
+            transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2"), timeout=10.0
+        )
+        await stack.enter_async_context(member)
+        laundered = await member.post(
+            url_b + url,
+            json=_chat(),
+            headers={"authorization": "Bearer key-a", "x-gpuplane-tenant": "team-b"},
+        )
+        forged = await client.post(  # from the trusted address itself
+            url_a + url,
+            json=_chat(),
+            headers={
+                "x-gpuplane-forwarded": "b",
+                "x-gpuplane-forwarded-tenant": "team-b",
+                "x-gpuplane-forward-signature": "0" * 64,
+                "x-gpuplane-tenant": "team-b",
+            },
+        )
+        usage = await client.get(
+            url_a + "/admin/usage", headers={"authorization": "Bearer admin-key"}
+        )
+    assert laundered.status_code == 200, laundered.text
+    assert forged.status_code == 401
+    assert forged.json()["error"]["code"] == "invalid_forward_signature"
+    requests = {t["tenant"]: t["requests"] for t in usage.json()["tenants"]}
+    assert requests["team-a"] == 1
+    assert requests.get("team-b", 0) == 0
+
+
+def test_proxy_to_leader_without_a_shared_secret_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUPLANE_GATEWAY_SECRET", raising=False)
+    settings = _settings(["http://127.0.0.1:9"], tmp_path / "lease", proxy_to_leader=True)
+    with pytest.raises(ConfigError, match=r"\$GPUPLANE_GATEWAY_SECRET"):
+        Gateway(settings)

@@ -32,3 +32,17 @@ async def test_redis_killed_mid_run_never_runs_an_engine_past_its_capacity(seed:
     assert max(result["max_in_flight_seen"]) <= 4, result["over_capacity_at"]
     assert result["leases_in_redis_after_one_ttl"] == 0
     assert result["failed"] == 0  # fail closed: requests wait in the gateways' queues
+
+
+async def test_a_gateway_paused_past_its_lease_ttl_under_load_never_over_admits() -> None:
+    """SIGSTOP one of two gateways for 4 s (its leases' TTL: 1.5 s) under load, while the other
+    refills what expired; on SIGCONT it renews nothing it held and admits on the engines' load
+    until a reading counts what runs (`ha/lapse.py`)."""
+    d = Drill(requests=600, gateways=2, instances=2, clients=16, kills=0, kill_redis=False,
+              pauses=1, pause_s=4.0, seed=5)  # fmt: skip
+    with killable_redis() as redis:
+        result = await drill(d, redis)
+    assert result["gateway_pauses"] == 1
+    assert max(result["max_in_flight_seen"]) <= 4, (result["over_capacity_at"], result["events"])
+    assert result["leases_in_redis_after_one_ttl"] == 0
+    assert result["failed"] == 0

@@ -172,8 +172,8 @@ class GatewayReader:
             ) from None
         if response.status_code == 401:
             raise CollectError(
-                f"{what} at {url} needs the gateway's admin key: pass --admin-key "
-                "(or set $GPUPLANE_ADMIN_KEY)"
+                f"{what} at {url} needs the gateway's admin key: set $GPUPLANE_ADMIN_KEY "
+                "(or pass --admin-key @FILE)"
             )
         if response.status_code != 200:
             raise CollectError(

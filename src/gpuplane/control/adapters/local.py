@@ -99,7 +99,6 @@ def _placement(workload: Workload) -> dict[str, str]:
     return {"node": workload.node, **hami_env(workload)}
 
 
-
 @register
 class LocalAdapter(ClusterAdapter):
     """Processes on this machine; one node (this host) unless nodes are declared."""

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplane.control.client import TOKEN_ENV, local_token, server_url
+from gpuplane.control.client import TOKEN_ENV, api_path, local_token, server_url
 from gpuplane.errors import GpuplaneError
 
 POLL_S = 0.05  # how often the gateway's and the control plane's views are read
@@ -185,7 +185,9 @@ async def run_drill(
     gw = httpx.AsyncClient(base_url=gateway.rstrip("/"), timeout=httpx.Timeout(600.0, connect=10.0))
     admin = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        described = await _json(ctl.get(f"/deployments/{deployment}"), "the control plane")
+        described = await _json(
+            ctl.get(api_path("/deployments/{}", deployment)), "the control plane"
+        )
         replicas = int(described["replicas"])
         ready = await _ready(gw, admin, ctl, deployment)
         if len(ready) < replicas:
@@ -206,7 +208,7 @@ async def run_drill(
             started = time.monotonic()
             hit = await _json(
                 ctl.post(
-                    f"/deployments/{deployment}/faults",
+                    api_path("/deployments/{}/faults", deployment),
                     json={"fault": fault, "lost_for_s": lost_for_s},
                 ),
                 "the control plane",
@@ -269,7 +271,7 @@ async def _ready(
     ]
     if not ids:
         return {}
-    described = await _json(ctl.get(f"/deployments/{deployment}"), "the control plane")
+    described = await _json(ctl.get(api_path("/deployments/{}", deployment)), "the control plane")
     where = {i["id"]: i["cluster"] for i in described["instances"]}
     return {i: where.get(i) for i in ids}
 
@@ -278,10 +280,12 @@ async def _detected(
     ctl: httpx.AsyncClient, fault: str, deployment: str, hit: Mapping[str, Any]
 ) -> bool:
     if fault == "crash":
-        described = await _json(ctl.get(f"/deployments/{deployment}"), "the control plane")
+        described = await _json(
+            ctl.get(api_path("/deployments/{}", deployment)), "the control plane"
+        )
         states = {i["id"]: i["state"] for i in described["instances"]}
         return states.get(hit["instance"]) != "running"
-    cluster = await _json(ctl.get(f"/clusters/{hit['cluster']}"), "the control plane")
+    cluster = await _json(ctl.get(api_path("/clusters/{}", hit["cluster"])), "the control plane")
     return bool(cluster["health"] == "unreachable")
 
 

@@ -25,9 +25,16 @@ from dataclasses import dataclass
 
 import httpx
 
+from gpuplane.errors import ConfigError
 from gpuplane.serve.engines.base import EngineAdapter
 from gpuplane.serve.errors import Rejection
-from gpuplane.serve.ha.forward import FORWARDED, ForwardToLeader
+from gpuplane.serve.ha.forward import (
+    FORWARDED,
+    SECRET_ENV,
+    ForwardToLeader,
+    load_secret,
+    signed_tenant,
+)
 from gpuplane.serve.ha.lease import Change, Election, Fenced, NotAdmitting, StoreUnavailable
 from gpuplane.serve.ha.loads import EngineLoads, Key
 from gpuplane.serve.ha.rebuild import (
@@ -83,6 +90,14 @@ class Leadership:
         self.inherited: Counts = {}
         self.loads = EngineLoads(adapters, metrics_timeout_s)
         # a standby's client to the leader, when it forwards (gateway.ha.proxy_to_leader)
+        # the group's shared secret, signing the tenant a standby forwards (`forward.py`)
+        self.secret = load_secret(cfg.forward_secret_file)
+        if cfg.proxy_to_leader and self.secret is None:
+            raise ConfigError(
+                "gateway.ha.proxy_to_leader needs a secret every gateway of the group shares, "
+                f"to sign the tenant a standby forwards: set ${SECRET_ENV} or "
+                "gateway.ha.forward_secret_file on each"
+            )
         self.forwarder = (
             httpx.AsyncClient(timeout=forward_timeout or httpx.Timeout(600.0, connect=5.0))
             if cfg.proxy_to_leader
@@ -108,13 +123,30 @@ class Leadership:
         at = f" at {leader.url}" if leader.url else ""
         return f"this gateway is a standby; the leader is {leader.holder}{at}: send it there"
 
-    def forward(self, path: str, body: bytes, headers: dict[str, str]) -> ForwardToLeader | None:
-        """The request sent on to the leader, when this standby forwards and knows where the
-        leader serves (never a request another gateway already forwarded)."""
+    def forward(
+        self, path: str, body: bytes, headers: dict[str, str], tenant: str
+    ) -> ForwardToLeader | None:
+        """The request sent on to the leader as `tenant` (the one this standby resolved), when
+        this standby forwards and knows where the leader serves (never a request another
+        gateway already forwarded)."""
         url = self.leader_url()
-        if self.forwarder is None or url is None or FORWARDED in headers:
+        if self.forwarder is None or self.secret is None or url is None or FORWARDED in headers:
             return None
-        return ForwardToLeader(self.forwarder, url.rstrip("/") + path, body, headers, self.holder)
+        return ForwardToLeader(
+            self.forwarder,
+            url.rstrip("/") + path,
+            path,
+            body,
+            headers,
+            self.holder,
+            tenant,
+            self.secret,
+        )
+
+    def forwarded_tenant(self, path: str, body: bytes, headers: Mapping[str, str]) -> str | None:
+        """The tenant another gateway of the group named for a request it forwarded, if signed
+        with the group's secret; None otherwise (the caller refuses the request)."""
+        return signed_tenant(self.secret, headers, path, body)
 
     def leader_url(self) -> str | None:
         """Where the leader serves, when another gateway leads and said so."""

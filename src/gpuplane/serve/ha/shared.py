@@ -69,6 +69,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
+from gpuplane.serve.ha.lapse import LeaseClock
 from gpuplane.serve.ha.loads import LoadReader
 from gpuplane.serve.slots import Lease, SlotTable
 
@@ -159,8 +160,10 @@ class RedisSlotTable:
         options: SharedOptions,
         client: aioredis.Redis | None = None,
         loads: LoadReader | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
+        self.clock = clock  # monotonic: lease ages, settle times
         self.loads = loads  # the engines' own counts (None: none is read, no local admission)
         self.client = client or aioredis.from_url(
             options.url,
@@ -194,7 +197,7 @@ class RedisSlotTable:
         self._unreleased: set[tuple[str, str]] = set()  # (key, lease id) to remove from Redis
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-        self._renewed_at = 0.0
+        self.leases = LeaseClock(options.ttl_s, options.sync_s + options.timeout_s)
         # for /metrics: times each state was entered, refusals for an older epoch, and a hook
         # that gets the seconds of each acquire and heartbeat
         self.entered: Counter[Share] = Counter()
@@ -229,6 +232,7 @@ class RedisSlotTable:
         keys = [self._keys["incarnation"], self._keys["epochs"], inst.key]
         args: list[str | int] = [self.incarnation, self.options.gateway_id, self.epoch]
         inst.pending += 1
+        sent_at = self.clock()
         try:
             status, _, *holders = await self._once_more(
                 lambda: self._timed("acquire", keys, [*args, lease_id, inst.capacity, self._ttl_ms])
@@ -249,13 +253,15 @@ class RedisSlotTable:
             self._set_state(Share.RESYNC)  # the acquire did not land
             return False
         self._observe(inst, holders)
-        if status == 1 and (self.state is Share.SHARED or self.state is Share.RESYNC):
+        if status == 1 and not self.leases.in_time(sent_at, self.clock()):
+            self._forget(inst, lease_id)  # answered after its TTL: Redis may have expired it
+        elif status == 1 and (self.state is Share.SHARED or self.state is Share.RESYNC):
             # granted by Redis in the incarnation it named (held before the table stopped being
             # whole, or within the allowance checked above)
             inst.held.add(lease_id)
             self._show(inst)
             return True
-        if status == 1:  # the state changed while it asked
+        elif status == 1:  # the state changed while it asked
             self._forget(inst, lease_id)
         self._show(inst)
         return False
@@ -336,7 +342,7 @@ class RedisSlotTable:
         if state is not Share.SHARED:
             self._synced = False
         if self.state is Share.SHARED:  # the engines' readings from now on decide
-            self._left_at = asyncio.get_running_loop().time()
+            self._left_at = self.clock()
             for inst in self._instances.values():
                 inst.bound = None
         self.state = state
@@ -427,7 +433,11 @@ class RedisSlotTable:
 
     async def _read_engines(self) -> None:
         """Lower each instance's `bound` to its engine's load now, once readings count."""
-        if self.loads is None or asyncio.get_running_loop().time() < self._left_at + self.settle_s:
+        began = self.clock()
+        if began < self._left_at + self.settle_s:
+            return
+        if self.loads is None:  # nothing to read: no local admission, nothing to wait for
+            self.leases.read(began)
             return
         open_ = [
             (key, inst)
@@ -435,11 +445,13 @@ class RedisSlotTable:
             if inst.bound is None or inst.bound > 0
         ]
         if not open_:
+            self.leases.read(began)  # every engine was seen idle since the table was left
             return
         left = self._left_at
         read = await self.loads.read([(model, inst.id, inst.url) for (model, _), inst in open_])
         if self._left_at != left:  # the table was whole again and lost since: too early a reading
             return
+        self.leases.read(began)
         for key, inst in open_:
             n = read.get(key)
             if n is not None and (inst.bound is None or n < inst.bound):
@@ -464,7 +476,7 @@ class RedisSlotTable:
             return await call()
 
     async def _sync(self) -> None:
-        if self.state is Share.FENCED:
+        if self.state is Share.FENCED or not self._may_rejoin():
             return
         gateway = self.options.gateway_id
         if not self.epoch:
@@ -493,15 +505,51 @@ class RedisSlotTable:
         if incarnation != self.incarnation or was_local:
             self.incarnation, self._synced, self._took_locally = incarnation, False, False
             self._set_state(Share.RESYNC)
-        now = asyncio.get_running_loop().time()
-        renew = not self._synced or now - self._renewed_at >= self.options.renew_s
+        now = self.clock()
+        if self._lapsed(now):
+            return
+        last = self.leases.renewed_at
+        renew = not self._synced or last is None or now - last >= self.options.renew_s
         await self._renew(renew)
         if renew:
-            self._renewed_at = now
+            self.leases.renewing(now)
         if self.state is Share.RESYNC and self._synced and all_synced and age_ms >= self._ttl_ms:
             self.members = self._counted()
             self._set_state(Share.SHARED)
         self._show_all()
+
+    def _lapsed(self, now: float) -> bool:
+        """Has this gateway missed its leases' TTL (`lapse.py`)? Then it renews nothing and
+        leaves the shared table as if Redis were lost, and, back, starts a new incarnation in
+        which every gateway registers its leases again and admits on the engines' load until
+        all have."""
+        holding = any(inst.held for inst in self._instances.values())
+        if not self.leases.missed(now, holding):
+            return False
+        assert self.leases.renewed_at is not None
+        log.error(
+            "this gateway renewed its leases %.1f s ago, past their TTL of %g s (was it paused "
+            "or starved?): Redis has expired them and may have granted their slots to others; "
+            "it admits on the engines' load until they show room, then registers them again",
+            now - self.leases.renewed_at,
+            self.options.ttl_s,
+        )
+        self._set_state(Share.LOCAL)
+        self._left_at = now
+        for inst in self._instances.values():
+            inst.bound = None
+        self._took_locally = True
+        self.leases.lapse(now)
+        self._show_all()
+        return True
+
+    def _may_rejoin(self) -> bool:
+        """After a lapse: once the engines have been read (`sync` reads them meanwhile)."""
+        if not self.leases.may_rejoin():
+            return False
+        if self.leases.lapsed_at is not None:
+            self.leases.rejoined()
+        return True
 
     def _counted(self) -> tuple[str, ...]:
         """The live gateways to cut the local shares among: this one only once it has been
