@@ -79,6 +79,16 @@ def _checkout_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_runner_terminal_width() -> Iterator[None]:
+    """The CLI fits its tables to $COLUMNS; pytest-xdist's workers run with COLUMNS=80 and a
+    serial run inherits the caller's. Tests see neither: a test about width sets its own."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("COLUMNS", raising=False)
+        env.delenv("LINES", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:
     """Commands run through Typer's runner call `logs.configure()`, which points the root logger
