@@ -40,6 +40,7 @@ from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.openapi import document_errors
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
 from gpuplane.control.settings import ControlConfig
@@ -435,6 +436,7 @@ def create_app(
         return TokenView(**asdict(service.tokens.revoke(token_id)))
 
     console.add_console(app, service, sessions, caller)
+    document_errors(app)
 
     unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
     if unlisted:
