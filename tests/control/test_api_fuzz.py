@@ -16,16 +16,15 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from gpuplane.control.api import create_app
 from gpuplane.control.auth import POLICY, Role
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from tests.control.svc_helpers import admin_token, config, job
+from tests.fuzzing import CHECKS, bounded
 
 EXAMPLES = 15
 DOC_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
@@ -77,15 +76,9 @@ def test_no_request_gives_a_server_error_or_an_answer_off_the_document(
     headers = {"authorization": f"Bearer {token_of(unbound, role)}"}
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        derandomize=True,
-        database=None,
-    )
+    @bounded(EXAMPLES)
     def check(case: schemathesis.Case[Any]) -> None:
         response = case.call(base_url="http://127.0.0.1", headers=headers)
-        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+        case.validate_response(response, checks=CHECKS)
 
     check()
