@@ -47,13 +47,14 @@ ROUTES = sorted(r for r, rule in POLICY.items() if r[1] not in DOC_PATHS and not
 
 
 def token_of(service: ControlService, role: str) -> str:
+    """The admin token, or a new member token of team research (which owns the seeded job)."""
     if role == "admin":
         return admin_token(service)
     return service.tokens.create("fuzz", Role.member, "research")[1]
 
 
-# what the document allows as each role; and, as an admin, what it does not on each route
-# that takes input: a 4xx, never a 5xx
+# what the document allows, as each role; and, as an admin, what it does not (wrong types,
+# missing fields, values out of range): a 4xx, never a 5xx
 CASES = [(route, role, GenerationMode.POSITIVE) for route in ROUTES for role in ("admin", "member")]
 CASES += [(route, "admin", GenerationMode.NEGATIVE) for route in ROUTES]
 
