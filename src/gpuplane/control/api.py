@@ -41,6 +41,7 @@ from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, deci
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.edge import Edge, Trail, rule_of
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.openapi import document_errors
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
 from gpuplane.control.settings import ControlConfig
@@ -425,6 +426,7 @@ def create_app(
 
     console.add_console(app, service, sessions, caller)
     app.state.sessions = sessions  # for `console.login_url`, printed at start
+    document_errors(app)
 
     unlisted = [r for r in _endpoints(app.routes) if r not in POLICY]
     if unlisted:

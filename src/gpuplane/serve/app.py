@@ -37,6 +37,7 @@ from gpuplane.serve.errors import Rejection, error_response
 from gpuplane.serve.ha.forward import FORWARDED
 from gpuplane.serve.limits import OverLimit, asked_tokens
 from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
+from gpuplane.serve.openapi import document
 from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall
 from gpuplane.serve.router import ModelRouter
@@ -312,6 +313,11 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    openapi_document = document()
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document)
+
     async def readyz(request: Request) -> Response:
         if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
             ha = gw.leadership.state()
@@ -346,6 +352,7 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/state", admin_state, methods=["GET"]),
         Route("/admin/usage", admin_usage, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     served = ["POST /v1/chat/completions", "POST /v1/completions"] + [
         f"{method} {route.path}"
