@@ -80,6 +80,19 @@ def _checkout_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _ray_token_left_alone() -> Iterator[None]:
+    """No test leaves Ray's token at ~/.ray/auth_token: once there, Ray 2.59+ turns token
+    authentication on for every later cluster on the machine (the suite's own once failed so)."""
+    token = Path.home() / ".ray" / "auth_token"
+    had = token.exists()
+    yield
+    assert had or not token.exists(), (
+        f"the tests left {token}: give a test's Ray cluster RAY_AUTH_MODE and a throwaway HOME "
+        "(tests/control/adapters/ray_cluster.py)"
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_runner_terminal_width() -> Iterator[None]:
     """The CLI fits its tables to $COLUMNS; pytest-xdist's workers run with COLUMNS=80 and a
     serial run inherits the caller's. Tests see neither: a test about width sets its own."""
