@@ -109,7 +109,7 @@ lock: | $(BIN)/uv
 # The suite against the newest releases pyproject allows (not the lock), in a venv of its own:
 # what breaks here is what the next `make lock` would bring. Reports, never changes the lock.
 test-latest:
-	scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
+	PYTEST_ARGS="$${PYTEST_ARGS:--n $(TEST_WORKERS) --dist loadgroup}" scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-latest .mypy_cache .pytest_cache .ruff_cache site

@@ -39,5 +39,5 @@ for line in open(sys.argv[1]):  # a universal lock: keep the pins whose markers 
         print(f"  {req.name}: {locked} -> {installed}")
 PY
 echo "== the suite against them"
-# shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest words, e.g. "-m 'not slow' -x"
+# shellcheck disable=SC2086  # PYTEST_ARGS: pytest's words (make test-latest: its workers)
 "$venv/bin/python" -m pytest ${PYTEST_ARGS:-}
