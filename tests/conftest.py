@@ -22,6 +22,7 @@ import pytest
 ONE_WORKER = {
     "ray_address": "ray",  # a local Ray cluster of two nodes (tests/control/adapters)
     "ray_cluster": "ray",  # Ray's own test cluster (tests/batch/test_ray.py)
+    "token_cluster": "ray",  # a one-node cluster that requires a token (test_ray_auth.py)
 }
 
 
