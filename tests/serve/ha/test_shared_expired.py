@@ -9,22 +9,18 @@ import pytest
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from gpuplane.serve.ha.expired import expired_bound, sure_running
+from gpuplane.serve.ha.expired import sure_running
 from tests.serve.ha.test_shared import acquire, renew, scripts  # noqa: F401
 
 
 def test_only_leases_held_from_settle_before_the_reading_to_its_end_are_sure_to_run() -> None:
-    granted = {"old": 10.0, "new": 19.9, "gone": 5.0}
-    assert sure_running(granted, {"old", "new"}, began=20.0, settle_s=0.5) == 1
-    assert sure_running(granted, {"old", "new", "gone"}, began=20.0, settle_s=0.5) == 2
-    assert sure_running({}, set(), began=20.0, settle_s=0.5) == 0
-
-
-def test_the_expired_bound_is_the_load_less_what_surely_runs_and_unknown_without_a_load() -> None:
-    assert expired_bound(4, 0) == 4  # every request on the engine may be an expired lease's
-    assert expired_bound(4, 3) == 1
-    assert expired_bound(2, 3) == 0  # never below 0
-    assert expired_bound(None, 0) is None  # the engine does not say: nothing is freed
+    granted = {"old": 10.0, "new": 19.9, "gone": 5.0, "edge": 19.5}
+    assert sure_running(granted, {"old", "new", "edge"}, began=20.0, settle_s=0.5) == [
+        "edge",
+        "old",
+    ]
+    assert sure_running(granted, set(), began=20.0, settle_s=0.5) == []  # all ended meanwhile
+    assert sure_running({}, set(), began=20.0, settle_s=0.5) == []
 
 
 async def redis_ms(url: str) -> int:
@@ -99,3 +95,23 @@ async def test_a_lapsed_lease_past_every_requests_deadline_is_dropped(
     began = await redis_ms(redis_server)
     assert await s["drain"]([f"{key}:i0"], [began, -1, 60_000]) == 1
     assert await s["drain"]([f"{key}:i0"], [began, -1, 100]) == 0  # deadline 100 ms
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("leftovers")
+async def test_the_readers_live_leases_on_the_engine_are_not_taken_for_expired_ones(
+    scripts: tuple[dict[str, AsyncScript], str],  # noqa: F811
+    redis_server: str,
+) -> None:
+    s, key = scripts
+    i0 = f"{key}:i0"
+    await acquire(s, key, "a|1|1", 3, ttl_ms=50)
+    await acquire(s, key, "a|1|2", 3, ttl_ms=50)
+    await asyncio.sleep(0.1)  # a's 2 lapsed
+    assert await acquire(s, key, "b|1|1", 3) == [1, 1]
+    began = await redis_ms(redis_server)
+    # the engine runs 3: b's own (live: not one of the lapsed) and 2 others, a's
+    assert await s["drain"]([i0], [began, 3, 60_000, "b|1|1"]) == 2
+    # a lease the reader names that Redis no longer holds live is not subtracted
+    assert await s["drain"]([i0], [began, 2, 60_000, "a|1|1"]) == 2
+    assert await s["drain"]([i0], [began, 2, 60_000, "b|1|1"]) == 1  # one of a's ended

@@ -12,14 +12,16 @@ then commit):
     requests of leases expired before the reading began that still run  ≤  load - sure
 
 where `load` is the engine's running + waiting at some instant of the reading, and `sure` the
-reader's own leases held from `settle_s` before the reading began until it ended: each was on
-the engine throughout (the assumption of `shared.py`: an admitted request reaches its engine
-within `settle_s`), and none is expired. Leases expired after the reading began stay counted,
+reader's own leases held from `settle_s` before the reading began until it ended, and still live
+in Redis (the script counts those, atomically): each was on the engine throughout (the
+assumption of `shared.py`: an admitted request reaches its engine within `settle_s`) and is not
+one of the lapsed leases bounded. Leases expired after the reading began stay counted,
 and the count only falls: a request that ended does not start again. An engine that reports no
 load (llama.cpp) keeps them counted until `deadline_s` (gateway.request_timeout_s) after they
 expired: by then their gateway has ended them, unless it is still paused.
 
-Pure arithmetic on plain data here (the caller passes its clock's times); `drain` is the edge.
+Which leases are sure is pure, here (the caller passes its clock's times); the bound is taken in
+the `drain` script, atomically with what Redis holds live; `drain` is the edge.
 """
 
 from __future__ import annotations
@@ -35,27 +37,27 @@ Script = Callable[..., Awaitable[Any]]
 
 def sure_running(
     granted: Mapping[str, float], held_after: Collection[str], began: float, settle_s: float
-) -> int:
-    """How many of the leases granted at these times (`granted`: lease id → time) were on their
+) -> list[str]:
+    """Which of the leases granted at these times (`granted`: lease id → time) were on their
     engine throughout a reading that began at `began`: granted `settle_s` before it, and still
-    held (`held_after`) once it ended."""
-    return sum(1 for lease, at in granted.items() if at <= began - settle_s and lease in held_after)
-
-
-def expired_bound(load: int | None, sure: int) -> int | None:
-    """The most requests of expired leases that can still run, from an engine reading of
-    `load` and `sure` leases known to run; None where the engine does not say."""
-    return None if load is None else max(0, load - sure)
+    held (`held_after`) once it ended. (The drain script counts only those Redis still holds
+    live: an expired one may be among the lapsed it bounds.)"""
+    return sorted(
+        lease for lease, at in granted.items() if at <= began - settle_s and lease in held_after
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An instance to drain: its set's key in Redis, what the load reader needs, and this
-    gateway's leases on it (lease id → granted at; read again once the reading ended)."""
+    """An instance to drain: its set's key in Redis, what the load reader needs, this
+    gateway's leases on it (lease id → granted at; read again once the reading ended), the
+    table's `settle_s`, and the longest a request runs (gateway.request_timeout_s)."""
 
     key: str
     instance: Instance
     held: Mapping[str, float]
+    settle_s: float
+    deadline_s: float
 
 
 async def drain(
@@ -64,8 +66,6 @@ async def drain(
     loads: LoadReader,
     target: Target,
     clock: Callable[[], float],
-    settle_s: float,
-    deadline_s: float,
 ) -> int:
     """Read the instance's engine and lower its lapsed count in Redis to what the reading
     allows (ask, then commit); answers the count after."""
@@ -75,6 +75,6 @@ async def drain(
     mine = dict(target.held)
     model, iid, _ = target.instance
     load = (await loads.read([target.instance])).get((model, iid))
-    bound = expired_bound(load, sure_running(mine, target.held, began, settle_s))
-    args = [began_ms, -1 if bound is None else bound, int(deadline_s * 1000)]
+    sure = sure_running(mine, target.held, began, target.settle_s)
+    args = [began_ms, -1 if load is None else load, int(target.deadline_s * 1000), *sure]
     return int(await drain_script([target.key], args))

@@ -80,19 +80,24 @@ return holders(1, redis.call('ZCARD', KEYS[3] .. ':lapsed'), KEYS[3])
 return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[1] .. ':lapsed', ARGV[1])
 
 --- drain
--- An engine reading that began at server time ARGV[1] (ms) bounds the requests of leases
--- expired by then that still run: at most ARGV[2] (-1: the engine gave no count). Keeps that
--- many of them (the latest to expire), every lease expired since, and none that expired more
--- than ARGV[3] ms ago (past any request's deadline). KEYS: the instance's set.
--- Answers the expired leases still counted.
+-- An engine reading that began at server time ARGV[1] (ms) counted ARGV[2] requests (-1: the
+-- engine gave no count); ARGV[4...] are the reader's leases surely on the engine throughout.
+-- Those of them still live are not lapsed, so at most ARGV[2] - (them) requests of leases
+-- expired by then still run. Keeps that many of those (the latest to
+-- expire), every lease expired since, and none that expired more than ARGV[3] ms ago (past any
+-- request's deadline). KEYS: the instance's set. Answers the expired leases still counted.
 local lapsed = KEYS[1] .. ':lapsed'
 local began = tonumber(ARGV[1])
 local now = now_ms()
 purge(KEYS[1], now)
 redis.call('ZREMRANGEBYSCORE', lapsed, '-inf', '(' .. (now - tonumber(ARGV[3])))
-local bound = tonumber(ARGV[2])
-if bound >= 0 then
-  local extra = redis.call('ZCOUNT', lapsed, '-inf', began) - bound
+local load = tonumber(ARGV[2])
+if load >= 0 then
+  local sure = 0
+  for i = 4, #ARGV do
+    if redis.call('ZSCORE', KEYS[1], ARGV[i]) then sure = sure + 1 end
+  end
+  local extra = redis.call('ZCOUNT', lapsed, '-inf', began) - math.max(0, load - sure)
   if extra > 0 then redis.call('ZREMRANGEBYRANK', lapsed, 0, extra - 1) end
 end
 return redis.call('ZCARD', lapsed)

@@ -407,16 +407,21 @@ class RedisSlotTable:
             await self._drain_expired()
 
     async def _drain_expired(self) -> None:
-        """Read the engines of the instances whose expired leases still count, and lower that
+        """Read the engines of the instances whose expired leases still count, all at once
+        (each within the load reader's timeout, so renewals are not held up), and lower that
         count in Redis to what they show (`expired.py`)."""
-        for (model, _), inst in self._instances.items():
-            if not inst.open or self.loads is None:
-                continue
-            with contextlib.suppress(*_UNREACHABLE):
-                target = expired.Target(inst.key, (model, inst.id, inst.url), inst.held)
-                inst.open = await expired.drain(self.client, self._scripts["drain"], self.loads,
-                    target, self.clock, self.settle_s, self.options.deadline_s)  # fmt: skip
-                self._show(inst)
+        if self.loads is not None:
+            lapsed = [(m, inst) for (m, _), inst in self._instances.items() if inst.open]
+            await asyncio.gather(*(self._drain(self.loads, m, inst) for m, inst in lapsed))
+
+    async def _drain(self, loads: LoadReader, model: str, inst: _Instance) -> None:
+        on = expired.Target(inst.key, (model, inst.id, inst.url), inst.held, self.settle_s,
+                            self.options.deadline_s)  # fmt: skip
+        with contextlib.suppress(*_UNREACHABLE):
+            inst.open = await expired.drain(
+                self.client, self._scripts["drain"], loads, on, self.clock
+            )
+            self._show(inst)
 
     @property
     def settle_s(self) -> float:
