@@ -29,9 +29,9 @@ A lease Redis expired frees its slot only once an engine reading shows its reque
 refill their slots meanwhile.
 
 Limit: a gateway cut off from Redis while the others still reach it (a partition) admits on its
-share while the others, seeing its heartbeat and leases expire after one TTL, admit the whole
-capacity: an engine may then run up to that gateway's share over its capacity, for as long as
-the cut lasts. Only the engines see both sides; shared-mode admission does not read them.
+share while the others, once its expired leases have drained (the engine shows their requests
+ended), admit the whole capacity: an engine may then run up to that gateway's share over its
+capacity, for as long as the cut lasts (what it admits locally is in no table they read).
 """
 
 from __future__ import annotations
