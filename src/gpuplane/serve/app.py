@@ -278,6 +278,7 @@ def shared_slots(
         sync_s=ha.shared_sync_s,
         timeout_s=ha.shared_timeout_s,
         prefix=ha.key,
+        deadline_s=cfg.request_timeout_s,
     )
     return RedisSlotTable(options, loads=EngineLoads(adapters, ha.shared_timeout_s))
 

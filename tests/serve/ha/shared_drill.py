@@ -216,6 +216,23 @@ async def leases_in_redis(url: str) -> int:
         await client.aclose()
 
 
+async def busiest(url: str, gws: list[GatewayProcess]) -> GatewayProcess:
+    """The gateway holding the most unexpired leases (a lease id starts with its gateway id,
+    `gw<index>`): the one whose pause most tempts the others to refill its slots."""
+    client = aioredis.from_url(url)
+    try:
+        sec, usec = await client.time()
+        now_ms = sec * 1000 + usec // 1000
+        held = [0] * len(gws)
+        async for key in client.scan_iter(f"{PREFIX}:slots:*"):
+            for lease in await client.zrangebyscore(key, now_ms, "+inf"):
+                assert isinstance(lease, bytes)
+                held[int(lease.decode().split("|")[0].removeprefix("gw"))] += 1
+    finally:
+        await client.aclose()
+    return gws[held.index(max(held))]
+
+
 async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, Any]:
     """Run the drill (`ttl_s`: the gateways' gateway.ha.lease_ttl_s, its default)."""
     rng = random.Random(d.seed)
@@ -298,7 +315,7 @@ async def drill(d: Drill, redis: RedisProcess, ttl_s: float = 1.5) -> dict[str, 
                     continue
                 victim = rng.choice(gws)
                 if what == "pause":
-                    await pause(victim)
+                    await pause(await busiest(redis.url, gws))
                     continue
                 victim.kill()
                 down.append(victim)

@@ -108,6 +108,8 @@ async def test_expired_leases_are_purged_before_capacity_is_checked(
     assert (await acquire(s, key, "a|1|1", 1, ttl_ms=150))[0] == 1
     assert (await acquire(s, key, "b|1|1", 1))[0] == 0
     await asyncio.sleep(0.3)  # past the lease's expiry by Redis's own clock
+    assert await acquire(s, key, "b|1|1", 1) == [0, 0]  # purged, counted until a reading
+    assert await s["drain"]([f"{key}:i0"], [2**50, 0, 60_000]) == 0  # the engine is idle
     assert await acquire(s, key, "b|1|1", 1) == [1, 1]
 
 
@@ -129,7 +131,7 @@ async def test_renew_of_another_gateways_lease_is_refused(
     assert await renew(s, key, "b", 1, "a|1|1") == [-4, 0]
     assert await renew(s, key, "a", 2, "a|1|1") == [-4, 0]  # not its epoch's either
     await asyncio.sleep(0.3)
-    assert await renew(s, key, "b", 1) == [1, 0]  # it was not extended: it expired
+    assert await renew(s, key, "b", 1) == [1, 1]  # not extended: it expired (counted, `open`)
 
 
 async def test_stale_epoch_is_refused(scripts: tuple[dict[str, AsyncScript], str]) -> None:
@@ -252,6 +254,9 @@ async def test_leases_of_long_generations_are_renewed_and_a_dead_gateways_expire
     loop = table(a)._loop
     assert loop is not None
     loop.cancel()  # gateway a dies: no renewal, no release reaches Redis
+    engines = table(b).loads
+    assert isinstance(engines, Engines)
+    engines.tables.remove(table(a))  # its connections closed: the engine ended its requests
     waiting = asyncio.create_task(b.acquire({}, timeout_s=5 * TTL_S))
     got = await waiting  # within one TTL of a's last renewal
     assert got.lease.instance_id == "http://i0"

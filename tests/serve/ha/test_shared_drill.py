@@ -46,3 +46,18 @@ async def test_a_gateway_paused_past_its_lease_ttl_under_load_never_over_admits(
     assert max(result["max_in_flight_seen"]) <= 4, (result["over_capacity_at"], result["events"])
     assert result["leases_in_redis_after_one_ttl"] == 0
     assert result["failed"] == 0
+
+
+async def test_a_gateway_paused_while_its_long_generations_run_never_over_admits() -> None:
+    """Generations that outlast the pause (600 tokens, 6 s and more): SIGSTOP the gateway that
+    holds the most leases for 3 s (TTL 1.5 s) while its requests keep running on the engines.
+    Redis expires its leases; the other gateway may not refill those slots until the engines
+    show them free (`ha/expired.py`). On the code before, an engine ran 8 at capacity 4."""
+    d = Drill(requests=48, gateways=2, instances=2, clients=16, kills=0, kill_redis=False,
+              pauses=1, pause_s=3.0, max_tokens=600, itl_ms=10.0, seed=0)  # fmt: skip
+    with killable_redis() as redis:
+        result = await drill(d, redis)
+    assert result["gateway_pauses"] == 1
+    assert max(result["max_in_flight_seen"]) <= 4, (result["over_capacity_at"], result["events"])
+    assert result["leases_in_redis_after_one_ttl"] == 0
+    assert result["failed"] == 0

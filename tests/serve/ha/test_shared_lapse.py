@@ -44,18 +44,15 @@ async def test_a_gateway_that_missed_its_ttl_renews_nothing_and_waits_for_the_en
     held = [(a, await a.acquire({})) for _ in range(4)]  # a holds every slot
     loop = table(a)._loop
     assert loop is not None
-    loop.cancel()  # a is paused: it renews nothing
-    held += [(b, await b.acquire({}, timeout_s=5 * TTL_S)) for _ in range(4)]  # a's expired
+    loop.cancel()  # a is paused: it renews nothing, its requests still run on the engine
+    await until(lambda: table(b)._instances["m", "http://i0"].open == 4, 5 * TTL_S)
+    with pytest.raises(Rejected):  # Redis expired a's leases: their slots are not free
+        await b.acquire({}, timeout_s=0.3)
     await table(a).sync()  # a wakes
     assert table(a).state is Share.LOCAL
-    assert await in_redis(redis_server, a) == 4  # b's: a renewed none of its own
+    assert await in_redis(redis_server, a) == 0  # a renewed none of its own
     with pytest.raises(Rejected):
         await a.acquire({}, timeout_s=0.1)
-    await table(a).sync()  # nor while it waits for a reading that counts
-    assert await in_redis(redis_server, a) == 4
-    for router, admission in [h for h in held if h[0] is b]:  # b's requests end
-        router.finish(admission)
-    held = [h for h in held if h[0] is a]
     await asyncio.sleep(table(a).settle_s)
     await table(a).sync()  # reads the engine: a's 4 still run
     await table(a).sync()  # registers them again, in a new incarnation every gateway joins
@@ -67,7 +64,34 @@ async def test_a_gateway_that_missed_its_ttl_renews_nothing_and_waits_for_the_en
             await router.acquire({}, timeout_s=0.2)
     assert engine_load([a, b]) == 4
     await until(lambda: all(table(r).state is Share.SHARED for r in (a, b)), 5 * TTL_S + 2)
+    for router, admission in held:  # a's requests end
+        router.finish(admission)
+    held = [(b, await b.acquire({}, timeout_s=5 * TTL_S)) for _ in range(4)]
     await stop([a, b], held)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("leftovers")
+async def test_slots_of_a_paused_gateway_free_once_the_engine_shows_its_requests_ended(
+    redis_server: str,
+) -> None:
+    a, b = await gateways(redis_server, 2, [2])
+    held = [(a, await a.acquire({})) for _ in range(2)]  # its requests run on the engine
+    loop = table(a)._loop
+    assert loop is not None
+    loop.cancel()  # a is paused past its TTL (and never comes back)
+    engines = table(b).loads
+    assert isinstance(engines, Engines)
+    await until(lambda: table(b)._instances["m", "http://i0"].open == 2, 5 * TTL_S)
+    with pytest.raises(Rejected):
+        await b.acquire({}, timeout_s=0.3)
+    reads = engines.reads
+    table(a)._instances["m", "http://i0"].held.popitem()  # one of a's requests ends
+    got = [(b, await b.acquire({}, timeout_s=5 * TTL_S))]  # b read the engine: 1 is free
+    assert engines.reads > reads
+    with pytest.raises(Rejected):
+        await b.acquire({}, timeout_s=0.3)
+    await stop([a, b], [*held, *got])
 
 
 @pytest.mark.anyio

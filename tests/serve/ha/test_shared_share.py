@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from gpuplane.serve.ha.shared import local_share
+from gpuplane.serve.ha.local import local_share
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 3, 4, 7])

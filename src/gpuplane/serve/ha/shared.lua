@@ -12,6 +12,18 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Purge the instance's expired leases. Their requests may still run on the engine (their
+-- gateway paused past the TTL): each stays counted, in the sorted set KEY..':lapsed' (lease id
+-- -> its expiry), until its gateway releases or registers it again, or an engine reading lowers
+-- the count (`drain`). Answers how many it holds.
+local function purge(key, now)
+  local lapsed = key .. ':lapsed'
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'WITHSCORES')
+  for i = 1, #gone, 2 do redis.call('ZADD', lapsed, gone[i + 1], gone[i]) end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
+  return redis.call('ZCARD', lapsed)
+end
+
 -- {status, n, then every lease id in the set}: a gateway learns who holds what
 local function holders(status, n, key)
   local answer = {status, n}
@@ -22,25 +34,27 @@ end
 --- acquire
 -- KEYS: incarnation, epochs (hash gateway -> epoch), the instance's set
 -- ARGV: incarnation, gateway, epoch, lease, capacity, ttl_ms
--- Answers {status, 0, then the set's lease ids after it}.
+-- Answers {status, the expired leases still counted, then the set's lease ids after it}.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-2, 0} end
 local registered = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
 if registered > tonumber(ARGV[3]) then return {-3, 0} end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local open = purge(KEYS[3], now)
 local expiry = now + tonumber(ARGV[6])
 if redis.call('ZSCORE', KEYS[3], ARGV[4]) then  -- a retried acquire that had landed
   redis.call('ZADD', KEYS[3], expiry, ARGV[4])
-  return holders(1, 0, KEYS[3])
+  return holders(1, open, KEYS[3])
 end
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return holders(0, 0, KEYS[3]) end
+if redis.call('ZCARD', KEYS[3]) + open >= tonumber(ARGV[5]) then
+  return holders(0, open, KEYS[3])
+end
 redis.call('ZADD', KEYS[3], expiry, ARGV[4])
-return holders(1, 0, KEYS[3])
+return holders(1, open, KEYS[3])
 
 --- renew
 -- Extend (or register again: after a re-sync, or one whose renewal came late) the caller's own
 -- leases on one instance; with no lease it only looks. Registers the caller's epoch.
--- Answers {status, leases added (were not in the set), then the set's lease ids}.
+-- Answers {status, the expired leases still counted, then the set's lease ids}.
 -- KEYS: incarnation, epochs, the instance's set
 -- ARGV: incarnation, gateway, epoch, ttl_ms, lease...
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-2, 0} end
@@ -53,17 +67,40 @@ for i = 5, #ARGV do
 end
 if registered < epoch then redis.call('HSET', KEYS[2], ARGV[2], epoch) end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local added = 0
+purge(KEYS[3], now)
 for i = 5, #ARGV do
-  added = added + redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[i])
+  redis.call('ZREM', KEYS[3] .. ':lapsed', ARGV[i])  -- counted once: live again
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[i])
 end
-return holders(1, added, KEYS[3])
+return holders(1, redis.call('ZCARD', KEYS[3] .. ':lapsed'), KEYS[3])
 
 --- release
--- Idempotent: 1 the first time, 0 afterwards (or for a lease already expired).
+-- Idempotent: 1 the first time, 0 afterwards. An expired lease's request has ended too.
 -- KEYS: the instance's set; ARGV: lease
-return redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[1] .. ':lapsed', ARGV[1])
+
+--- drain
+-- An engine reading that began at server time ARGV[1] (ms) counted ARGV[2] requests (-1: the
+-- engine gave no count); ARGV[4...] are the reader's leases surely on the engine throughout.
+-- Those of them still live are not lapsed, so at most ARGV[2] - (them) requests of leases
+-- expired by then still run. Keeps that many of those (the latest to
+-- expire), every lease expired since, and none that expired more than ARGV[3] ms ago (past any
+-- request's deadline). KEYS: the instance's set. Answers the expired leases still counted.
+local lapsed = KEYS[1] .. ':lapsed'
+local began = tonumber(ARGV[1])
+local now = now_ms()
+purge(KEYS[1], now)
+redis.call('ZREMRANGEBYSCORE', lapsed, '-inf', '(' .. (now - tonumber(ARGV[3])))
+local load = tonumber(ARGV[2])
+if load >= 0 then
+  local sure = 0
+  for i = 4, #ARGV do
+    if redis.call('ZSCORE', KEYS[1], ARGV[i]) then sure = sure + 1 end
+  end
+  local extra = redis.call('ZCOUNT', lapsed, '-inf', began) - math.max(0, load - sure)
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', lapsed, 0, extra - 1) end
+end
+return redis.call('ZCARD', lapsed)
 
 --- heartbeat
 -- The caller is live for ttl_ms, and says which incarnation it has registered its leases under

@@ -13,29 +13,9 @@ queue stays per gateway: tenants are served fairly among the requests that reach
 gateway, and a freed slot goes to whichever gateway asks first.
 
 **Without Redis** (unreachable: LOCAL; back, but not every live gateway has registered its
-leases again: RESYNC) a gateway fails closed. It admits on an instance only while the leases it
-holds there are fewer than `share - bound`:
-
-- `share` = capacity // the live gateways when the table was last whole (`local_share`; 0 for
-  a gateway that joined less than `sync_s + timeout_s` before, which some may not have counted);
-- `bound` = the least load (running + waiting) the instance's engine has reported since this
-  gateway left the shared table, counting only readings taken `sync_s + timeout_s` after it
-  left (`settle_s`); before the first, nothing is admitted; an engine that reports no load
-  keeps its instance closed until Redis is back.
-
-Why that never runs an engine past its capacity C, when Redis is lost at t0: every lease held
-at t0 was granted by Redis, so they number at most C; call Q_g(t) those of gateway g still
-running at t, and e_g(t) = max(0, Q_g(t) - share_g) its excess. Q_g only falls, so e_g does
-too. (1) A gateway that has admitted since t0 holds at most its current `share - bound`: it
-admitted only below it and `bound` only falls; so it runs at most max(share_g - bound_g, Q_g).
-(2) A reading E at t ≥ t0 + settle counts every request admitted before t0 that still runs
-(assumption: an admitted request reaches its engine within `sync_s + timeout_s`), so E ≥ Σ Q_g(t)
-≥ Σ e_g(t) ≥ Σ e_g(t') for every t' ≥ t. (3) The shares sum to at most C: each gateway that
-takes one counted every gateway that takes one (the age rule), and floor(C / n) falls as n
-grows. Now let A be the gateways running more than their pre-t0 leases. If A is empty the
-engine runs at most Σ Q_g ≤ C. Otherwise each g in A has Q_g ≤ share_g - bound_g ≤ share_g (no
-excess) and runs at most share_g - bound_g ≤ share_g - Σ e; every other runs Q_g ≤ share_g +
-e_g; the total is at most Σ share - |A| Σ e + Σ e ≤ C.
+leases again: RESYNC) a gateway fails closed: it admits on an instance only while the leases it
+holds there are fewer than its local allowance, `share - bound` (`local.py`, with the argument
+that no engine then runs past its capacity).
 
 When Redis returns, a gateway that admitted while it was out (or finds that Redis lost its
 data) starts a new incarnation of the table, so every gateway registers its leases again (the
@@ -44,10 +24,14 @@ Until all the live ones have, and for one TTL (every live one has sent a heartbe
 admission needs both the rule above and Redis; then Redis counts every lease, and decides alone
 again.
 
+A lease Redis expired frees its slot only once an engine reading shows its request ended
+(`expired.py`): a gateway paused past the TTL still runs its requests, and the others must not
+refill their slots meanwhile.
+
 Limit: a gateway cut off from Redis while the others still reach it (a partition) admits on its
-share while the others, seeing its heartbeat and leases expire after one TTL, admit the whole
-capacity: an engine may then run up to that gateway's share over its capacity, for as long as
-the cut lasts. Only the engines see both sides; shared-mode admission does not read them.
+share while the others, once its expired leases have drained (the engine shows their requests
+ended), admit the whole capacity: an engine may then run up to that gateway's share over its
+capacity, for as long as the cut lasts (what it admits locally is in no table they read).
 """
 
 from __future__ import annotations
@@ -69,8 +53,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
+from gpuplane.serve.ha import expired
 from gpuplane.serve.ha.lapse import LeaseClock
 from gpuplane.serve.ha.loads import LoadReader
+from gpuplane.serve.ha.local import local_share
 from gpuplane.serve.slots import Lease, SlotTable
 
 log = logging.getLogger("gpuplane.gateway")
@@ -89,15 +75,6 @@ class Share(StrEnum):
     FENCED = "fenced"  # a newer process runs under this gateway id: admits nothing
 
 
-def local_share(capacity: int, gateways: Sequence[str], me: str) -> int:
-    """This gateway's part of an instance's `capacity` while the table is not whole:
-    `capacity // len(gateways)`, and 0 for a gateway not in the list (one that never reached
-    Redis, or joined too recently to be counted by all). The remainder is left unused: a share
-    that only falls as the list grows keeps the sum within `capacity` even when the gateways'
-    lists differ by a gateway that has just joined or died."""
-    return capacity // len(gateways) if me in gateways else 0
-
-
 def load_scripts() -> dict[str, str]:
     """`shared.lua`'s scripts by name, each with the shared `now` helper in front."""
     text = resources.files(__package__).joinpath("shared.lua").read_text()
@@ -113,7 +90,8 @@ def load_scripts() -> dict[str, str]:
 class SharedOptions:
     """`url`: the Redis server; `ttl_s`: a lease (and a heartbeat) not renewed for this long
     expires; `renew_s`: how often held leases are renewed; `sync_s`: how often the others'
-    counts are read and the heartbeat sent; `timeout_s`: the longest a Redis call may take."""
+    counts are read and the heartbeat sent; `timeout_s`: the longest a Redis call may take;
+    `deadline_s`: the longest a request runs (`expired.py`)."""
 
     url: str
     gateway_id: str
@@ -122,6 +100,7 @@ class SharedOptions:
     sync_s: float
     timeout_s: float
     prefix: str = "gpuplane"
+    deadline_s: float = 600.0  # gateway.request_timeout_s: no request runs longer
 
 
 class SharedRouter(Protocol):
@@ -140,9 +119,10 @@ class _Instance:
     url: str
     key: str
     capacity: int
-    held: set[str] = field(default_factory=set)  # this gateway's leases (their ids in Redis)
+    held: dict[str, float] = field(default_factory=dict)  # this gateway's leases → granted at
     pending: int = 0  # acquires sent to Redis and not yet answered
     seen: int = 0  # the set's size, as last answered
+    open: int = 0  # its expired leases whose requests may still run, as last answered
     # the least load its engine reported since the table stopped being whole (None: no
     # reading yet): the most the other gateways can hold beyond their shares from then on
     bound: int | None = None
@@ -234,7 +214,7 @@ class RedisSlotTable:
         inst.pending += 1
         sent_at = self.clock()
         try:
-            status, _, *holders = await self._once_more(
+            status, open_, *holders = await self._once_more(
                 lambda: self._timed("acquire", keys, [*args, lease_id, inst.capacity, self._ttl_ms])
             )
         except _UNREACHABLE as exc:
@@ -252,13 +232,13 @@ class RedisSlotTable:
         elif status == -2:
             self._set_state(Share.RESYNC)  # the acquire did not land
             return False
-        self._observe(inst, holders)
+        self._observe(inst, open_, holders)
         if status == 1 and not self.leases.in_time(sent_at, self.clock()):
             self._forget(inst, lease_id)  # answered after its TTL: Redis may have expired it
         elif status == 1 and (self.state is Share.SHARED or self.state is Share.RESYNC):
             # granted by Redis in the incarnation it named (held before the table stopped being
             # whole, or within the allowance checked above)
-            inst.held.add(lease_id)
+            inst.held[lease_id] = self.clock()
             self._show(inst)
             return True
         elif status == 1:  # the state changed while it asked
@@ -270,15 +250,14 @@ class RedisSlotTable:
         """The lease's slot is free (idempotent)."""
         inst = self._instances[model, lease.instance_id]
         lease_id = self._lease_id(lease)
-        if lease_id in inst.held:
-            inst.held.discard(lease_id)
+        if inst.held.pop(lease_id, None) is not None:
             inst.seen = max(0, inst.seen - 1)
             self._forget(inst, lease_id)
 
     def _take_locally(self, inst: _Instance, lease_id: str) -> bool:
         """Admit on the local allowance alone (registered in Redis on its return)."""
         if self._within_allowance(inst):
-            inst.held.add(lease_id)
+            inst.held[lease_id] = self.clock()
             self._took_locally = self._took_locally or self.state is Share.LOCAL
             self._unreleased.discard((inst.key, lease_id))
             return True
@@ -315,13 +294,13 @@ class RedisSlotTable:
         """May one more lease be taken on the instance without Redis's word alone?"""
         return len(inst.held) + inst.pending < self._allowance(inst)
 
-    def _observe(self, inst: _Instance, holders: Sequence[bytes]) -> None:
-        """The instance's set holds these lease ids now."""
-        inst.seen = len(holders)
+    def _observe(self, inst: _Instance, open_: int, holders: Sequence[bytes]) -> None:
+        """The instance's set holds these lease ids now, and `open_` expired ones still count."""
+        inst.seen, inst.open = len(holders), int(open_)
 
     def _others(self, inst: _Instance) -> int:
         """Slots of the instance this gateway may not take, beyond its own leases."""
-        shared = max(0, inst.seen - len(inst.held))
+        shared = max(0, inst.seen + inst.open - len(inst.held))
         if self.state is Share.SHARED:
             return shared
         local = inst.capacity - self._allowance(inst)
@@ -424,6 +403,25 @@ class RedisSlotTable:
             self._unreachable(exc)
         if self.state is Share.LOCAL or self.state is Share.RESYNC:
             await self._read_engines()
+        if self.state is Share.SHARED or self.state is Share.RESYNC:
+            await self._drain_expired()
+
+    async def _drain_expired(self) -> None:
+        """Read the engines of the instances whose expired leases still count, all at once
+        (each within the load reader's timeout, so renewals are not held up), and lower that
+        count in Redis to what they show (`expired.py`)."""
+        if self.loads is not None:
+            lapsed = [(m, inst) for (m, _), inst in self._instances.items() if inst.open]
+            await asyncio.gather(*(self._drain(self.loads, m, inst) for m, inst in lapsed))
+
+    async def _drain(self, loads: LoadReader, model: str, inst: _Instance) -> None:
+        on = expired.Target(inst.key, (model, inst.id, inst.url), inst.held, self.settle_s,
+                            self.options.deadline_s)  # fmt: skip
+        with contextlib.suppress(*_UNREACHABLE):
+            inst.open = await expired.drain(
+                self.client, self._scripts["drain"], loads, on, self.clock
+            )
+            self._show(inst)
 
     @property
     def settle_s(self) -> float:
@@ -581,14 +579,14 @@ class RedisSlotTable:
         for key, lease_id in unreleased:
             await self._scripts["release"]([key], [lease_id], client=pipe)
         results: list[Any] = await pipe.execute()
-        for inst, (status, _added, *holders) in zip(instances, results, strict=False):
+        for inst, (status, open_, *holders) in zip(instances, results, strict=False):
             if status == -3:
                 self._fence()
                 return
             if status == -2:  # a new incarnation began between the heartbeat and now
                 self._set_state(Share.RESYNC)
                 return
-            self._observe(inst, holders)
+            self._observe(inst, open_, holders)
         self._unreleased.difference_update(unreleased)
         if renew:
             self._synced = True
