@@ -50,8 +50,11 @@ class JobIsolation:
         except AdapterError as exc:
             raise AdapterError(f"cluster {cluster}: {exc}") from None
         self.table = TeamIdTable(Path(control.state_dir), uids)
-        # services on one machine may share the cgroup parent: each names its jobs' apart
-        self.tag = hashlib.sha256(os.path.abspath(control.state_dir).encode()).hexdigest()[:10]
+        # services on one machine, and the local clusters of one service, may share the cgroup
+        # parent: each names its jobs' apart (a job moved between two local clusters has a copy
+        # in each until the first is stopped, which must not stop the second)
+        where = f"{os.path.abspath(control.state_dir)}\0{cluster}"
+        self.tag = hashlib.sha256(where.encode()).hexdigest()[:10]
         self.containment = self._contain(control.job_containment, control.cgroup_parent)
         self.no_python = self._python_refusal()  # None: job users can run this Python
         self._unenforced_said = False
