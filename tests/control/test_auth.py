@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from gpuplane.control.api import _endpoints, create_app
-from gpuplane.control.auth import POLICY, Role
-from gpuplane.control.models import ApiToken, Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import POLICY, Role
+from gpuplane.control.identity.tokens import TokenBook
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
     AuthConfig,
     ClusterConfig,
@@ -29,7 +29,7 @@ from gpuplane.control.settings import (
     OidcConfig,
     TeamConfig,
 )
-from gpuplane.control.tokens import TokenBook
+from gpuplane.control.store.models import ApiToken, Job
 from tests.control.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpuplane.control.adapters import Workload
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import (
     api_client,
     assert_no_device_over_allocated,

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError, Inventory
 from gpuplane.control.adapters.base import ClusterAdapter, create_adapter
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.errors import ConflictError, NotFoundError
-from gpuplane.control.models import Job
-from gpuplane.control.runtime import _workload
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.runtime import _workload
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     ControlConfig,
 )
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import Job
 from gpuplane.errors import ConfigError
 from tests.control.svc_helpers import config, job, local_cluster, state, wait_state
 

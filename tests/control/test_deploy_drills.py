@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from gpuplane.cli import drill as drill_cli
 from gpuplane.cli.main import app
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.deployments.drills import DrillResult, Recovery, Tally
+from gpuplane.control.lab.drills import DrillResult, Recovery, Tally
 from gpuplane.serve.errors import sse_error_event
 from tests.control.api_server import serving
 from tests.control.svc_helpers import admin_token, config, make_service

@@ -1,4 +1,4 @@
-"""Drill faults on a deployment (`deployments/faults.py`) and what the control plane does about
+"""Drill faults on a deployment (`lab/faults.py`) and what the control plane does about
 them: a crashed engine is replaced after its back-off; an instance whose cluster stops answering
 is lost, its quota freed, and its replacement placed on the other cluster at once; once the lost
 cluster answers again, what was left there is stopped and nothing runs twice.
@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.deployments import faults
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.lab import faults
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     QuotaConfig,
     TeamConfig,
 )
+from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import A100, api_client, config, local_cluster, make_service
 
 SPEC: dict[str, Any] = {

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli import deploy as deploy_cli
-from gpuplane.control.deployments import kserve
+from gpuplane.control.adapters import kserve
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.spec import SpecError
 

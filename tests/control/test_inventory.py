@@ -12,9 +12,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import selectinload
 
 from gpuplane.control.adapters import DiscoveredDevice, DiscoveredNode, Inventory, InventoryChange
-from gpuplane.control.inventory import sync_cluster, sync_nodes
-from gpuplane.control.models import Allocation, Device, Job, Node, Team
-from gpuplane.control.store import Store
+from gpuplane.control.service.inventory import sync_cluster, sync_nodes
+from gpuplane.control.store.models import Allocation, Device, Job, Node, Team
+from gpuplane.control.store.store import Store
 from gpuplane.resources import LABEL_CLUSTER
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.models import Event
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store.models import Event
 from gpuplane.resources import LABEL_NODE
 from tests.control.svc_helpers import api_client, config, job, make_service, state, wait_state
 

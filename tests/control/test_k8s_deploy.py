@@ -21,11 +21,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus
+from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus, kserve
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.deployments import kserve
 from gpuplane.control.scheduler import DeviceGrant
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig
 from gpuplane.serve.server import serving
 from tests.conftest import free_port

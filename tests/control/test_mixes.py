@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuplane.control.mixes import (
+from gpuplane.control.lab.mixes import (
     MIXES,
     MixSpec,
     ModelStock,
@@ -18,8 +18,8 @@ from gpuplane.control.mixes import (
     measure,
     mix_named,
 )
+from gpuplane.control.lab.simulate import load_nodes, load_pods
 from gpuplane.control.scheduler import Request
-from gpuplane.control.simulate import load_nodes, load_pods
 from gpuplane.errors import ConfigError
 from gpuplane.resources import Selector
 from tests.control.sched_helpers import node

@@ -13,9 +13,9 @@ from alembic.migration import MigrationContext
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gpuplane.control import queries
-from gpuplane.control.models import Base
-from gpuplane.control.store import Store
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import Base
+from gpuplane.control.store.store import Store
 from tests.control.svc_helpers import (
     assert_gpu_milli_columns_renamed_in_place,
     assert_no_device_over_allocated,

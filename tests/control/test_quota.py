@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplane.control.quota import (
+from gpuplane.control.admission.quota import (
     Amount,
     FlavorQuota,
     QuotaBook,

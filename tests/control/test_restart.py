@@ -20,14 +20,14 @@ import httpx
 import pytest
 import yaml
 
-from gpuplane.control import queries
-from gpuplane.control.adapters._procs import JobRecord, RunDir, process_start
 from gpuplane.control.adapters.base import WorkloadState
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.adapters.procs import JobRecord, RunDir, process_start
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.statedir import exclusive
-from gpuplane.control.store import Store
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import Job
+from gpuplane.control.store.store import Store
 from tests.control.svc_helpers import (
     assert_no_device_over_allocated,
     config,

@@ -28,10 +28,10 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from gpuplane.control.auth import Role
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
+from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import A100, assert_no_device_over_allocated
 from tests.control.test_cli import free_port
 

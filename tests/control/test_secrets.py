@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.auth import Role
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import AuthConfig, TeamConfig
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import api_client, config, job, make_service, wait_state

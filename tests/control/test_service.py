@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries, team_edits
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import QuotaConfig, TeamConfig
 from gpuplane.control.spec import SpecError
-from gpuplane.control.views import TeamSet
+from gpuplane.control.store import queries, team_edits
+from gpuplane.control.store.views import TeamSet
 from tests.control.svc_helpers import (
     A100,
     assert_no_device_over_allocated,
@@ -240,7 +240,7 @@ def test_concurrent_binders_and_reconcilers_never_kill_a_fresh_job(tmp_path: Pat
     """The API thread (submit) and the loop thread (tick) bind and reconcile at the same time."""
     import threading
 
-    from gpuplane.control.service import ControlService as Service
+    from gpuplane.control.service.service import ControlService as Service
 
     cfg = config(str(tmp_path), nodes=1, gpus=8)
     svc = Service(cfg, bind_on_submit=False)

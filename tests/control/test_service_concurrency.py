@@ -46,7 +46,7 @@ def run(cfg: ControlConfig, specs: list[dict[str, Any]]) -> None:
             with svc.store.session() as session:
                 from sqlalchemy import func, select
 
-                from gpuplane.control.models import ACTIVE_STATES, Job
+                from gpuplane.control.store.models import ACTIVE_STATES, Job
 
                 active = session.scalar(
                     select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE_STATES))

@@ -12,8 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from gpuplane.control.scheduler import Request, Snapshot, policy_class, schedule
-from gpuplane.control.simulate import (
+from gpuplane.control.lab.simulate import (
     load_nodes,
     load_pods,
     parse_seeds,
@@ -21,6 +20,7 @@ from gpuplane.control.simulate import (
     simulate,
     tuned_pods,
 )
+from gpuplane.control.scheduler import Request, Snapshot, policy_class, schedule
 from gpuplane.errors import ConfigError
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"

@@ -13,8 +13,8 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, select, text, update
 
-from gpuplane.control.models import Base, SchedulerLock
-from gpuplane.control.store import Store, StoreError
+from gpuplane.control.store.models import Base, SchedulerLock
+from gpuplane.control.store.store import Store, StoreError
 from tests.control.svc_helpers import assert_gpu_milli_columns_renamed_in_place, migrate, old_store
 
 

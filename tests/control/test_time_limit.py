@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from gpuplane.control import queries
-from gpuplane.control.models import Event
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.spec import SpecError, format_duration, parse_spec
-from gpuplane.control.store import Store
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import Event
+from gpuplane.control.store.store import Store
 from tests.control.svc_helpers import job, old_store, wait_state
 
 # -- the spec --------------------------------------------------------------------------------

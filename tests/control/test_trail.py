@@ -16,11 +16,11 @@ import uvicorn
 from sqlalchemy import select
 
 from gpuplane.control.api import create_app, server_config
-from gpuplane.control.auth import Role
-from gpuplane.control.models import Event
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import HttpConfig
-from gpuplane.control.trail import Retention
+from gpuplane.control.store.models import Event
+from gpuplane.control.store.trail import Retention
 from tests.control.api_server import cli, serving
 from tests.control.console_helpers import console_client
 from tests.control.svc_helpers import admin_token, api_client, config, job, make_service

@@ -18,11 +18,11 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import select
 
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import Secret
-from gpuplane.control.records import team_row
 from gpuplane.control.spec import EnvValue, FromEnv, JobSpec, SecretRef, SpecError, env_refs
 from gpuplane.control.statedir import private_file
-from gpuplane.control.store import Store
+from gpuplane.control.store.models import Secret
+from gpuplane.control.store.records import team_row
+from gpuplane.control.store.store import Store
 
 KEY_FILE = "secrets.key"
 MAX_SECRET_BYTES = 32 * 1024

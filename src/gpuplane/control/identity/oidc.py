@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jwt
 
-from gpuplane.control.auth import Principal, Role
+from gpuplane.control.identity.auth import Principal, Role
 from gpuplane.control.settings import OidcConfig
 from gpuplane.errors import ConfigError
 

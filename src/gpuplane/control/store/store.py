@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpuplane.control.models import SchedulerLock
+from gpuplane.control.store.models import SchedulerLock
 from gpuplane.errors import GpuplaneError
 
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate, from_scheduler
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
-from gpuplane.control.inventory import RowIds, qualified, split_qualified
-from gpuplane.control.models import Allocation
-from gpuplane.control.records import Records, job_row
 from gpuplane.control.scheduler import feasible
+from gpuplane.control.service.inventory import RowIds, qualified, split_qualified
 from gpuplane.control.spec import JobSpec, parse_spec
+from gpuplane.control.store.models import Allocation
+from gpuplane.control.store.records import Records, job_row
 from gpuplane.errors import unknown_name
 from gpuplane.resources import LABEL_NODE
 

@@ -9,9 +9,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from gpuplane.control.clusters import cluster_row
+from gpuplane.control.admission.quota import dominant_share
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import (
+from gpuplane.control.scheduler import MILLI_PER_GPU, ClusterReason, Decision, ReasonCode
+from gpuplane.control.service.clusters import cluster_row
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store.models import (
     ACTIVE_STATES,
     JOB_STATES,
     Allocation,
@@ -21,11 +24,8 @@ from gpuplane.control.models import (
     Node,
     Team,
 )
-from gpuplane.control.quota import dominant_share
-from gpuplane.control.records import job_row, team_row
-from gpuplane.control.scheduler import MILLI_PER_GPU, ClusterReason, Decision, ReasonCode
-from gpuplane.control.service import ControlService
-from gpuplane.control.views import (
+from gpuplane.control.store.records import job_row, team_row
+from gpuplane.control.store.views import (
     ClusterDetail,
     ClusterView,
     DeviceView,

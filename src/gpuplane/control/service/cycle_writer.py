@@ -26,12 +26,12 @@ from gpuplane.control.admission import (
     run_pass,
 )
 from gpuplane.control.metrics import ControlMetrics
-from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import Allocation, Event, Job
 from gpuplane.control.oplog import job_event
-from gpuplane.control.records import Records
 from gpuplane.control.scheduler import Policy
 from gpuplane.control.spec import SpecError, parse_spec
+from gpuplane.control.store.mirror import Mirror
+from gpuplane.control.store.models import Allocation, Event, Job
+from gpuplane.control.store.records import Records
 
 _Event = tuple[str, str, str, str | None, str]  # kind, job id, team, cluster, reason
 

@@ -27,13 +27,13 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
 )
 from gpuplane.control.admission import Estate
-from gpuplane.control.inventory import split_qualified
-from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import Job
 from gpuplane.control.oplog import job_event, log
-from gpuplane.control.records import Records
 from gpuplane.control.scheduler import Placement, wall_seconds
+from gpuplane.control.service.inventory import split_qualified
 from gpuplane.control.spec import EnvValue, SpecError, parse_spec
+from gpuplane.control.store.mirror import Mirror
+from gpuplane.control.store.models import Job
+from gpuplane.control.store.records import Records
 
 T = TypeVar("T")
 

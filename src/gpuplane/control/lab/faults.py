@@ -22,9 +22,9 @@ from sqlalchemy import select
 
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.errors import ConflictError, NotFoundError
-from gpuplane.control.models import DeploymentInstance, Job, Node
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.spec import SpecError
+from gpuplane.control.store.models import DeploymentInstance, Job, Node
 from gpuplane.errors import unknown_name
 
 Fault = Literal["crash", "node", "cluster"]

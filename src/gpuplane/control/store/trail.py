@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from sqlalchemy import delete
 
-from gpuplane.control.auth import Principal
-from gpuplane.control.models import Event
-from gpuplane.control.store import Store
+from gpuplane.control.identity.auth import Principal
+from gpuplane.control.store.models import Event
+from gpuplane.control.store.store import Store
 
 # Machine heartbeats, not user actions: a gateway reports its load every second (some 86,000
 # rows a day each). Recorded only when refused, which is worth an operator's eye.

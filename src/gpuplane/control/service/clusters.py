@@ -37,21 +37,21 @@ from gpuplane.control.adapters.base import (
     create_adapter,
 )
 from gpuplane.control.errors import ConflictError, NotFoundError
-from gpuplane.control.inventory import (
+from gpuplane.control.oplog import job_event
+from gpuplane.control.service.inventory import (
     check_cluster_name,
     remove_clusters_except,
     sync_cluster,
     sync_nodes,
 )
-from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import ACTIVE_STATES, Cluster, Job
-from gpuplane.control.oplog import job_event
-from gpuplane.control.records import Records
-from gpuplane.control.runtime import Binder
+from gpuplane.control.service.runtime import Binder
 from gpuplane.control.settings import ClusterConfig, ControlConfig
+from gpuplane.control.store.mirror import Mirror
+from gpuplane.control.store.models import ACTIVE_STATES, Cluster, Job
+from gpuplane.control.store.records import Records
 from gpuplane.errors import ConfigError, unknown_name, user_message
 
-log = logging.getLogger("gpuplane.control.clusters")
+log = logging.getLogger("gpuplane.control.service.clusters")
 
 Factory = Callable[[ClusterConfig, ControlConfig], ClusterAdapter]
 

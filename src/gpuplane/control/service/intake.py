@@ -11,15 +11,15 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate, PendingJob, can_admit, from_scheduler
-from gpuplane.control.cycle_writer import CycleWriter
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.errors import InfeasibleJobError, NotFoundError
-from gpuplane.control.inventory import split_qualified
-from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import Event, Job, Team
-from gpuplane.control.runtime import Binder
 from gpuplane.control.scheduler import Policy, Request, feasible
+from gpuplane.control.service.cycle_writer import CycleWriter
+from gpuplane.control.service.inventory import split_qualified
+from gpuplane.control.service.runtime import Binder
 from gpuplane.control.spec import JobSpec, SpecError, parse_spec
+from gpuplane.control.store.mirror import Mirror
+from gpuplane.control.store.models import Event, Job, Team
 from gpuplane.errors import unknown_name
 
 

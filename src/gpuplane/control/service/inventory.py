@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from gpuplane.control.adapters.base import DiscoveredNode, Inventory, InventoryChange
 from gpuplane.control.admission import Estate, Running
-from gpuplane.control.models import ACTIVE_STATES, Allocation, Cluster, Device, Job, Node, Team
-from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
+from gpuplane.control.admission.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
 from gpuplane.control.scheduler import (
     DeviceGrant,
     DeviceInfo,
@@ -29,6 +28,15 @@ from gpuplane.control.scheduler import (
     Snapshot,
 )
 from gpuplane.control.spec import spread_group
+from gpuplane.control.store.models import (
+    ACTIVE_STATES,
+    Allocation,
+    Cluster,
+    Device,
+    Job,
+    Node,
+    Team,
+)
 from gpuplane.errors import ConfigError
 from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_NODE, LABEL_REGION
 

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate
-from gpuplane.control.inventory import RowIds, load_estate
-from gpuplane.control.store import Store
+from gpuplane.control.service.inventory import RowIds, load_estate
+from gpuplane.control.store.store import Store
 
 
 class Mirror:

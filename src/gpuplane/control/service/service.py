@@ -28,29 +28,29 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.adapters.base import ClusterAdapter
 from gpuplane.control.admission import Estate, NominationPolicy
-from gpuplane.control.auth import Principal
-from gpuplane.control.clusters import Clusters, Drained
-from gpuplane.control.cycle_writer import CycleWriter, PassRules
 from gpuplane.control.deployments.controller import Deployments
 from gpuplane.control.errors import ConflictError
-from gpuplane.control.intake import Intake
-from gpuplane.control.inventory import RowIds
+from gpuplane.control.identity.auth import Principal
+from gpuplane.control.identity.oidc import OidcVerifier
+from gpuplane.control.identity.tokens import PREFIX as TOKEN_PREFIX
+from gpuplane.control.identity.tokens import TokenBook, service_key
+from gpuplane.control.identity.vault import Vault, vault_key
 from gpuplane.control.metrics import ControlMetrics
-from gpuplane.control.mirror import Mirror
-from gpuplane.control.models import Job, Quota, Team
-from gpuplane.control.moves import move_job
-from gpuplane.control.oidc import OidcVerifier
 from gpuplane.control.oplog import job_event
-from gpuplane.control.records import Records, job_row, quota_row
-from gpuplane.control.runtime import Binder, Observed
 from gpuplane.control.scheduler import DEFAULT_POLICY, make_policy
+from gpuplane.control.service.clusters import Clusters, Drained
+from gpuplane.control.service.cycle_writer import CycleWriter, PassRules
+from gpuplane.control.service.intake import Intake
+from gpuplane.control.service.inventory import RowIds
+from gpuplane.control.service.moves import move_job
+from gpuplane.control.service.runtime import Binder, Observed
 from gpuplane.control.settings import ClusterConfig, ControlConfig, TeamConfig
 from gpuplane.control.statedir import secure_state_dir
-from gpuplane.control.store import Store
-from gpuplane.control.tokens import PREFIX as TOKEN_PREFIX
-from gpuplane.control.tokens import TokenBook, service_key
-from gpuplane.control.trail import Retention
-from gpuplane.control.vault import Vault, vault_key
+from gpuplane.control.store.mirror import Mirror
+from gpuplane.control.store.models import Job, Quota, Team
+from gpuplane.control.store.records import Records, job_row, quota_row
+from gpuplane.control.store.store import Store
+from gpuplane.control.store.trail import Retention
 
 log = logging.getLogger("gpuplane.control")
 

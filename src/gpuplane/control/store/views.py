@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuplane.control.auth import Role
 from gpuplane.control.bounds import MAX_SECONDS, bounded
+from gpuplane.control.identity.auth import Role
 from gpuplane.control.settings import TEAM_WEIGHT, ClusterConfig, QuotaValues
 
 

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from gpuplane.control.admission import Estate
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import Allocation, Event, Job, Quota, Team
 from gpuplane.control.settings import QuotaConfig
-from gpuplane.control.views import QuotaSet
+from gpuplane.control.store.models import Allocation, Event, Job, Quota, Team
+from gpuplane.control.store.views import QuotaSet
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from gpuplane.control.auth import Principal, Role
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import ApiToken
+from gpuplane.control.identity.auth import Principal, Role
 from gpuplane.control.statedir import private_file
-from gpuplane.control.store import Store
+from gpuplane.control.store.models import ApiToken
+from gpuplane.control.store.store import Store
 
 PREFIX = "gpl_"
 ADMIN_TOKEN_FILE = "admin.token"

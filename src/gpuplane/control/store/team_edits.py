@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpuplane.control.errors import ConflictError
-from gpuplane.control.models import Quota, Team
-from gpuplane.control.queries import get_team
-from gpuplane.control.records import quota_row
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import QuotaConfig
 from gpuplane.control.spec import SpecError, check_name
-from gpuplane.control.views import QuotaSet, TeamSet, TeamView
+from gpuplane.control.store.models import Quota, Team
+from gpuplane.control.store.queries import get_team
+from gpuplane.control.store.records import quota_row
+from gpuplane.control.store.views import QuotaSet, TeamSet, TeamView
 
 
 def _not_set_in_config(service: ControlService, team: str, wanted: dict[str, Any]) -> None:
