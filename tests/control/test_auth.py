@@ -18,15 +18,14 @@ from sqlalchemy import select
 
 from gpuplane.control.api import _endpoints, create_app
 from gpuplane.control.identity.auth import POLICY, Role
+from gpuplane.control.identity.config import AuthConfig, OidcConfig
 from gpuplane.control.identity.tokens import TokenBook
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
-    AuthConfig,
     ClusterConfig,
     ControlConfig,
     DeclaredGpus,
     DeclaredNode,
-    OidcConfig,
     TeamConfig,
 )
 from gpuplane.control.store.models import ApiToken, Job

@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuplane.control.identity.auth import Role
+from gpuplane.control.identity.config import AuthConfig
 from gpuplane.control.service.service import ControlService
-from gpuplane.control.settings import AuthConfig, TeamConfig
+from gpuplane.control.settings import TeamConfig
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import api_client, config, job, make_service, wait_state
 

@@ -17,8 +17,8 @@ from sqlalchemy import select
 
 from gpuplane.control.api import create_app, server_config
 from gpuplane.control.identity.auth import Role
+from gpuplane.control.identity.config import HttpConfig
 from gpuplane.control.service.service import ControlService
-from gpuplane.control.settings import HttpConfig
 from gpuplane.control.store.models import Event
 from gpuplane.control.store.trail import Retention
 from tests.control.api_server import cli, serving

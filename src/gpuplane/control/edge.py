@@ -27,8 +27,8 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane.control.identity.auth import POLICY, AuthError, Principal, Rule, decide
+from gpuplane.control.identity.config import HttpConfig
 from gpuplane.control.service.service import ControlService
-from gpuplane.control.settings import HttpConfig
 from gpuplane.control.store import trail
 
 Identify = Callable[[Request, Rule], Awaitable[Principal | None]]

@@ -9,7 +9,7 @@ from pathlib import Path
 import jwt
 
 from gpuplane.control.identity.auth import Principal, Role
-from gpuplane.control.settings import OidcConfig
+from gpuplane.control.identity.config import OidcConfig
 from gpuplane.errors import ConfigError
 
 

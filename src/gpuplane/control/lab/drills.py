@@ -205,21 +205,9 @@ async def run_drill(
         ]
         try:
             await asyncio.sleep(settle_s)
-            started = time.monotonic()
-            hit = await _json(
-                ctl.post(
-                    api_path("/deployments/{}/faults", deployment),
-                    json={"fault": fault, "lost_for_s": lost_for_s},
-                ),
-                "the control plane",
+            hit, recovery, done = await _inject_and_follow(
+                ctl, gw, admin, fault, deployment, replicas, lost_for_s, timeout_s
             )
-            recovery = Recovery(hit["instance"], hit["cluster"], replicas, fault != "crash")
-            done = False
-            while not done and time.monotonic() - started < timeout_s:
-                ready = await _ready(gw, admin, ctl, deployment)
-                detected = await _detected(ctl, fault, deployment, hit)
-                done = recovery.observe(time.monotonic() - started, ready, detected)
-                await asyncio.sleep(POLL_S)
             await asyncio.sleep(settle_s)
         finally:
             stop.set()
@@ -245,6 +233,37 @@ async def run_drill(
         retried=int(retried),
         errors=tally.errors,
     )
+
+
+async def _inject_and_follow(
+    ctl: httpx.AsyncClient,
+    gw: httpx.AsyncClient,
+    admin: Mapping[str, str],
+    fault: str,
+    deployment: str,
+    replicas: int,
+    lost_for_s: float,
+    timeout_s: float,
+) -> tuple[dict[str, Any], Recovery, bool]:
+    """Inject `fault` and look at the gateway and the control plane every `POLL_S` until every
+    step of the recovery is reached or `timeout_s` has passed: the victim, the recovery, and
+    whether it completed."""
+    started = time.monotonic()
+    hit = await _json(
+        ctl.post(
+            api_path("/deployments/{}/faults", deployment),
+            json={"fault": fault, "lost_for_s": lost_for_s},
+        ),
+        "the control plane",
+    )
+    recovery = Recovery(hit["instance"], hit["cluster"], replicas, fault != "crash")
+    done = False
+    while not done and time.monotonic() - started < timeout_s:
+        ready = await _ready(gw, admin, ctl, deployment)
+        detected = await _detected(ctl, fault, deployment, hit)
+        done = recovery.observe(time.monotonic() - started, ready, detected)
+        await asyncio.sleep(POLL_S)
+    return hit, recovery, done
 
 
 async def _json(call: Any, what: str) -> Any:

@@ -169,8 +169,11 @@ class RowIds:
     devices: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
-def load_estate(session: Session) -> tuple[Estate, RowIds]:
-    """The store as the scheduler sees it, plus the row ids behind its names."""
+def _node_infos(
+    session: Session,
+) -> tuple[list[NodeInfo], dict[tuple[int, int], int], dict[int, str]]:
+    """The stored nodes as the scheduler sees them, with the device row ids by (node row id,
+    card index) and each node row id's qualified name."""
     nodes = list(
         session.scalars(
             select(Node).options(selectinload(Node.devices)).order_by(Node.cluster_name, Node.name)
@@ -206,6 +209,12 @@ def load_estate(session: Session) -> tuple[Estate, RowIds]:
         )
         for d in node.devices:
             device_ids[(node.id, d.index)] = d.id
+    return infos, device_ids, node_names
+
+
+def load_estate(session: Session) -> tuple[Estate, RowIds]:
+    """The store as the scheduler sees it, plus the row ids behind its names."""
+    infos, device_ids, node_names = _node_infos(session)
     index_of = {d_id: key for key, d_id in device_ids.items()}
     jobs = list(
         session.scalars(
