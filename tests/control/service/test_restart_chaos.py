@@ -99,7 +99,7 @@ class Fleet:
         self.url = f"http://127.0.0.1:{port}"
         self.log = tmp_path / "serve.log"
         env = {**os.environ, "GPUPLANE_CHAOS": TOKEN}
-        cmd = [sys.executable, str(Path(__file__).with_name("serve_fork.py")), str(self.log)]
+        cmd = [sys.executable, str(Path(__file__).parents[1] / "serve_fork.py"), str(self.log)]
         cmd += ["--port", str(port), "--config", str(conf)]
         self.zygote = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True

@@ -24,7 +24,7 @@ from gpuplane.errors import ConfigError
 from gpuplane.resources import Selector
 from tests.control.sched_helpers import node
 
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+OPENB = Path(__file__).resolve().parents[4] / "shared" / "data" / "openb"
 MODELS = {"A100": ModelStock(64, 8), "T4": ModelStock(16, 2)}
 
 

@@ -23,7 +23,7 @@ from gpuplane.control.lab.simulate import (
 from gpuplane.control.scheduler import Request, Snapshot, policy_class, schedule
 from gpuplane.errors import ConfigError
 
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+OPENB = Path(__file__).resolve().parents[4] / "shared" / "data" / "openb"
 
 NODES = """sn,cpu_milli,memory_mib,gpu,model
 node-0,32000,131072,2,T4
