@@ -133,10 +133,10 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
     from tests.control.k8s_fake import write_kubeconfig
 
     from gpuplane.control.adapters import Inventory, Workload, create_adapter
-    from gpuplane.control.inventory import sync_cluster, sync_nodes
     from gpuplane.control.scheduler import DeviceGrant
+    from gpuplane.control.service.inventory import sync_cluster, sync_nodes
     from gpuplane.control.settings import ClusterConfig, ControlConfig, DeclaredGpus, DeclaredNode
-    from gpuplane.control.store import Store
+    from gpuplane.control.store.store import Store
 
     per = [
         args.nodes // args.clusters + (i < args.nodes % args.clusters) for i in range(args.clusters)

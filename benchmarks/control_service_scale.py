@@ -39,9 +39,8 @@ with optional_imports():
     from sqlalchemy import func, select
 
     from _results import save
-    from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
     from gpuplane.control.scheduler import Request, Snapshot, feasible
-    from gpuplane.control.service import ControlService
+    from gpuplane.control.service.service import ControlService
     from gpuplane.control.settings import (
         ClusterConfig,
         ControlConfig,
@@ -49,6 +48,7 @@ with optional_imports():
         DeclaredNode,
         TeamConfig,
     )
+    from gpuplane.control.store.models import ACTIVE_STATES, Allocation, Device, Job
     from gpuplane.resources import LABEL_VGPU
     from scheduler_scale import CLUSTERS, backlog, inventory
 

@@ -70,9 +70,9 @@ with optional_imports():
     from gpuplane.control.api import create_app
     from gpuplane.control.client import ADMIN_TOKEN_FILE
     from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
-    from gpuplane.control.deployments.drills import run_drill
-    from gpuplane.control.deployments.faults import FAULTS
-    from gpuplane.control.service import ControlService
+    from gpuplane.control.lab.drills import run_drill
+    from gpuplane.control.lab.faults import FAULTS
+    from gpuplane.control.service.service import ControlService
     from gpuplane.control.settings import (
         ClusterConfig,
         ControlConfig,

@@ -4,7 +4,7 @@ The FGD paper's protocol (Weng et al., USENIX ATC'23; docs/architecture.md): the
 openb_node_list_gpu_node.csv, all pods of openb_pod_list_default.csv plus random copies up to
 130 % of the GPU capacity, shuffled, placed one by one; the GPU allocation ratio when the arrived
 demand reaches 100 % and 130 %, averaged over seeds 42-51. Each policy runs through
-`gpuplane.control.simulate`, i.e. the live scheduler core; the published means are printed
+`gpuplane.control.lab.simulate`, i.e. the live scheduler core; the published means are printed
 beside ours (baselines within a point of them are the evidence that the protocol matches).
 
     .venv/bin/python benchmarks/packing_openb.py            # all seeds, ~2 s per policy and seed
@@ -13,7 +13,7 @@ beside ours (baselines within a point of them are the evidence that the protocol
     .venv/bin/python benchmarks/packing_openb.py --mixes --policies frag --merge  # keep the rest
     .venv/bin/python benchmarks/packing_openb.py --pod-lists DIR/openb_pod_list_*.csv  # published
 
-`--mixes` derives workload mixes from the default trace (`gpuplane.control.mixes`: CPU-only,
+`--mixes` derives workload mixes from the default trace (`gpuplane.control.lab.mixes`: CPU-only,
 fractional, multi-GPU and model-constrained shares moved one at a time, one derivation per mix
 from `--mix-seed`) and runs every policy on each over the same seeds; `--pod-lists` runs pod
 lists given as files instead (the trace authors' own variants, if you have them), beside their
@@ -37,9 +37,8 @@ with optional_imports():
     import numpy as np
 
     from _results import save
-    from gpuplane.control.mixes import MIXES, derive, gpu_models, measure, mix_named
-    from gpuplane.control.scheduler import Request, policy_names
-    from gpuplane.control.simulate import (
+    from gpuplane.control.lab.mixes import MIXES, derive, gpu_models, measure, mix_named
+    from gpuplane.control.lab.simulate import (
         SeedResult,
         SimulationResult,
         load_nodes,
@@ -47,6 +46,7 @@ with optional_imports():
         parse_seeds,
         run_seed,
     )
+    from gpuplane.control.scheduler import Request, policy_names
     from gpuplane.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -60,7 +60,8 @@ with optional_imports():
 
     from _results import save
     from gpuplane.control.admission import Estate, NominationPolicy, PendingJob, run_pass
-    from gpuplane.control.quota import QuotaBook
+    from gpuplane.control.admission.quota import QuotaBook
+    from gpuplane.control.lab.simulate import parse_seeds
     from gpuplane.control.scheduler import (
         DeviceInfo,
         NodeInfo,
@@ -70,7 +71,6 @@ with optional_imports():
         make_policy,
     )
     from gpuplane.control.settings import ControlConfig
-    from gpuplane.control.simulate import parse_seeds
     from gpuplane.resources import LABEL_CLUSTER, LABEL_GPU_MODEL, LABEL_REGION, Selector
 
 ROOT = Path(__file__).resolve().parents[1]

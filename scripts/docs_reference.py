@@ -20,8 +20,8 @@ from mkdocs.structure.pages import Page
 from gpuplane.cli.config import reference_table
 from gpuplane.cli.main import app
 from gpuplane.control.api import create_app
-from gpuplane.control.auth import POLICY, Rule
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import POLICY, Rule
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
 
 METHODS = ("get", "post", "put", "delete", "patch")

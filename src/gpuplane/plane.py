@@ -33,10 +33,10 @@ from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api import create_app, server_config
 from gpuplane.control.console import login_url
 from gpuplane.control.errors import NotFoundError
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import exclusive
+from gpuplane.control.store.models import Job
 from gpuplane.errors import ConfigError, EngineError
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of

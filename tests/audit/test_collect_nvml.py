@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from gpuplane.audit.collect import CollectError, nvml
 from gpuplane.audit.samples import SampleStore
 from gpuplane.cli.main import app
-from gpuplane.control.adapters._procs import JobRecord, process_start
+from gpuplane.control.adapters.procs import JobRecord, process_start
 
 ANSWERS = Path(__file__).with_name("nvml")
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)

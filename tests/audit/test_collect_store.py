@@ -14,7 +14,7 @@ from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.store import Card, Holding, allocation_samples, collect
 from gpuplane.audit.samples import SampleStore
 from gpuplane.cli.main import app
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.conftest import pg_database
 from tests.control.svc_helpers import config, job, make_service, wait_state
 

@@ -16,7 +16,7 @@ import pytest
 from gpuplane.audit.collect.store import collect
 from gpuplane.audit.pipeline import run_audit
 from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleStore, coerce
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 GIB = 1024

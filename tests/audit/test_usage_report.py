@@ -16,10 +16,10 @@ from sqlalchemy import update
 
 from gpuplane.audit.samples import SampleStore
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.control.auth import Role
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig
+from gpuplane.control.store.models import Job
 from tests.audit.audit_helpers import T0, concat, series
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import SLEEP, config, job, make_service, wait_state

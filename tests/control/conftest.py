@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.adapters._procs import JobProcess, JobRecord, session_orphans
-from gpuplane.control.service import ControlService
+from gpuplane.control.adapters.procs import JobProcess, JobRecord, session_orphans
+from gpuplane.control.service.service import ControlService
 from tests.control.pg_server import create_database, postgres_server
 from tests.control.svc_helpers import api_client, config, make_service
 

@@ -15,8 +15,7 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from gpuplane.control.adapters import ClusterAdapter, WorkloadState
 from gpuplane.control.api import create_app
 from gpuplane.control.client import ADMIN_TOKEN_FILE
-from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     ControlConfig,
@@ -24,7 +23,8 @@ from gpuplane.control.settings import (
     DeclaredNode,
     TeamConfig,
 )
-from gpuplane.control.store import MIGRATIONS, Store
+from gpuplane.control.store.models import ACTIVE_STATES, Allocation, Device, Job
+from gpuplane.control.store.store import MIGRATIONS, Store
 
 A100 = "A100-80GB"
 SLEEP = ["sleep", "30"]

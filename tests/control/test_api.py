@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.svc_helpers import A100, job, wait_state
 
 HELLO = {

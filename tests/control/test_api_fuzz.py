@@ -20,8 +20,8 @@ from hypothesis import given
 from schemathesis import GenerationMode
 
 from gpuplane.control.api import create_app
-from gpuplane.control.auth import POLICY, Role
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import POLICY, Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from tests.control.svc_helpers import admin_token, config, job
 from tests.fuzzing import CHECKS, bounded

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control.auth import Role
 from gpuplane.control.client import local_token
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import config, job, make_service, wait_state
 

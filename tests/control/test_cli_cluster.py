@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import job, state
 

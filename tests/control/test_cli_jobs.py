@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gpuplane.cli import job as job_cli
 from gpuplane.cli._control_common import fitting_columns
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.api_server import admin_of, cli, cli_app, serving
 from tests.control.svc_helpers import job, wait_state
 

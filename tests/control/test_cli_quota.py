@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplane.control import team_edits
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import QuotaConfig, TeamConfig
-from gpuplane.control.views import QuotaSet, TeamSet
+from gpuplane.control.store import team_edits
+from gpuplane.control.store.views import QuotaSet, TeamSet
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import A100, config, job
 

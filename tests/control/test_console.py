@@ -13,12 +13,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from gpuplane.control.api import create_app
-from gpuplane.control.auth import Role
 from gpuplane.control.console import CSP, login_url, quota_rows
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.sessions import Sessions, csrf_matches
 from gpuplane.control.settings import TeamConfig
-from gpuplane.control.views import QuotaView, TeamView
+from gpuplane.control.store.views import QuotaView, TeamView
 from tests.control.console_helpers import console_client, login
 from tests.control.svc_helpers import admin_token, config, job, make_service, state
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuplane.control.auth import Role
+from gpuplane.control.identity.auth import Role
 from gpuplane.control.settings import TeamConfig
 from tests.control.api_server import admin_of, serving
 from tests.control.console_helpers import batch_run

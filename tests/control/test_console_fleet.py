@@ -19,11 +19,11 @@ from sqlalchemy import update
 from gpuplane.audit.collect.store import Card, Holding
 from gpuplane.audit.samples import SampleStore
 from gpuplane.control.api import create_app
-from gpuplane.control.auth import Role
 from gpuplane.control.history import allocated
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig
+from gpuplane.control.store.models import Job
 from tests.audit.audit_helpers import series
 from tests.control.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import A100, config, job, make_service, wait_state

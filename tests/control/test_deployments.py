@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.deployments.controller import read_capacity
 from gpuplane.control.deployments.spec import parse_deployment
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import api_client, config, local_cluster, make_service
 
 SPEC: dict[str, Any] = {

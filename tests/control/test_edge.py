@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from gpuplane.control.api import create_app
-from gpuplane.control.auth import Role
-from gpuplane.control.service import ControlService
-from gpuplane.control.settings import HttpConfig
+from gpuplane.control.identity.auth import Role
+from gpuplane.control.identity.config import HttpConfig
+from gpuplane.control.service.service import ControlService
 from tests.control.svc_helpers import admin_token, config, make_service
 
 pytestmark = pytest.mark.anyio

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError
 from gpuplane.control.adapters._privilege import MINIMAL_PATH, TeamUids, can_run, job_user
 from gpuplane.control.deployments.routes import describe
-from gpuplane.control.models import Deployment
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import Deployment
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 SECRET = "s3cr3t-from-the-service-env"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import A100, api_client, config, job, state

@@ -21,21 +21,20 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus
+from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus, kserve
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.deployments import kserve
 from gpuplane.control.scheduler import DeviceGrant
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig
 from gpuplane.serve.server import serving
 from tests.conftest import free_port
+from tests.control.adapters.test_kserve import check, needs_kserve
 from tests.control.api_server import serving_with_loop
 from tests.control.k8s_fake import FakeKubeApi
 from tests.control.k8s_fake.clusters import kube_cluster
 from tests.control.k8s_fake.kserve import cluster_url
 from tests.control.k8s_fake.state import Obj
 from tests.control.svc_helpers import admin_token, api_client, config, local_cluster, make_service
-from tests.control.test_deploy_kserve import check, needs_kserve
 from tests.e2e.test_deployments import watching
 
 pytestmark = needs_kserve

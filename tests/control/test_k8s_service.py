@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig
+from gpuplane.control.store import queries
 from tests.control.k8s_fake import hami_card
 from tests.control.k8s_fake.clusters import KubeCluster, kube_cluster
 from tests.control.svc_helpers import config, job, make_service, wait_state

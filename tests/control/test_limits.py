@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, ValidationError
 
 from gpuplane.config import load_settings
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.spec import JobSpec
-from gpuplane.control.views import QuotaSet, TeamSet
+from gpuplane.control.store.views import QuotaSet, TeamSet
 from gpuplane.errors import ConfigError
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import A100, config, job, make_service

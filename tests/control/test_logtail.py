@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.logtail import read_log
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from tests.control.svc_helpers import api_client, job, wait_state
 
 MIB = 1024 * 1024

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuplane.control import queries
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store import queries
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import api_client
 

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError, _cgroup
 from gpuplane.control.adapters._privilege import TeamUids
-from gpuplane.control.adapters._procs import process_start
 from gpuplane.control.adapters._team_ids import TeamIdTable, assign
 from gpuplane.control.adapters._wrap import WRAPPER_ENV
 from gpuplane.control.adapters.local import LocalAdapter
-from gpuplane.control.service import ControlService
+from gpuplane.control.adapters.procs import process_start
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
+from gpuplane.control.store import queries
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the service as root")

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from gpuplane.cli import deploy as deploy_cli
 from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.models import DeploymentEvent, Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store.models import DeploymentEvent, Job
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings

@@ -20,15 +20,15 @@ from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.deployments.drills import DrillResult, run_drill
-from gpuplane.control.models import Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.lab.drills import DrillResult, run_drill
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
     ClusterConfig,
     ControlConfig,
     QuotaConfig,
     TeamConfig,
 )
+from gpuplane.control.store.models import Job
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings

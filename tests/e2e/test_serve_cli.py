@@ -19,9 +19,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gpuplane.control.models import Deployment, Job
 from gpuplane.control.statedir import exclusive
-from gpuplane.control.store import Store
+from gpuplane.control.store.models import Deployment, Job
+from gpuplane.control.store.store import Store
 from tests.conftest import free_port, taken_port
 from tests.serve.test_crash_diagnosis import NO_ENGINE
 

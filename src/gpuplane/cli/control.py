@@ -74,7 +74,7 @@ def _run(settings: Settings, stop_jobs: bool) -> None:
     """Start the service, serve its API until a signal, then close it (`stop_jobs`: with its
     jobs)."""
     from gpuplane.control.api import create_app, server_config
-    from gpuplane.control.service import ControlService
+    from gpuplane.control.service.service import ControlService
 
     control = settings.control
     service = ControlService(control)

@@ -24,7 +24,7 @@ from gpuplane.cli._control_common import (
     print_table,
     relative,
 )
-from gpuplane.control.deployments import kserve
+from gpuplane.control.adapters import kserve
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.spec import SpecError
 

@@ -1,6 +1,6 @@
 """`gpuplane drill crash|node|cluster DEPLOYMENT`: a self-healing drill against a running control
 plane and gateway, under streaming load; prints how long each recovery step took and what the
-clients saw (`control/deployments/drills.py`)."""
+clients saw (`control/lab/drills.py`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from gpuplane.cli._secrets import secret_option
 from gpuplane.cli.serve import ADMIN_KEY_OPTION
 from gpuplane.cli.serve import SERVER_OPTION as GATEWAY_OPTION
 from gpuplane.control.client import ClientError
-from gpuplane.control.deployments.drills import DrillError, DrillResult, run_drill
+from gpuplane.control.lab.drills import DrillError, DrillResult, run_drill
 
 NAME = typer.Argument(..., help="deployment name")
 CLIENTS = typer.Option(4, min=1, max=256, help="concurrent streaming clients of the load")

@@ -1,5 +1,5 @@
 """`gpuplane simulate`: replay cluster traces through the scheduler core. Thin: parse, call
-`gpuplane.control.simulate`, print.
+`gpuplane.control.lab.simulate`, print.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuplane.cli._control_common import OUTPUT_OPTION, Output, console, emit
-from gpuplane.control.scheduler import DEFAULT_POLICY, policy_class, policy_names
-from gpuplane.control.simulate import (
+from gpuplane.control.lab.simulate import (
     SeedResult,
     SimulationResult,
     load_nodes,
@@ -22,6 +21,7 @@ from gpuplane.control.simulate import (
     parse_seeds,
     simulate,
 )
+from gpuplane.control.scheduler import DEFAULT_POLICY, policy_class, policy_names
 from gpuplane.errors import GpuplaneError
 
 app = typer.Typer(help="Replay cluster traces through the scheduler core.", no_args_is_help=True)

@@ -19,7 +19,7 @@ from gpuplane.cli._control_common import (
     print_table,
     relative,
 )
-from gpuplane.control.auth import Role
+from gpuplane.control.identity.auth import Role
 from gpuplane.control.spec import parse_duration
 
 app = typer.Typer(help="API tokens: who may call the control plane.", no_args_is_help=True)

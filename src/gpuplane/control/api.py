@@ -35,18 +35,27 @@ from starlette.routing import BaseRoute
 
 from gpuplane import __version__
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.control import console, queries, team_edits, usage
+from gpuplane.control import console, usage
 from gpuplane.control.adapters.base import AdapterError
-from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.edge import Edge, Trail, rule_of
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
+from gpuplane.control.identity.auth import (
+    POLICY,
+    AuthError,
+    Principal,
+    Role,
+    Rule,
+    decide,
+    of_own_team,
+)
 from gpuplane.control.openapi import document_errors
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.sessions import Sessions
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import check_name, parse_duration
-from gpuplane.control.views import (
+from gpuplane.control.store import queries, team_edits
+from gpuplane.control.store.views import (
     ClusterAdd,
     ClusterDetail,
     ClusterView,

@@ -17,7 +17,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from gpuplane.control.settings import LOOPBACK_HOSTS, ControlConfig
+from gpuplane.control.identity.config import LOOPBACK_HOSTS
+from gpuplane.control.settings import ControlConfig
 from gpuplane.errors import GpuplaneError
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"

@@ -25,12 +25,13 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gpuplane.control import console_fleet, history, queries
-from gpuplane.control.auth import AuthError, Principal, Role
-from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
-from gpuplane.control.service import ControlService
+from gpuplane.control import console_fleet, history
+from gpuplane.control.identity.auth import AuthError, Principal, Role
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.sessions import COOKIE, LOGIN_CODE_TTL_S, Sessions, csrf_matches
-from gpuplane.control.views import NodeView, TeamView
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
+from gpuplane.control.store.views import NodeView, TeamView
 from gpuplane.errors import ResourceError, unknown_name
 
 CSP = (

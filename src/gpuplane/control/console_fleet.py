@@ -12,9 +12,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from gpuplane.control import runs
-from gpuplane.control.auth import Principal
 from gpuplane.control.deployments.routes import describe, describe_all, rollout_of
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Principal
+from gpuplane.control.service.service import ControlService
 
 
 def slots(d: dict[str, Any]) -> tuple[int | None, int]:

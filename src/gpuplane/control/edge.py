@@ -26,10 +26,10 @@ from starlette.responses import Response
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuplane.control import trail
-from gpuplane.control.auth import POLICY, AuthError, Principal, Rule, decide
-from gpuplane.control.service import ControlService
-from gpuplane.control.settings import HttpConfig
+from gpuplane.control.identity.auth import POLICY, AuthError, Principal, Rule, decide
+from gpuplane.control.identity.config import HttpConfig
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store import trail
 
 Identify = Callable[[Request, Rule], Awaitable[Principal | None]]
 Refuse = Callable[[Request, int, str], Response]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuplane.control.store import Store
+from gpuplane.control.store.store import Store
 
 if TYPE_CHECKING:  # the audit's modules import pyarrow: only when a history is read
     from gpuplane.audit.collect.store import Card, Holding

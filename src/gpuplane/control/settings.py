@@ -22,6 +22,7 @@ from gpuplane.control.bounds import (
     MIN_WEIGHT,
     bounded,
 )
+from gpuplane.control.identity.config import LOOPBACK_HOSTS, AuthConfig, HttpConfig
 from gpuplane.errors import unknown_name
 from gpuplane.sections import Section, passes
 
@@ -194,58 +195,6 @@ class TeamConfig(Section):
     def states(self, field: str) -> bool:
         """Whether this entry sets `field` (cohort, weight or quotas): the file then owns it."""
         return field in self.model_fields_set
-
-
-class OidcConfig(Section):
-    """OpenID Connect: bearer JWTs signed by the issuer's keys (a JWKS file), mapped to a role."""
-
-    issuer: str = Field(description="the `iss` every token must carry")
-    audience: str = Field(description="the `aud` every token must carry (this service)")
-    jwks_file: str = Field(description="the issuer's signing keys (JWKS JSON), read at start")
-    team_claim: str = Field(default="team", description="the claim naming the caller's team")
-    role_claim: str = Field(
-        default="role", description="the claim naming the role: viewer, member or admin"
-    )
-    algorithms: list[str] = Field(
-        default_factory=lambda: ["RS256", "ES256"], description="signature algorithms accepted"
-    )
-
-
-class AuthConfig(Section):
-    """Who may call the API. There is no switch to turn it off: every route but /healthz and
-    the API docs needs a bearer token (an API token, or a JWT when `oidc` is set)."""
-
-    allowed_hosts: list[str] | None = Field(
-        default=None,
-        description="Host header values the API answers (others get 400); unset: the loopback "
-        "names when listening on loopback, and a required setting otherwise",
-    )
-    oidc: OidcConfig | None = Field(default=None, description="verify JWTs from this issuer")
-    from_env: list[str] = Field(
-        default_factory=list,
-        description="environment variables of the service a job spec may pass through by name "
-        "({fromEnv: NAME}); none by default",
-    )
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-class HttpConfig(Section):
-    """What the API and the console accept at the edge (`control/edge.py`), before any handler:
-    a caller is identified before its body is read, and a body past its limit gets 413."""
-
-    max_body_bytes: Annotated[
-        int, bounded(1024, 1 << 30, "largest request body of the JSON API (a job batch)")
-    ] = 4 << 20
-    max_form_bytes: Annotated[
-        int, bounded(256, 1 << 20, "largest console form (login, cancel, logout)")
-    ] = 16 << 10
-    trusted_proxies: list[str] = Field(
-        default_factory=list,
-        description="addresses of reverse proxies whose X-Forwarded-For names the client; "
-        "none by default: the trail records the peer's own address, whatever a client claims",
-    )
 
 
 def _default_clusters() -> list[ClusterConfig]:

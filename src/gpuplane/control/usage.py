@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.control.spec import parse_duration
-from gpuplane.control.store import Store
+from gpuplane.control.store.store import Store
 from gpuplane.errors import ResourceError
 
 # One row per card per step is built in memory: a year at one a minute fits, a century does not.

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpuplane.control import queries
 from gpuplane.control.adapters import AdapterError
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
+from gpuplane.control.store import queries
 from tests.control.k8s_fake import FakeKubeApi
 from tests.control.k8s_fake.clusters import fake_cluster
 from tests.control.svc_helpers import A100, config, job, state

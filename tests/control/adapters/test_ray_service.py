@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.control import queries
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
+from gpuplane.control.store import queries
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 pytestmark = pytest.mark.slow

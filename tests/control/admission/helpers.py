@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from gpuplane.control.admission import Estate, NominationPolicy, PassResult, PendingJob, run_pass
-from gpuplane.control.quota import QuotaBook, TeamQuota
+from gpuplane.control.admission.quota import QuotaBook, TeamQuota
 from gpuplane.control.scheduler import NodeInfo, Request, Snapshot, make_policy
 from tests.control.sched_helpers import node
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuplane.control.admission import admit, can_admit
-from gpuplane.control.quota import FlavorQuota, TeamQuota
+from gpuplane.control.admission.quota import FlavorQuota, TeamQuota
 from gpuplane.control.scheduler import make_policy
 
 from .helpers import A100, one_pass, pending, two_clusters

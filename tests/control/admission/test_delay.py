@@ -14,9 +14,9 @@ from gpuplane.control.admission import (
     WorkHistory,
     run_pass,
 )
-from gpuplane.control.quota import QuotaBook
+from gpuplane.control.admission.quota import QuotaBook
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot, make_policy
-from gpuplane.control.service import ControlService
+from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
 from gpuplane.resources import LABEL_GPU_SPEED, Selector
 from tests.control.sched_helpers import node

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuplane.control.admission import PendingJob
-from gpuplane.control.quota import FlavorQuota, TeamQuota
+from gpuplane.control.admission.quota import FlavorQuota, TeamQuota
 from gpuplane.control.scheduler import Request
 from gpuplane.resources import Selector
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuplane.control.admission import Estate, NominationPolicy, PassResult, PendingJob
-from gpuplane.control.quota import FlavorQuota, TeamQuota
+from gpuplane.control.admission.quota import FlavorQuota, TeamQuota
 from gpuplane.control.scheduler import ReasonCode
 from gpuplane.resources import Selector
 from tests.control.sched_helpers import node

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 from gpuplane.control.admission import PendingReason, from_scheduler
 from gpuplane.control.scheduler import ClusterReason, ReasonCode
-from gpuplane.control.views import ReasonView
+from gpuplane.control.store.views import ReasonView
 
 
 def test_a_reason_is_written_as_the_api_shows_it() -> None:

@@ -4,7 +4,7 @@ priority and newest first, only as far as that makes its job fit."""
 from __future__ import annotations
 
 from gpuplane.control.admission import Running, reclaim_candidates
-from gpuplane.control.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
+from gpuplane.control.admission.quota import Amount, FlavorQuota, QuotaBook, TeamQuota
 
 from .helpers import A100, one_pass, pending, two_clusters
 

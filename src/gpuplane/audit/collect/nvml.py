@@ -12,7 +12,7 @@ workload's processes summed, and its share of the card's SMs as the mean of its 
 `smUtil` samples in the window (summed over its processes; a listed process with no sample
 did no compute). A process belongs to the job whose recorded process leads its session (the
 local adapter starts every job as a session leader and records its pid and start time,
-`control/adapters/_procs.py`); a process no job claims is the workload `pid:<pid>`. A card with
+`control/adapters/procs.py`); a process no job claims is the workload `pid:<pid>`. A card with
 no process is one sample with no workload, its device memory and utilisation as usage.
 """
 
@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import Sample, to_table
-from gpuplane.control.adapters._procs import JobRecord, process_start
+from gpuplane.control.adapters.procs import JobRecord, process_start
 
 MIB = 1 << 20
 

@@ -27,8 +27,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import SAMPLE_SCHEMA, coerce, validate
 from gpuplane.audit.stats import Window
-from gpuplane.control.models import Device, Job, Node
-from gpuplane.control.store import Store
+from gpuplane.control.store.models import Device, Job, Node
+from gpuplane.control.store.store import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ is refused while another's run (unless `control.allow_shared_job_user`). Each jo
 v2 of its own (`_cgroup.py`: memory and CPU limits, and every descendant killed at release),
 or, where none can be made, a subreaper wrapper.
 
-Jobs outlive the service (`_procs.py`): each runs in a session of its own under a wrapper that
+Jobs outlive the service (`procs.py`): each runs in a session of its own under a wrapper that
 records its exit code, and its pid and start time are recorded before it starts, in
 `<state_dir>/clusters/<cluster>/run/`. A restarted service of the same `control.instance` loads
 those records at first use: `bind` takes such a job back instead of starting it again, `status`
@@ -28,7 +28,7 @@ than store columns: pids and start times mean something only to this adapter on 
 the adapter interface stays the same for backends that keep that state themselves (a Pod, a Ray
 task).
 
-Drills (`deployments/faults.py`) inject the failures a local cluster cannot have on its own:
+Drills (`lab/faults.py`) inject the failures a local cluster cannot have on its own:
 `kill` a job's processes (an engine crash) and `lose` the cluster (its machine gone: every job
 killed, and the adapter answers nothing for a while, so the service marks it unreachable).
 """
@@ -48,7 +48,6 @@ from typing import ClassVar
 from gpuplane.control.adapters import _cgroup
 from gpuplane.control.adapters._isolation import FIX_PYTHON, JobIsolation
 from gpuplane.control.adapters._privilege import job_env, make_home, remove_home
-from gpuplane.control.adapters._procs import FIX, JobProcess, RunDir
 from gpuplane.control.adapters.base import (
     AdapterError,
     ClusterAdapter,
@@ -60,6 +59,7 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
     register,
 )
+from gpuplane.control.adapters.procs import FIX, JobProcess, RunDir
 from gpuplane.control.logtail import read_log
 from gpuplane.control.spec import format_duration
 from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU

@@ -5,7 +5,7 @@ per pending job in queue order (`order.py`): ask (`can_admit`: the quota check, 
 filter and score by the scheduler core, `placement.py` → wait for a faster GPU, `delay.py` →
 reclaim borrowed quota, `reclaim.py`), then commit what it answers (`commit.py`: reserve devices
 and quota together), or keep its reasons (`reasons.py`). The service wraps a pass in one locked
-store transaction and writes what it returns (`control/cycle_writer.py`).
+store transaction and writes what it returns (`control/service/cycle_writer.py`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from gpuplane.control.admission.nominate import (
 )
 from gpuplane.control.admission.order import queue_order
 from gpuplane.control.admission.placement import on_models, place
+from gpuplane.control.admission.quota import Amount
 from gpuplane.control.admission.reasons import PendingReason, preempted
 from gpuplane.control.admission.reclaim import reclaim
-from gpuplane.control.quota import Amount
 from gpuplane.control.scheduler import Policy
 
 

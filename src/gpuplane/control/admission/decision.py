@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuplane.control.admission.quota import Amount
 from gpuplane.control.admission.reasons import PendingReason
-from gpuplane.control.quota import Amount
 from gpuplane.control.scheduler import Placement, Request
 
 

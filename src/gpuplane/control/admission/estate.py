@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuplane.control.admission.delay import WorkHistory
+from gpuplane.control.admission.quota import Amount, QuotaBook, dominant_share
 from gpuplane.control.admission.reasons import PendingReason
-from gpuplane.control.quota import Amount, QuotaBook, dominant_share
 from gpuplane.control.scheduler import (
     Decision,
     Nomination,

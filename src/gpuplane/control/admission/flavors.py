@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from gpuplane.control.admission.decision import PendingJob
 from gpuplane.control.admission.estate import Estate
+from gpuplane.control.admission.quota import Amount, QuotaDecision, charge
 from gpuplane.control.admission.reasons import PendingReason, no_gpu_model, quota
-from gpuplane.control.quota import Amount, QuotaDecision, charge
 from gpuplane.control.scheduler import Request
 
 

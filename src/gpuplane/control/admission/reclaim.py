@@ -15,7 +15,7 @@ from gpuplane.control.admission.decision import Admitted, PendingJob
 from gpuplane.control.admission.estate import Estate, Running
 from gpuplane.control.admission.flavors import Flavors, charge_on
 from gpuplane.control.admission.placement import on_models
-from gpuplane.control.quota import QuotaBook
+from gpuplane.control.admission.quota import QuotaBook
 from gpuplane.control.scheduler import Policy, schedule
 
 

@@ -42,17 +42,17 @@ from gpuplane.control.deployments.autoscale import STALE_S, Load, Window, decide
 from gpuplane.control.deployments.reconcile import Instance, Plan, Want, plan
 from gpuplane.control.deployments.spec import DeploymentSpec, parse_deployment
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
-from gpuplane.control.models import (
+from gpuplane.control.oplog import log
+from gpuplane.control.settings import ControlConfig
+from gpuplane.control.spec import SpecError
+from gpuplane.control.store.models import (
     Cluster,
     Deployment,
     DeploymentEvent,
     DeploymentInstance,
     Job,
 )
-from gpuplane.control.oplog import log
-from gpuplane.control.settings import ControlConfig
-from gpuplane.control.spec import SpecError
-from gpuplane.control.store import Store
+from gpuplane.control.store.store import Store
 from gpuplane.errors import ConfigError, unknown_name
 from gpuplane.serve.engines.base import adapter_class
 from gpuplane.serve.supervisor import Backoff

@@ -27,12 +27,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from gpuplane.control import queries
-from gpuplane.control.auth import Principal, of_own_team
-from gpuplane.control.deployments import faults
 from gpuplane.control.deployments.spec import parse_deployment
-from gpuplane.control.models import DeploymentEvent, DeploymentInstance, Job
-from gpuplane.control.service import ControlService
+from gpuplane.control.identity.auth import Principal, of_own_team
+from gpuplane.control.lab import faults
+from gpuplane.control.service.service import ControlService
+from gpuplane.control.store import queries
+from gpuplane.control.store.models import DeploymentEvent, DeploymentInstance, Job
 
 WATCH_POLL_S = 0.2  # how often a waiting watch looks at the endpoints again
 
@@ -154,7 +154,7 @@ def add_routes(api: FastAPI, service: ControlService, caller: Callable[..., Prin
         dry_run: bool = Query(False, description="only name the instance it would hit"),
     ) -> dict[str, Any]:
         """A drill's fault (`gpuplane drill`): kill an instance's engine, or lose its node or
-        cluster for a while (`deployments/faults.py`; local clusters only)."""
+        cluster for a while (`lab/faults.py`; local clusters only)."""
         return faults.inject(
             service, name, body.fault, body.instance, lost_for_s=body.lost_for_s, dry_run=dry_run
         ).to_json()

@@ -200,11 +200,11 @@ def inference_service(
     workload: Workload, binding: Binding, cluster: ClusterConfig, instance: str
 ) -> Manifest:
     """A deployment instance (`workload.serve`) as a KServe InferenceService of one replica
-    (KServe's own predictor, `deployments/kserve.py`), whose Pod is pinned as a bare Pod would
+    (KServe's own predictor, `adapters/kserve.py`), whose Pod is pinned as a bare Pod would
     be: node selector, HAMi's scheduler and card annotation, HAMi's resource limits. Its engine
     listens on KServe's port, not the local one in the workload's command. Raises SpecError
     when the spec cannot run on KServe (e.g. the embedded GGUF)."""
-    from gpuplane.control.deployments import kserve  # the control plane's, imported at bind
+    from gpuplane.control.adapters import kserve  # the control plane's, imported at bind
     from gpuplane.control.deployments.spec import DeploymentSpec
 
     assert workload.serve is not None

@@ -1,0 +1,1 @@
+"""Who calls: roles and the authorization policy, API tokens, OIDC tokens, and team secrets."""

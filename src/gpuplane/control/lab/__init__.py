@@ -1,0 +1,1 @@
+"""Measured, never served: trace replay (simulate), workload mixes, deployment drills and faults."""

@@ -1,1 +1,0 @@
-"""Alembic migrations of the control-plane store; `gpuplane.control.store` runs them on start."""

@@ -1,0 +1,2 @@
+"""The control service: ControlService (wiring and tick) over intake, the cycle writer, the binder,
+clusters, moves and the inventory sync."""
