@@ -67,7 +67,7 @@ with optional_imports():
 
     from _results import save
     from gpuplane.config import parse_settings
-    from gpuplane.control.api import create_app
+    from gpuplane.control.api.app import create_app
     from gpuplane.control.client import ADMIN_TOKEN_FILE
     from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
     from gpuplane.control.deployments.drills import run_drill

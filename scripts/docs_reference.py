@@ -19,7 +19,7 @@ from mkdocs.structure.pages import Page
 
 from gpuplane.cli.config import reference_table
 from gpuplane.cli.main import app
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import POLICY, Rule
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig

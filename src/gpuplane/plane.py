@@ -30,7 +30,7 @@ from sqlalchemy import select
 
 from gpuplane.config import Settings
 from gpuplane.control.adapters.local import LocalAdapter
-from gpuplane.control.api import create_app, server_config
+from gpuplane.control.api.app import create_app, server_config
 from gpuplane.control.console import login_url
 from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import Job

@@ -22,7 +22,7 @@ from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import token as token_cli
 from gpuplane.cli import usage as usage_cli
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import admin_token
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, func, select, text
 
 from gpuplane.control.adapters import ClusterAdapter, WorkloadState
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.client import ADMIN_TOKEN_FILE
 from gpuplane.control.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.service import ControlService

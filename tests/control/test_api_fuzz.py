@@ -19,7 +19,7 @@ import schemathesis
 from hypothesis import given
 from schemathesis import GenerationMode
 
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import POLICY, Role
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig

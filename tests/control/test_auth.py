@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from gpuplane.control.api import _endpoints, create_app
+from gpuplane.control.api.app import _endpoints, create_app
 from gpuplane.control.auth import POLICY, Role
 from gpuplane.control.models import ApiToken, Job
 from gpuplane.control.service import ControlService

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import Role
 from gpuplane.control.console import CSP, login_url, quota_rows
 from gpuplane.control.service import ControlService

@@ -18,7 +18,7 @@ from sqlalchemy import update
 
 from gpuplane.audit.collect.store import Card, Holding
 from gpuplane.audit.samples import SampleStore
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import Role
 from gpuplane.control.history import allocated
 from gpuplane.control.models import Job

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuplane.control.api import create_app
+from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import Role
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import HttpConfig

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from sqlalchemy import select
 
-from gpuplane.control.api import create_app, server_config
+from gpuplane.control.api.app import create_app, server_config
 from gpuplane.control.auth import Role
 from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService

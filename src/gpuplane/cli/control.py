@@ -73,7 +73,7 @@ def serve(
 def _run(settings: Settings, stop_jobs: bool) -> None:
     """Start the service, serve its API until a signal, then close it (`stop_jobs`: with its
     jobs)."""
-    from gpuplane.control.api import create_app, server_config
+    from gpuplane.control.api.app import create_app, server_config
     from gpuplane.control.service import ControlService
 
     control = settings.control

@@ -37,11 +37,11 @@ from gpuplane import __version__
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.control import console, queries, team_edits, usage
 from gpuplane.control.adapters.base import AdapterError
+from gpuplane.control.api.edge import Edge, Trail, rule_of
+from gpuplane.control.api.openapi import document_errors
 from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, decide, of_own_team
 from gpuplane.control.deployments import routes as deployment_routes
-from gpuplane.control.edge import Edge, Trail, rule_of
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
-from gpuplane.control.openapi import document_errors
 from gpuplane.control.service import ControlService
 from gpuplane.control.sessions import Sessions
 from gpuplane.control.settings import ControlConfig
