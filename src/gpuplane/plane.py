@@ -29,9 +29,9 @@ from typing import Any
 from sqlalchemy import select
 
 from gpuplane.config import Settings
+from gpuplane.console.pages import login_url
 from gpuplane.control.adapters.local import LocalAdapter
 from gpuplane.control.api.app import create_app, server_config
-from gpuplane.control.console import login_url
 from gpuplane.control.errors import NotFoundError
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService

@@ -12,11 +12,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from gpuplane.console.pages import CSP, login_url, quota_rows
+from gpuplane.console.sessions import Sessions, csrf_matches
 from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import Role
-from gpuplane.control.console import CSP, login_url, quota_rows
 from gpuplane.control.service import ControlService
-from gpuplane.control.sessions import Sessions, csrf_matches
 from gpuplane.control.settings import TeamConfig
 from gpuplane.control.views import QuotaView, TeamView
 from tests.control.console_helpers import console_client, login

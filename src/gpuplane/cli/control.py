@@ -93,7 +93,7 @@ def _run(settings: Settings, stop_jobs: bool) -> None:
 async def _serve_until_signal(config: uvicorn.Config, api: FastAPI, admin: str) -> None:
     """Serve the control API until SIGTERM or SIGINT; the service's own shutdown runs after.
     Once listening it prints a one-time console login URL for the local `admin` token."""
-    from gpuplane.control.console import login_url
+    from gpuplane.console.pages import login_url
     from gpuplane.serve.server import stop_on_signal, uvicorn_serving
 
     with stop_on_signal() as stop:

@@ -35,7 +35,9 @@ from starlette.routing import BaseRoute
 
 from gpuplane import __version__
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.control import console, queries, team_edits, usage
+from gpuplane.console import pages as console
+from gpuplane.console.sessions import Sessions
+from gpuplane.control import queries, team_edits, usage
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.api.edge import Edge, Trail, rule_of
 from gpuplane.control.api.openapi import document_errors
@@ -43,7 +45,6 @@ from gpuplane.control.auth import POLICY, AuthError, Principal, Role, Rule, deci
 from gpuplane.control.deployments import routes as deployment_routes
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.service import ControlService
-from gpuplane.control.sessions import Sessions
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import check_name, parse_duration
 from gpuplane.control.views import (

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from gpuplane.control import runs
+from gpuplane.console import runs
 from gpuplane.control.auth import Principal
 from gpuplane.control.deployments.routes import describe, describe_all, rollout_of
 from gpuplane.control.service import ControlService

@@ -25,11 +25,12 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gpuplane.control import console_fleet, history, queries
+from gpuplane.console import fleet as console_fleet
+from gpuplane.console.sessions import COOKIE, LOGIN_CODE_TTL_S, Sessions, csrf_matches
+from gpuplane.control import history, queries
 from gpuplane.control.auth import AuthError, Principal, Role
 from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
 from gpuplane.control.service import ControlService
-from gpuplane.control.sessions import COOKIE, LOGIN_CODE_TTL_S, Sessions, csrf_matches
 from gpuplane.control.views import NodeView, TeamView
 from gpuplane.errors import ResourceError, unknown_name
 
@@ -41,7 +42,7 @@ ENDED = ("succeeded", "failed", "cancelled")
 # the overview's history: how far back it looks (seconds), in this many steps
 WINDOWS = {"1h": 3600.0, "6h": 6 * 3600.0, "24h": 24 * 3600.0, "7d": 7 * 24 * 3600.0}
 STEPS = 48
-_CSS = files("gpuplane.control").joinpath("templates/console.css").read_text()
+_CSS = files("gpuplane.console").joinpath("templates/console.css").read_text()
 
 
 def _when(at: float | None) -> str:
@@ -49,7 +50,7 @@ def _when(at: float | None) -> str:
 
 
 _env = Environment(
-    loader=PackageLoader("gpuplane.control", "templates"),
+    loader=PackageLoader("gpuplane.console", "templates"),
     autoescape=select_autoescape(default=True),
     undefined=StrictUndefined,
 )
