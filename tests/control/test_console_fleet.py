@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from gpuplane.audit.collect.store import Card, Holding
+from gpuplane.audit.history import allocated
 from gpuplane.audit.samples import SampleStore
 from gpuplane.control.api.app import create_app
 from gpuplane.control.auth import Role
-from gpuplane.control.history import allocated
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig

@@ -25,9 +25,10 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from gpuplane.audit import history
 from gpuplane.console import fleet as console_fleet
 from gpuplane.console.sessions import COOKIE, LOGIN_CODE_TTL_S, Sessions, csrf_matches
-from gpuplane.control import history, queries
+from gpuplane.control import queries
 from gpuplane.control.auth import AuthError, Principal, Role
 from gpuplane.control.models import ACTIVE_STATES, JOB_STATES, Allocation, Device, Job, Node
 from gpuplane.control.service import ControlService

@@ -34,10 +34,11 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
 
 from gpuplane import __version__
+from gpuplane.audit import usage_report as usage
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.console import pages as console
 from gpuplane.console.sessions import Sessions
-from gpuplane.control import queries, team_edits, usage
+from gpuplane.control import queries, team_edits
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.api.edge import Edge, Trail, rule_of
 from gpuplane.control.api.openapi import document_errors
