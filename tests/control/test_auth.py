@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from gpuplane.control.api.app import _endpoints, create_app
+from gpuplane.control.api.app import _endpoints
 from gpuplane.control.auth import POLICY, Role
 from gpuplane.control.models import ApiToken, Job
 from gpuplane.control.service import ControlService
@@ -30,6 +30,7 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.tokens import TokenBook
+from gpuplane.plane import control_app
 from tests.control.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,
@@ -176,7 +177,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         svc.vault.set("research", "old", "x")
         svc.clusters.add(ClusterConfig.model_validate(_cluster("spare")))
         svc.deployments.apply(DEPLOYMENT)
-        with TestClient(create_app(svc, background=False), base_url="http://127.0.0.1") as http:
+        with TestClient(control_app(svc, background=False), base_url="http://127.0.0.1") as http:
             yield World(svc, http, tokens, job_id, spare.id)
     finally:
         svc.close()
