@@ -31,7 +31,7 @@ from gpuplane.control.settings import (
 )
 from gpuplane.control.tokens import TokenBook
 from gpuplane.plane import control_app
-from tests.control.console_helpers import batch_run, console_client
+from tests.console.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,
     admin_token,

@@ -22,8 +22,8 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import HttpConfig
 from gpuplane.control.trail import Retention
 from gpuplane.plane import control_app
+from tests.console.console_helpers import console_client
 from tests.control.api_server import cli, serving
-from tests.control.console_helpers import console_client
 from tests.control.svc_helpers import admin_token, api_client, config, job, make_service
 
 LOAD = {"gateway": "gw-1", "models": []}

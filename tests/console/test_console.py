@@ -21,7 +21,7 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from gpuplane.control.views import QuotaView, TeamView
 from gpuplane.plane import control_app
-from tests.control.console_helpers import console_client, login
+from tests.console.console_helpers import console_client, login
 from tests.control.svc_helpers import admin_token, config, job, make_service, state
 
 

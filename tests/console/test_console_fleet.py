@@ -25,7 +25,7 @@ from gpuplane.control.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from gpuplane.plane import control_app
 from tests.audit.audit_helpers import series
-from tests.control.console_helpers import batch_run, console_client
+from tests.console.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import A100, config, job, make_service, wait_state
 
 DEPLOYMENT = {
