@@ -17,9 +17,9 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"  # no threads may run when this process
 
 import uvicorn  # noqa: F401 - what the command imports, loaded once here
 
+from gpuplane import plane  # noqa: F401 - the same (the app it serves)
 from gpuplane.cli.main import app
 from gpuplane.control import service  # noqa: F401 - the same
-from gpuplane.control.api import app as _api  # noqa: F401 - the same
 
 
 def main(log: str, args: list[str]) -> None:

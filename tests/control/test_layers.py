@@ -49,3 +49,27 @@ def test_no_import_circle_in_the_control_tier() -> None:
 
     for module in sorted(modules):
         visit(module, [])
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module `path` imports, at the top, inside functions and under `TYPE_CHECKING`."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_control_imports_neither_the_audit_nor_the_console() -> None:
+    """The composition root (`plane.control_app`) mounts the audit's routes and the console on
+    the control API; no control module reaches up to them, however lazily."""
+    above = ("gpuplane.audit", "gpuplane.console")
+    found = sorted(
+        f"{_module(p)} imports {m}"
+        for p in ROOT.rglob("*.py")
+        for m in _all_imports(p)
+        if m.startswith(above)
+    )
+    assert found == []
