@@ -67,7 +67,6 @@ with optional_imports():
 
     from _results import save
     from gpuplane.config import parse_settings
-    from gpuplane.control.api import create_app
     from gpuplane.control.client import ADMIN_TOKEN_FILE
     from gpuplane.control.deployments.autoscale import Load, Rules, Window, decide
     from gpuplane.control.lab.drills import run_drill
@@ -81,6 +80,7 @@ with optional_imports():
         TeamConfig,
     )
     from gpuplane.errors import unknown_name
+    from gpuplane.plane import control_app
     from gpuplane.serve.app import Gateway
     from gpuplane.serve.server import serving
 
@@ -141,7 +141,7 @@ def control_plane(state_dir: str) -> Iterator[Control]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    app = create_app(service, background=True)
+    app = control_app(service, background=True)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="control-api", daemon=True)
     thread.start()

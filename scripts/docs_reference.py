@@ -19,10 +19,10 @@ from mkdocs.structure.pages import Page
 
 from gpuplane.cli.config import reference_table
 from gpuplane.cli.main import app
-from gpuplane.control.api import create_app
 from gpuplane.control.identity.auth import POLICY, Rule
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
+from gpuplane.plane import control_app
 
 METHODS = ("get", "post", "put", "delete", "patch")
 
@@ -118,7 +118,7 @@ def openapi_document() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as state_dir:
         service = ControlService(ControlConfig(state_dir=state_dir), bind_on_submit=False)
         try:
-            return create_app(service, background=False).openapi()
+            return control_app(service, background=False).openapi()
         finally:
             service.close()
 

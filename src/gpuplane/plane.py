@@ -14,6 +14,10 @@ deleted and the store closed. The control API shares the gateway's event loop fo
 its async glue only; its handlers and its tick run on threads. `gpuplane control serve` and
 `gpuplane gateway serve --control URL` run the same two parts as separate processes, as on a
 cluster.
+
+`control_app` is the control plane's composition root, here and in `gpuplane control serve`:
+the control API with the audit's usage route and the web console mounted on it, each handed
+what it reads of the service, so that neither the API nor the audit imports the other.
 """
 
 from __future__ import annotations
@@ -21,21 +25,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fastapi import FastAPI, Request
 from sqlalchemy import select
 
+from gpuplane.audit.routes import usage_router
+from gpuplane.audit.settings import AuditSettings
 from gpuplane.config import Settings
+from gpuplane.console.mount import Console, login_url
 from gpuplane.control.adapters.local import LocalAdapter
-from gpuplane.control.api import create_app, server_config
-from gpuplane.control.console import login_url
+from gpuplane.control.api.app import create_app
+from gpuplane.control.api.deps import caller
+from gpuplane.control.api.serving import server_config
 from gpuplane.control.errors import NotFoundError
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import exclusive
+from gpuplane.control.store import queries
 from gpuplane.control.store.models import Job
 from gpuplane.errors import ConfigError, EngineError
 from gpuplane.serve.app import Gateway
@@ -43,6 +53,9 @@ from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of
 from gpuplane.serve.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
 from gpuplane.serve.settings import EngineConfig
+
+if TYPE_CHECKING:
+    from gpuplane.audit.collect.store import Card, Holding
 
 UP_TEAM = "default"  # the default deployment's team when the config declares none
 READY_POLL_S = 0.2
@@ -58,6 +71,48 @@ class Plane:
     model: str
     replicas: int
     console_url: str = ""  # a one-time login link, made when the plane is ready
+
+
+@dataclass(frozen=True, slots=True)
+class _Usage:
+    """What the audit's usage route reads of `service` (`audit.routes.UsageSource`)."""
+
+    service: ControlService
+
+    @property
+    def samples_dir(self) -> str | None:
+        return self.service.config.samples_dir
+
+    def holdings(self, since: float, until: float) -> tuple[list[Card], list[Holding]]:
+        """The store's cards and holdings (pyarrow is imported when a report is read)."""
+        from gpuplane.audit.collect.store import read_holdings
+
+        return read_holdings(self.service.store, since, until)
+
+    def clock(self) -> float:
+        return self.service.clock()
+
+    def teams(self, request: Request, team: str | None) -> Collection[str] | None:
+        teams = caller(request.state.principal).teams()
+        if team is not None:
+            queries.get_team(self.service, team, teams)  # another team's: 404 as an unknown one
+            teams = {team}
+        return teams
+
+
+def control_app(
+    service: ControlService, *, background: bool = True, audit: AuditSettings | None = None
+) -> FastAPI:
+    """The control API over a started `service` with the audit's `/usage` route (`audit`: the
+    config's `audit:` section, its prices) and the web console mounted; `background` runs the
+    admission loop while serving."""
+    usage = _Usage(service)
+    return create_app(
+        service,
+        background=background,
+        routers=[usage_router(usage, audit or AuditSettings())],
+        pages=Console(service, usage.holdings),
+    )
 
 
 def embedded_control(control: ControlConfig, euid: int) -> tuple[ControlConfig, str, str | None]:
@@ -145,7 +200,7 @@ async def _serve(
     control = service.config
     token_file = service.tokens.local_admin(Path(control.state_dir)).resolve()
     with stop_on_signal() as stop:
-        app = create_app(service, audit=settings.audit)
+        app = control_app(service, audit=settings.audit)
         config = server_config(app, control)
         async with uvicorn_serving(config, "control plane", "control.port, --control-port") as port:
             control_url = f"http://{control.host}:{port}"

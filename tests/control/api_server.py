@@ -22,8 +22,8 @@ from gpuplane.cli import quota as quota_cli
 from gpuplane.cli import secret as secret_cli
 from gpuplane.cli import token as token_cli
 from gpuplane.cli import usage as usage_cli
-from gpuplane.control.api import create_app
 from gpuplane.control.service.service import ControlService
+from gpuplane.plane import control_app
 from tests.control.svc_helpers import admin_token
 
 cli_app = typer.Typer()
@@ -45,7 +45,7 @@ def serving(service: ControlService, audit: AuditSettings | None = None) -> Iter
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    app = create_app(service, background=False, audit=audit)
+    app = control_app(service, background=False, audit=audit)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="control-api-test", daemon=True)
     thread.start()

@@ -1,11 +1,6 @@
-"""Shared fixtures of the control tests: nothing a test started outlives it; one PostgreSQL server;
-a service on embedded defaults (`service`) and the API over it in-process (`client`), which a test
-module replaces by defining its own.
-
-`no_job_outlives_the_test` runs for every test that has a `tmp_path` (the state dir of its
-services and adapters). Its teardown comes after the test's own fixtures closed what they
-started: a job the local adapter recorded there whose process (or a process of its session)
-still runs is stopped, and the test fails naming it.
+"""Shared fixtures of the control tests: nothing a test started outlives it (`job_guard.py`); one
+PostgreSQL server; a service on embedded defaults (`service`) and the API over it in-process
+(`client`), which a test module replaces by defining its own.
 """
 
 from __future__ import annotations
@@ -17,27 +12,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.adapters.procs import JobProcess, JobRecord, session_orphans
 from gpuplane.control.service.service import ControlService
+from tests.control.job_guard import no_job_outlives_the_test  # noqa: F401 - autouse
 from tests.control.pg_server import create_database, postgres_server
 from tests.control.svc_helpers import api_client, config, make_service
-
-
-@pytest.fixture(autouse=True)
-def no_job_outlives_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    if "tmp_path" not in request.fixturenames:
-        yield
-        return
-    root: Path = request.getfixturevalue("tmp_path")
-    yield
-    outlived = []
-    for path in sorted(root.rglob("run/*.json")):
-        record = JobRecord.model_validate_json(path.read_bytes())
-        job = JobProcess(record)
-        if job.alive() or session_orphans(record.pid):
-            outlived.append(record.job_id)
-            job.stop(grace_s=1.0)
-    assert outlived == [], f"jobs outlived the test: {', '.join(outlived)}"
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"  # no threads may run when this process
 
 import uvicorn  # noqa: F401 - what the command imports, loaded once here
 
+from gpuplane import plane  # noqa: F401 - the same (the app it serves)
 from gpuplane.cli.main import app
-from gpuplane.control import api  # noqa: F401 - the same
 from gpuplane.control.service import service  # noqa: F401 - the same
 
 

@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, func, select, text
 
 from gpuplane.control.adapters import ClusterAdapter, WorkloadState
-from gpuplane.control.api import create_app
 from gpuplane.control.client import ADMIN_TOKEN_FILE
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import (
@@ -25,6 +24,7 @@ from gpuplane.control.settings import (
 )
 from gpuplane.control.store.models import ACTIVE_STATES, Allocation, Device, Job
 from gpuplane.control.store.store import MIGRATIONS, Store
+from gpuplane.plane import control_app
 
 A100 = "A100-80GB"
 SLEEP = ["sleep", "30"]
@@ -153,7 +153,7 @@ def api_client(service: ControlService, token: str | None = None) -> TestClient:
     """The API over `service` in-process (no background loop), on a loopback Host, as the
     service's local admin unless given another `token`; use it as a context manager."""
     return TestClient(
-        create_app(service, background=False),
+        control_app(service, background=False),
         base_url="http://127.0.0.1",
         headers={"authorization": f"Bearer {token or admin_token(service)}"},
     )

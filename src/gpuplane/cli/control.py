@@ -73,8 +73,9 @@ def serve(
 def _run(settings: Settings, stop_jobs: bool) -> None:
     """Start the service, serve its API until a signal, then close it (`stop_jobs`: with its
     jobs)."""
-    from gpuplane.control.api import create_app, server_config
+    from gpuplane.control.api.serving import server_config
     from gpuplane.control.service.service import ControlService
+    from gpuplane.plane import control_app
 
     control = settings.control
     service = ControlService(control)
@@ -82,7 +83,7 @@ def _run(settings: Settings, stop_jobs: bool) -> None:
     typer.echo(f"store: {service.store.safe_url} (policy {service.policy.name})")
     for line in messages:
         typer.echo(line)
-    api = create_app(service, audit=settings.audit)
+    api = control_app(service, audit=settings.audit)
     admin = service.tokens.local_admin(Path(control.state_dir)).read_text().strip()
     try:
         asyncio.run(_serve_until_signal(server_config(api, control), api, admin))
@@ -93,7 +94,7 @@ def _run(settings: Settings, stop_jobs: bool) -> None:
 async def _serve_until_signal(config: uvicorn.Config, api: FastAPI, admin: str) -> None:
     """Serve the control API until SIGTERM or SIGINT; the service's own shutdown runs after.
     Once listening it prints a one-time console login URL for the local `admin` token."""
-    from gpuplane.control.console import login_url
+    from gpuplane.console.mount import login_url
     from gpuplane.serve.server import stop_on_signal, uvicorn_serving
 
     with stop_on_signal() as stop:

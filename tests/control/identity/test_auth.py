@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from gpuplane.control.api import _endpoints, create_app
+from gpuplane.control.api.app import _endpoints
 from gpuplane.control.identity.auth import POLICY, Role
 from gpuplane.control.identity.config import AuthConfig, OidcConfig
 from gpuplane.control.identity.tokens import TokenBook
@@ -29,7 +29,8 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.store.models import ApiToken, Job
-from tests.control.console_helpers import batch_run, console_client
+from gpuplane.plane import control_app
+from tests.console.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import (
     A100,
     admin_token,
@@ -175,7 +176,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         svc.vault.set("research", "old", "x")
         svc.clusters.add(ClusterConfig.model_validate(_cluster("spare")))
         svc.deployments.apply(DEPLOYMENT)
-        with TestClient(create_app(svc, background=False), base_url="http://127.0.0.1") as http:
+        with TestClient(control_app(svc, background=False), base_url="http://127.0.0.1") as http:
             yield World(svc, http, tokens, job_id, spare.id)
     finally:
         svc.close()

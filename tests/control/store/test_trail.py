@@ -15,14 +15,15 @@ import pytest
 import uvicorn
 from sqlalchemy import select
 
-from gpuplane.control.api import create_app, server_config
+from gpuplane.control.api.serving import server_config
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.identity.config import HttpConfig
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.store.models import Event
 from gpuplane.control.store.trail import Retention
+from gpuplane.plane import control_app
+from tests.console.console_helpers import console_client
 from tests.control.api_server import cli, serving
-from tests.control.console_helpers import console_client
 from tests.control.svc_helpers import admin_token, api_client, config, job, make_service
 
 LOAD = {"gateway": "gw-1", "models": []}
@@ -120,7 +121,7 @@ def _serve(service: ControlService, http: HttpConfig) -> tuple[uvicorn.Server, t
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     control = service.config.model_copy(update={"port": port, "http": http})
-    server = uvicorn.Server(server_config(create_app(service, background=False), control))
+    server = uvicorn.Server(server_config(control_app(service, background=False), control))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

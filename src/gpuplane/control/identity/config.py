@@ -47,7 +47,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class HttpConfig(Section):
-    """What the API and the console accept at the edge (`control/edge.py`), before any handler:
+    """What the API and the console accept at the edge (`control/api/edge.py`), before any handler:
     a caller is identified before its body is read, and a body past its limit gets 413."""
 
     max_body_bytes: Annotated[

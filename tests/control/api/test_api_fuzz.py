@@ -19,10 +19,10 @@ import schemathesis
 from hypothesis import given
 from schemathesis import GenerationMode
 
-from gpuplane.control.api import create_app
 from gpuplane.control.identity.auth import POLICY, Role
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig
+from gpuplane.plane import control_app
 from tests.control.svc_helpers import admin_token, config, job
 from tests.fuzzing import CHECKS, bounded
 
@@ -70,7 +70,7 @@ def case_id(value: object) -> str:
 def test_no_request_gives_a_server_error_or_an_answer_off_the_document(
     unbound: ControlService, route: tuple[str, str], role: str, mode: GenerationMode
 ) -> None:
-    app = create_app(unbound, background=False)
+    app = control_app(unbound, background=False)
     loopback = {"host": "127.0.0.1"}
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=loopback)
     operation = schema[route[1]][route[0]]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuplane.control.store.store import Store
+from gpuplane.audit.usage_report import Holdings
 
 if TYPE_CHECKING:  # the audit's modules import pyarrow: only when a history is read
     from gpuplane.audit.collect.store import Card, Holding
@@ -120,14 +120,14 @@ def used(
     return out
 
 
-def read(store: Store, samples_dir: str | None, now: float, span_s: float, buckets: int) -> History:
-    """The last `span_s` before `now` in `buckets` buckets."""
-    from gpuplane.audit.collect.store import read_holdings
-
+def read(
+    holdings: Holdings, samples_dir: str | None, now: float, span_s: float, buckets: int
+) -> History:
+    """The last `span_s` before `now` in `buckets` buckets; `holdings` reads the store."""
     width = span_s / buckets
     starts = [now - span_s + i * width for i in range(buckets)]
-    cards, holdings = read_holdings(store, starts[0], now)
-    held = allocated(cards, holdings, starts, width)
+    cards, spans = holdings(starts[0], now)
+    held = allocated(cards, spans, starts, width)
     measured: dict[Key, list[float | None]] = {}
     note = None
     if samples_dir is None:

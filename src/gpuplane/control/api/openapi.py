@@ -4,7 +4,7 @@ FastAPI documents every 422 as its request validation error (`detail`: a list of
 API's own 422s (a spec that can never run, a bad duration, a cluster that cannot be added:
 `api.py`'s one error handler) carry `detail` as one message that names the fix, and an
 infeasible job its `reasons` too. A client reading the document, and the schemathesis pass
-over it (`tests/control/test_api_fuzz.py`), see both shapes.
+over it (`tests/control/api/test_api_fuzz.py`), see both shapes.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuplane.control.api import create_app
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.identity.config import HttpConfig
 from gpuplane.control.service.service import ControlService
+from gpuplane.plane import control_app
 from tests.control.svc_helpers import admin_token, config, make_service
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ def service(tmp_path: Path) -> Iterator[ControlService]:
 
 
 def client(service: ControlService) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=create_app(service, background=False))
+    transport = httpx.ASGITransport(app=control_app(service, background=False))
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
 

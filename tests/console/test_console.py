@@ -12,14 +12,16 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gpuplane.control.api import create_app
-from gpuplane.control.console import CSP, login_url, quota_rows
+from gpuplane.console.mount import login_url
+from gpuplane.console.render import CSP
+from gpuplane.console.sessions import Sessions, csrf_matches
+from gpuplane.console.shapes import quota_rows
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.service.service import ControlService
-from gpuplane.control.sessions import Sessions, csrf_matches
 from gpuplane.control.settings import TeamConfig
 from gpuplane.control.store.views import QuotaView, TeamView
-from tests.control.console_helpers import console_client, login
+from gpuplane.plane import control_app
+from tests.console.console_helpers import console_client, login
 from tests.control.svc_helpers import admin_token, config, job, make_service, state
 
 
@@ -40,7 +42,7 @@ def plane(tmp_path: Path) -> Iterator[Plane]:
         member = svc.tokens.create("m", Role.member, "research")[1]
         other = svc.tokens.create("o", Role.member, "vision")[1]
         job_id = svc.submit(job("mine", gpus=1))["id"]
-        with TestClient(create_app(svc, background=False), base_url="http://127.0.0.1") as http:
+        with TestClient(control_app(svc, background=False), base_url="http://127.0.0.1") as http:
             yield Plane(svc, http, job_id, member, other)
     finally:
         svc.close()

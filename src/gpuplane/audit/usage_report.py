@@ -1,11 +1,13 @@
-"""The usage report of `GET /usage` (and so of `gpuplane usage`): GPU-hours, slice-hours and cost
-per team and GPU model from the allocations in the store, used and idle apart where the audit
-sample store of `control.samples_dir` measured them, reconciled to the cards' physical GPU-hours.
+"""The usage report of `GET /usage` (and so of `gpuplane usage`; the route is `routes.py`):
+GPU-hours, slice-hours and cost per team and GPU model from the allocations in the control
+plane's store, used and idle apart where the audit sample store of `control.samples_dir`
+measured them, reconciled to the cards' physical GPU-hours.
 
-The arithmetic is the audit's (`audit.collect.store` turns the store's holdings into one sample
-per card per step, `audit.usage` sums them); this module only reads the window the caller asked
-for against the service's clock, and refuses a window too long to build in memory. pyarrow is
-imported when a report is asked for, not with the API.
+The arithmetic is the audit's (`audit.collect.store` turns holdings into one sample per card
+per step, `audit.usage` sums them); this module only reads the window the caller asked for
+against the service's clock, and refuses a window too long to build in memory. The store is read
+through `Holdings`, which the composition root hands over, so the audit imports no control
+store. pyarrow is imported when a report is asked for, not with the API.
 """
 
 from __future__ import annotations
@@ -14,15 +16,24 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.control.spec import parse_duration
-from gpuplane.control.store.store import Store
 from gpuplane.errors import ResourceError
+
+if TYPE_CHECKING:  # the audit's collect modules import pyarrow: only when a report is read
+    from gpuplane.audit.collect.store import Card, Holding
 
 # One row per card per step is built in memory: a year at one a minute fits, a century does not.
 MAX_STEPS = 1_000_000
+
+
+class Holdings(Protocol):
+    """The control plane's cards and who held which between `since` and `until` (unix
+    seconds): `audit.collect.store.read_holdings` over the service's store."""
+
+    def __call__(self, since: float, until: float) -> tuple[list[Card], list[Holding]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +88,7 @@ def _when(value: str, now: datetime, name: str) -> datetime:
 
 
 def report(
-    store: Store,
+    holdings: Holdings,
     window: Span,
     audit: AuditSettings,
     samples_dir: str | None,
@@ -85,12 +96,12 @@ def report(
 ) -> dict[str, Any]:
     """The usage report over `window` for `teams` (None: every team). Physical, free and the
     reconciliation are the whole pool's: they are about cards, not about a team."""
-    from gpuplane.audit.collect.store import allocation_samples, read_holdings, window_of
+    from gpuplane.audit.collect.store import allocation_samples, window_of
     from gpuplane.audit.samples import SampleStore
     from gpuplane.audit.usage import measured, usage
 
-    cards, holdings = read_holdings(store, window.since, window.until)
-    allocations = allocation_samples(cards, holdings, window.since, window.until, window.step_s)
+    cards, held = holdings(window.since, window.until)
+    allocations = allocation_samples(cards, held, window.since, window.until, window.step_s)
     if samples_dir is not None:
         if not Path(samples_dir).is_dir():
             raise ResourceError(

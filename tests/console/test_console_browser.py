@@ -17,8 +17,8 @@ import pytest
 
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.settings import TeamConfig
+from tests.console.console_helpers import batch_run
 from tests.control.api_server import admin_of, serving
-from tests.control.console_helpers import batch_run
 from tests.control.svc_helpers import A100, config, job, make_service
 
 CHROMIUM = "/usr/bin/chromium"

@@ -17,15 +17,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from gpuplane.audit.collect.store import Card, Holding
+from gpuplane.audit.history import allocated
 from gpuplane.audit.samples import SampleStore
-from gpuplane.control.api import create_app
-from gpuplane.control.history import allocated
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig
 from gpuplane.control.store.models import Job
+from gpuplane.plane import control_app
 from tests.audit.audit_helpers import series
-from tests.control.console_helpers import batch_run, console_client
+from tests.console.console_helpers import batch_run, console_client
 from tests.control.svc_helpers import A100, config, job, make_service, wait_state
 
 DEPLOYMENT = {
@@ -72,7 +72,7 @@ def plane(tmp_path: Path) -> Iterator[Plane]:
     try:
         member = svc.tokens.create("m", Role.member, "research")[1]
         other = svc.tokens.create("o", Role.member, "vision")[1]
-        with TestClient(create_app(svc, background=False), base_url="http://127.0.0.1") as http:
+        with TestClient(control_app(svc, background=False), base_url="http://127.0.0.1") as http:
             yield Plane(svc, http, member, other)
     finally:
         svc.close()

@@ -18,12 +18,13 @@ once-a-second load report is a machine heartbeat, recorded only when refused.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
+from fastapi.routing import iter_route_contexts
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Router
+from starlette.routing import BaseRoute, Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuplane.control.identity.auth import POLICY, AuthError, Principal, Rule, decide
@@ -38,6 +39,14 @@ Refuse = Callable[[Request, int, str], Response]
 def rule_of(method: str, route_path: str) -> Rule | None:
     """The policy row of a call of `route_path` (a HEAD is its GET)."""
     return POLICY.get(("GET" if method == "HEAD" else method, route_path))
+
+
+def served(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route `routes` serve, an included router's one by one: FastAPI keeps an included
+    router as one route that matches lazily. The routers are included without a prefix, so each
+    route's own path is the path served (and `request.scope["route"]`'s)."""
+    for context in iter_route_contexts(routes):
+        yield context.original_route
 
 
 class BodyTooLarge(Exception):
@@ -70,7 +79,7 @@ class Edge:
     def _rule(self, scope: Scope) -> Rule | None:
         """The policy row of the route `scope` calls; None: no route matches, and the router
         answers 404 or 405 without reading the body."""
-        for route in self.router.routes:
+        for route in served(self.router.routes):
             match, _ = route.matches(scope)
             if match is Match.FULL:
                 return rule_of(scope["method"], getattr(route, "path", ""))
