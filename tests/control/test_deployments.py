@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.deployments.controller import read_capacity
+from gpuplane.control.deployments.instances import read_capacity
 from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.deployments.watch import endpoints
 from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import api_client, config, local_cluster, make_service
@@ -374,7 +375,7 @@ def test_an_instance_without_max_concurrency_serves_the_slots_its_engine_reports
     listed = client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"]
     assert listed[0]["instances"] == []  # running, but its slots are not known yet
     deadline = time.monotonic() + 120
-    while not (instances := service.deployments.endpoints()["models"][0]["instances"]):
+    while not (instances := endpoints(service.store)["models"][0]["instances"]):
         assert time.monotonic() < deadline, client.get("/deployments/chat").json()["events"]
         service.tick()
         time.sleep(0.1)

@@ -32,6 +32,9 @@ from gpuplane.control.auth import Principal
 from gpuplane.control.clusters import Clusters, Drained
 from gpuplane.control.cycle_writer import CycleWriter, PassRules
 from gpuplane.control.deployments.controller import Deployments
+from gpuplane.control.deployments.instances import Instances
+from gpuplane.control.deployments.loads import Loads
+from gpuplane.control.deployments.spread import Spread
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.intake import Intake
 from gpuplane.control.inventory import RowIds
@@ -119,7 +122,8 @@ class ControlService:
             bind_on_submit,
             self.vault.check_refs,
         )
-        self.deployments = Deployments(self)  # their instances are jobs of this service
+        # their instances are jobs of this service
+        self.deployments = Deployments(self, Instances(self), Loads(clock), Spread(self))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
