@@ -339,6 +339,23 @@ def test_delete_removes_the_deployment_once_its_instances_stopped(
     assert "unknown deployment 'chat'" in missing.json()["detail"]
 
 
+def test_delete_while_an_instance_moves_back_drains_it_with_the_rest(
+    held: tuple[ControlService, TestClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment deleted while one of its instances is moving (`Spread`: placed to restore
+    the spread, not serving yet) is deleted like any other: the move keeps no instance (the
+    reconcile of it failed with KeyError on its version, every tick, before)."""
+    service, client = held
+    client.post("/deployments", json={**SPEC, "replicas": 2})
+    moving = client.get("/deployments/chat").json()["instances"][-1]
+    assert moving["state"] == "admitted"
+    service.deployments.spread.started("chat", moving["id"])  # as a move would commit it
+    client.delete("/deployments/chat")
+    service.deployments.reconcile()  # the stopped instances are forgotten, then the deployment
+    assert client.get("/deployments").json() == []
+    assert not [r for r in caplog.records if "reconciling deployment" in r.getMessage()]
+
+
 @pytest.mark.slow
 def test_a_crashed_instance_is_replaced_after_a_back_off(
     service: ControlService, client: TestClient

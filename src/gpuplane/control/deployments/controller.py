@@ -210,7 +210,8 @@ class Deployments:
                 session.commit()
             versions = {} if row.deleting else spec.replicas_by_version(scaled.replicas)
             ready = self.loads.ready(name)
-            if self.spread.moved(name, seen, ready):  # one more while the move's instance starts
+            # one more while a move's instance starts; none once deleting (every one drains)
+            if not row.deleting and self.spread.moved(name, seen, ready):
                 versions = {**versions, spec.version: versions[spec.version] + 1}
             want = Want(versions, spec.drain_timeout_s, spec.surge)
         held = self.loads.held(name, now)
