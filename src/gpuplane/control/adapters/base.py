@@ -10,7 +10,7 @@ or preempted by another service process. `bind` is idempotent per job id and `re
 idempotent and never raises, so a crash between
 the store's commit and the adapter's call can always be repaired by calling again.
 
-Workloads outlive the service process: a service restarted under the same `control.instance`
+Workloads outlive the service process: a service restarted under the same `control.service_id`
 creates its adapters again and calls `workloads()` and `status()` before anything else (its first
 reconcile, in `ControlService.start`); they answer for the workloads the earlier process bound
 too, and `bind` of such a job takes it back rather than starting it twice. `close()` is only for
