@@ -27,6 +27,8 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
 )
 from gpuplane.control.admission import Estate
+from gpuplane.control.deployments import kserve
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.inventory import split_qualified
 from gpuplane.control.mirror import Mirror
 from gpuplane.control.models import Job
@@ -311,7 +313,10 @@ def _workload(
         fractional=spec.to_request(job.id).is_fractional,
         time_limit_s=limit,
         team=job.team_name,
-        serve=None if spec.serve is None else spec.serve.deployment,
+        # a deployment instance: how a cluster that serves it itself (KServe) runs it
+        serve=None
+        if spec.serve is None
+        else parse_deployment(spec.serve.deployment).serving(kserve.PORT),
     )
 
 

@@ -205,12 +205,10 @@ def inference_service(
     listens on KServe's port, not the local one in the workload's command. Raises SpecError
     when the spec cannot run on KServe (e.g. the embedded GGUF)."""
     from gpuplane.control.deployments import kserve  # the control plane's, imported at bind
-    from gpuplane.control.deployments.spec import DeploymentSpec
 
     assert workload.serve is not None
-    spec = DeploymentSpec.model_validate(workload.serve)
-    kserve.check(spec, cluster.image)
-    predictor = kserve.predictor(spec, cluster.image, 1, 1)
+    kserve.check(workload.serve, cluster.image)
+    predictor = kserve.predictor(workload.serve, cluster.image, 1, 1)
     pinning = _pinning(workload, cluster)
     selector = {**predictor.get("nodeSelector", {}), **pinning["nodeSelector"]}
     predictor.update(pinning, nodeSelector=selector)
