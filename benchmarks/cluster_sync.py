@@ -155,7 +155,7 @@ def run_seed(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
     urls = [p.recv() for p in pipes]
     out: dict[str, Any] = {"seed": seed}
     try:
-        control = ControlConfig(state_dir=str(tmp / f"s{seed}"), instance="bench:1")
+        control = ControlConfig(state_dir=str(tmp / f"s{seed}"), service_id="bench:1")
         clusters = []
         for i, url in enumerate(urls):
             kc = write_kubeconfig(url, tmp / f"kc-{seed}-{i}")

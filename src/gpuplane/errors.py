@@ -1,7 +1,7 @@
 """The project's exception hierarchy: third-party errors are translated into these at the edges."""
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,6 +39,10 @@ def explain(error: Any, root: type[BaseModel], *, noun: str = "key", whole: str 
         parent = _model_at(root, error["loc"][:-1])
         key = str(error["loc"][-1])
         hint = ""
+        renamed: Mapping[str, str] = getattr(parent, "renamed", {})
+        if key in renamed:
+            new = ".".join([*map(str, error["loc"][:-1]), renamed[key]])
+            return f"the key '{loc}' was renamed '{new}': rename it in your config"
         if parent is not None:
             close = difflib.get_close_matches(key, list(parent.model_fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -2,13 +2,13 @@
 
 Each tier declares its own sections (`serve/settings.py`, `batch/settings.py`,
 `control/settings.py`) on this base; `config.py` assembles them into one file and names the
-nearest valid key when one is unknown.
+nearest valid key when one is unknown, or the new name of a renamed one (`renamed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # old key -> the key it was renamed to: a file still using the old one is refused with it
+    renamed: ClassVar[Mapping[str, str]] = {}
 
 
 def passes(check: Callable[[T], object], value: T) -> T:

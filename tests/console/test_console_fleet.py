@@ -93,7 +93,7 @@ def test_the_deployments_pages_show_versions_instances_and_reported_slots(plane:
     ids = [i["id"] for i in described["instances"]]
     for i in ids:
         wait_state(plane.svc, i, "running")
-    plane.svc.deployments.report(
+    plane.svc.deployments.loads.report(
         "gw-1",
         [
             {

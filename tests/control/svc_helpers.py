@@ -136,9 +136,9 @@ def config(
     )
 
 
-def make_service(cfg: ControlConfig, instance: str | None = None) -> ControlService:
-    if instance is not None:
-        cfg = cfg.model_copy(update={"instance": instance})
+def make_service(cfg: ControlConfig, service_id: str | None = None) -> ControlService:
+    if service_id is not None:
+        cfg = cfg.model_copy(update={"service_id": service_id})
     service = ControlService(cfg)
     service.start()
     return service

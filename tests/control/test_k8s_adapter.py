@@ -155,7 +155,7 @@ def test_a_restarted_service_takes_its_running_jobs_back(cluster: Cluster) -> No
     wait_for(lambda: "survivor" in again.workloads() or None, "the new adapter to see it")
     assert again.status(["survivor"])["survivor"].state == WorkloadState.RUNNING
     again.bind(w)  # taken back, not started twice
-    other = cluster.adapter(instance="someone-else:8080")
+    other = cluster.adapter(service_id="someone-else:8080")
     assert "survivor" not in other.workloads()
     assert uids_of(cluster, "survivor") == uids  # still the one Pod: nothing ran twice
     again.release("survivor")

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, WorkloadStatus, kserve
 from gpuplane.control.client import TOKEN_ENV
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig
@@ -238,7 +239,7 @@ def test_a_cluster_without_kserve_is_refused_with_the_fix(tmp_path: Path) -> Non
             command=("sleep", "1"),
             node="gpu-a",
             team="research",
-            serve={k: v for k, v in SPEC.items()},
+            serve=parse_deployment(SPEC).serving(kserve.PORT),
         )
         with pytest.raises(AdapterError, match="install KServe on cluster kube"):
             adapter.bind(workload)
@@ -260,7 +261,7 @@ def test_the_adapter_binds_an_instance_once_adopts_it_and_releases_it_idempotent
             devices=(DeviceGrant(1, 8192, 250),),
             fractional=True,
             team="research",
-            serve=SPEC,
+            serve=parse_deployment(SPEC).serving(kserve.PORT),
         )
         adapter.bind(instance)
         adapter.bind(instance)  # a retry: the 409 finds this job's, on the same card

@@ -48,7 +48,7 @@ def test_kubectl_sees_the_node_and_the_pod_the_adapter_bound_and_reads_its_log(
     cluster = ClusterConfig(
         name="kube", adapter="kubernetes", kubeconfig=base[2], sync_interval_s=2.0
     )
-    adapter = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path), instance="h:1"))
+    adapter = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path), service_id="h:1"))
     assert isinstance(adapter, KubernetesAdapter)
     try:
         adapter.inventory()

@@ -43,7 +43,7 @@ def serve(
     the process that holds it, before it reads or changes anything.
 
     SIGTERM and SIGINT (Ctrl-C) stop the service, not its jobs: they keep running, and the
-    service started again with the same control.instance (default host:port) takes them back,
+    service started again with the same control.service_id (default host:port) takes them back,
     recording the exit code of any that ended meanwhile. With --stop-jobs, shutting down stops
     them too.
     """

@@ -8,7 +8,8 @@ a SQLite file under ./.gpuplane/ and one `local` cluster (this machine's GPUs, o
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -202,6 +203,8 @@ def _default_clusters() -> list[ClusterConfig]:
 
 
 class ControlConfig(Section):
+    # "instance" is a serving process (glossary): the process's id is `service_id`
+    renamed: ClassVar[Mapping[str, str]] = {"instance": "service_id"}
     host: str = Field(default="127.0.0.1", description="the API listens here")
     port: Annotated[int, bounded(0, 65535, "the API's port")] = 8080
     database_url: str | None = Field(
@@ -317,9 +320,9 @@ class ControlConfig(Section):
         description="team -> the directory its batch runs are written under (its "
         "batch.runs_dir): the console lists those runs and their reports to that team",
     )
-    instance: str | None = Field(
+    service_id: str | None = Field(
         default=None,
-        description="name of this service process: it observes the jobs it started; "
+        description="the id of this control-plane process: it observes the jobs it started; "
         "default host:port (a restart takes its jobs back)",
     )
 

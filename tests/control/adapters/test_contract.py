@@ -36,17 +36,17 @@ from tests.control.svc_helpers import wait_done
 
 @dataclass
 class Target:
-    """An adapter kind under test: `make(instance)` creates an adapter of that service instance
-    (called twice with one instance: a restarted service); `node` has at least two cards."""
+    """An adapter kind under test: `make(service_id)` creates an adapter of that control-plane
+    process (called twice with one: a restarted service); `node` has at least two cards."""
 
     kind: str
     node: str
     build: Callable[[str], ClusterAdapter]
-    instance: str = field(default_factory=lambda: f"contract-{uuid.uuid4().hex[:8]}")
+    service_id: str = field(default_factory=lambda: f"contract-{uuid.uuid4().hex[:8]}")
     made: list[ClusterAdapter] = field(default_factory=list)
 
-    def make(self, instance: str | None = None) -> ClusterAdapter:
-        adapter = self.build(instance or self.instance)
+    def make(self, service_id: str | None = None) -> ClusterAdapter:
+        adapter = self.build(service_id or self.service_id)
         self.made.append(adapter)
         return adapter
 
@@ -60,26 +60,26 @@ KINDS = ["local", RAY, "kubernetes"]
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     fake: FakeKubeApi | None = None
 
-    def control(instance: str) -> ControlConfig:
+    def control(service_id: str) -> ControlConfig:
         # local: its jobs write into tmp_path, which a root service's default job user
         # (nobody) may not reach; tests/control/test_job_privilege.py covers the switch
         return ControlConfig(
-            state_dir=str(tmp_path), kill_grace_s=2.0, instance=instance, allow_root_jobs=True
+            state_dir=str(tmp_path), kill_grace_s=2.0, service_id=service_id, allow_root_jobs=True
         )
 
     if request.param == "local":
 
-        def build(instance: str) -> ClusterAdapter:
+        def build(service_id: str) -> ClusterAdapter:
             cluster = ClusterConfig(name="test", discover_gpus=False)
-            return create_adapter(cluster, control(instance))
+            return create_adapter(cluster, control(service_id))
 
         t = Target("local", socket.gethostname() or "localhost", build)
     elif request.param == "ray":
         address = request.getfixturevalue("ray_address")
 
-        def build(instance: str) -> ClusterAdapter:
+        def build(service_id: str) -> ClusterAdapter:
             cluster = ClusterConfig(name="test", adapter="ray", address=address)
-            return create_adapter(cluster, control(instance))
+            return create_adapter(cluster, control(service_id))
 
         t = Target("ray", "w1", build)
     else:
@@ -87,7 +87,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
         fake.add_node("gpu-a", cards=[hami_card("GPU-a0", index=0), hami_card("GPU-a1", index=1)])
         kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig")
 
-        def build(instance: str) -> ClusterAdapter:
+        def build(service_id: str) -> ClusterAdapter:
             cluster = ClusterConfig(
                 name="test",
                 adapter="kubernetes",
@@ -95,7 +95,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
                 grace_period_s=1,
                 sync_interval_s=2.0,
             )
-            return create_adapter(cluster, control(instance))
+            return create_adapter(cluster, control(service_id))
 
         t = Target("kubernetes", "gpu-a", build)
     yield t

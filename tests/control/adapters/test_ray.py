@@ -41,7 +41,7 @@ UNLABELLED = {
 
 def adapter(tmp_path: Path, address: str = "http://127.0.0.1:8265") -> RayAdapter:
     cluster = ClusterConfig(name="r", adapter="ray", address=address, region="eu-west")
-    made = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path), instance="i"))
+    made = create_adapter(cluster, ControlConfig(state_dir=str(tmp_path), service_id="i"))
     assert isinstance(made, RayAdapter)
     return made
 

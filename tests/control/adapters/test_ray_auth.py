@@ -42,7 +42,7 @@ def adapter(tmp_path: Path, address: str, token_file: Path | None = None) -> Ray
     cluster = ClusterConfig(
         name="lab", adapter="ray", address=address, token_file=str(token_file or "") or None
     )
-    config = ControlConfig(state_dir=str(tmp_path / "state"), instance="i", allow_root_jobs=True)
+    config = ControlConfig(state_dir=str(tmp_path / "state"), service_id="i", allow_root_jobs=True)
     made = create_adapter(cluster, config)
     assert isinstance(made, RayAdapter)
     return made

@@ -3,7 +3,8 @@ limits the jobs that reach past the backlog's horizon first, longest first."""
 
 from __future__ import annotations
 
-from gpuplane.control.admission import MIN_WORK_SAMPLES, AdmissionQueue, Estate, PendingJob, Queued
+from gpuplane.control.admission import MIN_WORK_SAMPLES, AdmissionQueue, Estate, PendingJob
+from gpuplane.control.scheduler import Request
 from tests.control.sched_helpers import node
 
 from .helpers import NOMINATE, estate, job, run
@@ -12,11 +13,11 @@ from .helpers import NOMINATE, estate, job, run
 def test_queue_orders_by_priority_then_smallest_dominant_share_then_fifo() -> None:
     usage = {"a": 0.0, "b": 0.0, "c": 0.0}
     jobs = [
-        Queued("a1", "a", 0, 1.0),
-        Queued("a2", "a", 0, 2.0),
-        Queued("a3", "a", 0, 3.0),
-        Queued("b1", "b", 0, 4.0),
-        Queued("hi", "c", 5, 9.0),
+        PendingJob("a1", "a", 0, 1.0, Request("a1")),
+        PendingJob("a2", "a", 0, 2.0, Request("a2")),
+        PendingJob("a3", "a", 0, 3.0, Request("a3")),
+        PendingJob("b1", "b", 0, 4.0, Request("b1")),
+        PendingJob("hi", "c", 5, 9.0, Request("hi")),
     ]
     order = []
     for queued in AdmissionQueue(jobs, lambda t: usage[t]):

@@ -4,8 +4,8 @@ commands here, or a real cluster with HAMi when GPUPLANE_TEST_KUBECONFIG names i
 (GPUPLANE_TEST_KUBE_IMAGE: an image with `sh`, default busybox).
 
     with kube_cluster("fake", tmp_path) as cluster:
-        adapter = cluster.adapter()          # KubernetesAdapter of instance INSTANCE
-        again = cluster.adapter()            # the same instance after a restart
+        adapter = cluster.adapter()          # KubernetesAdapter of service_id SERVICE_ID
+        again = cluster.adapter()            # the same service_id after a restart
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gpuplane.control.settings import ClusterConfig, ControlConfig
 from tests.control.k8s_fake import FakeKubeApi, hami_card
 
 REAL_ENV = "GPUPLANE_TEST_KUBECONFIG"
-INSTANCE = "test-host:8080"
+SERVICE_ID = "test-host:8080"
 
 
 @dataclass
@@ -37,7 +37,7 @@ class KubeCluster:
     tmp: Path
     made: list[KubernetesAdapter] = field(default_factory=list)
 
-    def adapter(self, instance: str = INSTANCE, **settings: Any) -> KubernetesAdapter:
+    def adapter(self, service_id: str = SERVICE_ID, **settings: Any) -> KubernetesAdapter:
         """A new adapter on this cluster (closed with the cluster): short grace period and
         sync interval, so tests do not wait."""
         settings.setdefault("grace_period_s", 1)
@@ -47,7 +47,7 @@ class KubeCluster:
         cluster = ClusterConfig(
             name="kube", adapter="kubernetes", kubeconfig=self.kubeconfig, **settings
         )
-        control = ControlConfig(state_dir=str(self.tmp), instance=instance)
+        control = ControlConfig(state_dir=str(self.tmp), service_id=service_id)
         adapter = create_adapter(cluster, control)
         assert isinstance(adapter, KubernetesAdapter)
         self.made.append(adapter)

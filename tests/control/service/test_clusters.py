@@ -284,8 +284,8 @@ def test_clusters_added_or_removed_by_another_service_process_are_followed(
 ) -> None:
     cfg = config(str(tmp_path), clusters=[local("a")])
     now = [1000.0]
-    one = started(cfg.model_copy(update={"instance": "one"}))
-    two = ControlService(cfg.model_copy(update={"instance": "two"}), clock=lambda: now[0])
+    one = started(cfg.model_copy(update={"service_id": "one"}))
+    two = ControlService(cfg.model_copy(update={"service_id": "two"}), clock=lambda: now[0])
     try:
         two.start()
         two.tick()

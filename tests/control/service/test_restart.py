@@ -7,6 +7,7 @@ last two tests run the real `gpuplane control serve` and send it SIGTERM.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from tests.control.svc_helpers import (
 )
 from tests.control.test_cli import free_port
 
-INSTANCE = "ctl"
+SERVICE_ID = "ctl"
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def cfg(tmp_path: Path) -> Iterator[ControlConfig]:
     cfg = config(str(tmp_path))
     yield cfg
     # a service of the instance stops the jobs a crashed one left (`no_job_outlives_the_test`)
-    make_service(cfg, INSTANCE).close()
+    make_service(cfg, SERVICE_ID).close()
 
 
 def crash(service: ControlService) -> None:
@@ -81,12 +82,12 @@ def test_a_running_job_is_adopted_and_its_later_exit_recorded(
 ) -> None:
     go = tmp_path / "go"
     command = ["sh", "-c", f"echo started; while [ ! -e {go} ]; do sleep 0.05; done; exit 3"]
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     jid = first.submit(job("survivor", command=command, gpus=1))["id"]
     assert state(first, jid).state == "running"
     crash(first)
     with caplog.at_level(logging.INFO, logger="gpuplane.control"):
-        second = make_service(cfg, INSTANCE)
+        second = make_service(cfg, SERVICE_ID)
     try:
         assert "adopted 1 running jobs, recorded 0 exits while down, 0 lost" in caplog.text
         assert state(second, jid).state == "running"
@@ -107,7 +108,7 @@ def test_a_running_job_is_adopted_and_its_later_exit_recorded(
 def test_exits_while_the_service_was_down_are_recorded_with_their_codes(
     cfg: ControlConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     ok = first.submit(job("ok", command=["sh", "-c", "sleep 0.2"], gpus=1))["id"]
     bad = first.submit(job("bad", command=["sh", "-c", "sleep 0.2; exit 5"], gpus=1))["id"]
     crash(first)
@@ -117,7 +118,7 @@ def test_exits_while_the_service_was_down_are_recorded_with_their_codes(
         "both jobs to end",
     )
     with caplog.at_level(logging.INFO, logger="gpuplane.control"):
-        second = make_service(cfg, INSTANCE)
+        second = make_service(cfg, SERVICE_ID)
     try:
         assert "adopted 0 running jobs, recorded 2 exits while down, 0 lost" in caplog.text
         assert (state(second, ok).state, state(second, ok).exit_code) == ("succeeded", 0)
@@ -134,7 +135,7 @@ def test_a_job_whose_wrapper_was_killed_alone_is_stopped_before_its_card_is_free
     """The OOM killer may pick the wrapper and spare the job: the job is lost (its exit can no
     longer be known), and what is left of it is stopped before its card goes to another job."""
     pids = tmp_path / "pids"
-    service = make_service(cfg, INSTANCE)
+    service = make_service(cfg, SERVICE_ID)
     try:
         jid = service.submit(job("orphan", command=writes_pid(pids), gpus=2))["id"]
         job_pid = pid_in(pids)
@@ -156,7 +157,7 @@ def test_a_job_whose_wrapper_was_killed_alone_is_stopped_before_its_card_is_free
 def test_a_live_process_with_the_recorded_pid_but_another_start_time_is_not_adopted(
     cfg: ControlConfig, tmp_path: Path
 ) -> None:
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     jid = first.submit(job("reused", gpus=1))["id"]
     crash(first)
     record_path = RunDir(tmp_path / "clusters" / "local" / "run").files(jid)[0]
@@ -168,7 +169,7 @@ def test_a_live_process_with_the_recorded_pid_but_another_start_time_is_not_adop
         Path(record_path).write_text(
             record.model_copy(update={"pid": stranger.pid}).model_dump_json()
         )
-        second = make_service(cfg, INSTANCE)
+        second = make_service(cfg, SERVICE_ID)
         try:
             row = state(second, jid)
             assert row.state == "failed"
@@ -183,13 +184,38 @@ def test_a_live_process_with_the_recorded_pid_but_another_start_time_is_not_adop
         stranger.wait()
 
 
-def test_an_adopted_job_can_be_cancelled(cfg: ControlConfig, tmp_path: Path) -> None:
+def test_a_job_recorded_before_the_service_id_rename_is_adopted(
+    cfg: ControlConfig, tmp_path: Path
+) -> None:
+    """A run record written when the key was `instance` (an upgrade with jobs running) is read
+    as its `service_id`: the restarted service adopts the job, and the record is written anew
+    with the new key."""
     pidfile = tmp_path / "pid"
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     jid = first.submit(job("sleeper", command=writes_pid(pidfile), gpus=1))["id"]
     pid = pid_in(pidfile)
     crash(first)
-    second = make_service(cfg, INSTANCE)
+    record_path = Path(RunDir(tmp_path / "clusters" / "local" / "run").files(jid)[0])
+    old = json.loads(record_path.read_text())
+    old["instance"] = old.pop("service_id")
+    record_path.write_text(json.dumps(old))
+    second = make_service(cfg, SERVICE_ID)
+    try:
+        assert state(second, jid).state == "running"
+        assert alive(pid)
+        second.cancel(jid)
+        assert not alive(pid)
+    finally:
+        second.close()
+
+
+def test_an_adopted_job_can_be_cancelled(cfg: ControlConfig, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    first = make_service(cfg, SERVICE_ID)
+    jid = first.submit(job("sleeper", command=writes_pid(pidfile), gpus=1))["id"]
+    pid = pid_in(pidfile)
+    crash(first)
+    second = make_service(cfg, SERVICE_ID)
     try:
         second.cancel(jid)
         assert state(second, jid).state == "cancelled"
@@ -203,12 +229,12 @@ def test_an_adopted_job_is_still_stopped_at_its_time_limit(
     cfg: ControlConfig, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     spec = {**job("slow", command=writes_pid(pidfile), gpus=1), "time_limit": "1s"}
     jid = first.submit(spec)["id"]
     pid = pid_in(pidfile)
     crash(first)
-    second = make_service(cfg, INSTANCE)
+    second = make_service(cfg, SERVICE_ID)
     try:
         row = wait_state(second, jid, "succeeded", "failed", "cancelled")
         assert row.state == "failed"
@@ -222,7 +248,7 @@ def test_a_job_cancelled_elsewhere_while_its_service_was_down_is_stopped_at_its_
     cfg: ControlConfig, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     jid = first.submit(job("sleeper", command=writes_pid(pidfile), gpus=1))["id"]
     pid = pid_in(pidfile)
     crash(first)
@@ -230,7 +256,7 @@ def test_a_job_cancelled_elsewhere_while_its_service_was_down_is_stopped_at_its_
     try:
         other.cancel(jid)  # not its job: the owner stops it
         assert alive(pid)
-        second = make_service(cfg, INSTANCE)
+        second = make_service(cfg, SERVICE_ID)
         assert not alive(pid)
         assert second.adapters["local"].workloads() == []
         second.close()
@@ -242,7 +268,7 @@ def test_a_job_bound_just_before_a_crash_is_taken_back_not_started_twice(
     cfg: ControlConfig, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    first = make_service(cfg, INSTANCE)
+    first = make_service(cfg, SERVICE_ID)
     jid = first.submit(job("once", command=writes_pid(pidfile), gpus=1))["id"]
     pid = pid_in(pidfile)
     with first.store.session() as session, session.begin():  # the crash came before the store
@@ -250,9 +276,9 @@ def test_a_job_bound_just_before_a_crash_is_taken_back_not_started_twice(
         assert row is not None
         row.state, row.bound_by, row.started_at = "admitted", None, None
     crash(first)
-    second = make_service(cfg, INSTANCE)
+    second = make_service(cfg, SERVICE_ID)
     try:
-        assert wait_state(second, jid, "running").bound_by == INSTANCE
+        assert wait_state(second, jid, "running").bound_by == SERVICE_ID
         second.tick()
         assert pidfile.read_text().split() == [str(pid)]  # the one process, not a second
         assert alive(pid)
@@ -274,7 +300,7 @@ class Serve:
         self.out = workdir / f"serve-{self.port}.log"
         conf = workdir / "gpuplane.yaml"
         control = {
-            "instance": "sig",
+            "service_id": "sig",
             "state_dir": str(workdir / "state"),
             "kill_grace_s": 2.0,
             "allow_root_jobs": True,  # as root: jobs reach the test interpreter (not nobody)

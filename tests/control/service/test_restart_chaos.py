@@ -147,7 +147,7 @@ class Fleet:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Fleet, ControlConfig]]:
     control = {
-        "instance": "chaos",
+        "service_id": "chaos",
         "state_dir": str(tmp_path / "state"),
         "schedule_interval_s": 0.05,
         "kill_grace_s": 1.0,
@@ -172,7 +172,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Fleet, ControlConfig]]:
     conf.write_text(yaml.safe_dump({"control": control}))
     fleet = Fleet(tmp_path, conf, free_port())
     try:
-        yield fleet, ControlConfig.model_validate({**control, "instance": "reader"})
+        yield fleet, ControlConfig.model_validate({**control, "service_id": "reader"})
     finally:
         fleet.close()
         for pids in live_jobs().values():  # nothing this test started outlives it

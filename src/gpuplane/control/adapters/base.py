@@ -10,7 +10,7 @@ or preempted by another service process. `bind` is idempotent per job id and `re
 idempotent and never raises, so a crash between
 the store's commit and the adapter's call can always be repaired by calling again.
 
-Workloads outlive the service process: a service restarted under the same `control.instance`
+Workloads outlive the service process: a service restarted under the same `control.service_id`
 creates its adapters again and calls `workloads()` and `status()` before anything else (its first
 reconcile, in `ControlService.start`); they answer for the workloads the earlier process bound
 too, and `bind` of such a job takes it back rather than starting it twice. `close()` is only for
@@ -26,11 +26,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.errors import GpuplaneError
+from gpuplane.serve.engines.base import LaunchSpec
 
 
 class AdapterError(GpuplaneError):
@@ -72,6 +73,24 @@ class InventoryChange:
 
 
 @dataclass(frozen=True, slots=True)
+class Serving:
+    """A deployment instance as a cluster that serves it itself runs it (Kubernetes: KServe's
+    InferenceService): the engine's `launch` listening on every address at `port` (its
+    `engine_args` appended; the model as the spec names it), what the container declares, and
+    the spec's placement labels. Built by the control plane at bind (`DeploymentSpec.serving`),
+    so an adapter never reads a deployment spec."""
+
+    engine: str
+    model: str
+    launch: LaunchSpec
+    port: int
+    max_concurrency: int | None = None
+    limits: Mapping[str, str] = field(default_factory=dict)  # HAMi's card names, cpu, memory
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """One admitted job, as an adapter starts it: what to run and the devices it holds.
     `time_limit_s`: wall-clock seconds it may run (the spec's limit at its node's GPU speed);
@@ -90,8 +109,7 @@ class Workload:
     fractional: bool = False
     time_limit_s: float | None = None
     team: str | None = None  # the job's team (Kubernetes: it picks the namespace)
-    # a deployment instance: its version's deployment spec (the job spec's `serve`)
-    serve: Mapping[str, Any] | None = None
+    serve: Serving | None = None  # a deployment instance: how a cluster serving it runs it
 
 
 class WorkloadState(StrEnum):

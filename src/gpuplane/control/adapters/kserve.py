@@ -16,8 +16,9 @@ a nodeSelector and `gpu_models` a required node affinity; `cluster` and `region`
 cluster to apply the manifests to, so they are no field of them.
 
 The Kubernetes adapter builds each instance a control plane places on a `kubernetes` cluster
-from the same predictor (`predictor`, `inference_service`): one replica, pinned to the node and
-cards the scheduler chose (`adapters/k8s/manifests.py`).
+from the same predictor (`predictor`, `inference_service`), from the instance's typed `Serving`
+(never its deployment spec): one replica, pinned to the node and cards the scheduler chose
+(`adapters/k8s/manifests.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from gpuplane.control.adapters.base import Serving
 from gpuplane.control.deployments.spec import EMBEDDED_MODELS, DeploymentSpec
 from gpuplane.control.spec import SpecError
 from gpuplane.resources import LABEL_GPU_MODEL
@@ -50,7 +52,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """The InferenceServices of `spec`: one per version (the main one first, then the canaries),
     whose predictor runs `image`."""
-    check(spec, image)
+    check(spec.serving(PORT), image)
     if spec.name[0].isdigit():
         raise SpecError(
             f"KServe names start with a letter; rename deployment '{spec.name}' (e.g. "
@@ -64,15 +66,15 @@ def render(
     ]
 
 
-def check(spec: DeploymentSpec, image: str) -> None:
-    """Refuse, saying what to change, a spec whose predictor cannot run `image` on KServe."""
+def check(serving: Serving, image: str) -> None:
+    """Refuse, saying what to change, an instance whose predictor cannot run `image` on KServe."""
     if not image:
         raise SpecError(
             "give the container image that holds the engine (e.g. vllm/vllm-openai for vllm)"
         )
-    if spec.engine == "llamacpp" and spec.model in EMBEDDED_MODELS:
+    if serving.engine == "llamacpp" and serving.model in EMBEDDED_MODELS:
         raise SpecError(
-            f"model '{spec.model}' names the GGUF embedded on this machine; for KServe give "
+            f"model '{serving.model}' names the GGUF embedded on this machine; for KServe give "
             "the model's path inside the image (or on a volume)"
         )
 
@@ -89,17 +91,17 @@ def inference_service(metadata: dict[str, Any], predictor: dict[str, Any]) -> di
     }
 
 
-def predictor(spec: DeploymentSpec, image: str, low: int, high: int) -> dict[str, Any]:
+def predictor(serving: Serving, image: str, low: int, high: int) -> dict[str, Any]:
     """The predictor of one version: `low` to `high` replicas of the engine's container, its
     slots as `containerConcurrency`, the spec's placement as node selector and affinity."""
     out: dict[str, Any] = {
         "minReplicas": low,
         "maxReplicas": high,
-        "containers": [_container(spec, image)],
+        "containers": [_container(serving, image)],
     }
-    if spec.max_concurrency is not None:
-        out["containerConcurrency"] = spec.max_concurrency
-    out.update(_placement(spec))
+    if serving.max_concurrency is not None:
+        out["containerConcurrency"] = serving.max_concurrency
+    out.update(_placement(serving))
     return out
 
 
@@ -118,42 +120,35 @@ def _service(
         },
         "annotations": {} if weight is None else {ANNOTATION_WEIGHT: f"{weight:g}"},
     }
-    return inference_service(metadata, predictor(spec, image, low, high))
+    return inference_service(metadata, predictor(spec.serving(PORT), image, low, high))
 
 
-def _container(spec: DeploymentSpec, image: str) -> dict[str, Any]:
-    adapter = adapter_class(spec.engine)()
-    launch = adapter.launch(spec.model, "0.0.0.0", PORT, spec.to_slice(), spec.max_concurrency)
+def _container(serving: Serving, image: str) -> dict[str, Any]:
+    launch, port = serving.launch, serving.port
     argv = list(launch.argv)
     if argv[:1] == [sys.executable]:  # an engine run by this interpreter: the image's python
         argv[0] = "python3"
-    limits = {k: str(v) for k, v in spec.to_slice().hami_resources().items()}
-    r = spec.slice
-    if r.cpu_millis:
-        limits["cpu"] = f"{r.cpu_millis}m"
-    if r.memory_mib:
-        limits["memory"] = f"{r.memory_mib}Mi"
     env = [{"name": k, "value": v} for k, v in launch.env.items() if k not in _NODE_ENV]
+    health = adapter_class(serving.engine)().health_path
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
-        "command": argv + spec.engine_args,
-        "ports": [{"containerPort": PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": adapter.health_path, "port": PORT}},
-        "resources": {"limits": limits},
+        "command": argv,
+        "ports": [{"containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": health, "port": port}},
+        "resources": {"limits": dict(serving.limits)},
     }
     if env:
         container["env"] = env
     return container
 
 
-def _placement(spec: DeploymentSpec) -> dict[str, Any]:
-    sel = spec.placement
+def _placement(serving: Serving) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if sel.match_labels:
-        out["nodeSelector"] = dict(sel.match_labels)
-    if sel.gpu_models:
-        term = {"key": LABEL_GPU_MODEL, "operator": "In", "values": list(sel.gpu_models)}
+    if serving.match_labels:
+        out["nodeSelector"] = dict(serving.match_labels)
+    if serving.gpu_models:
+        term = {"key": LABEL_GPU_MODEL, "operator": "In", "values": list(serving.gpu_models)}
         out["affinity"] = {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {

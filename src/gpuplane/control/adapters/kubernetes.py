@@ -13,10 +13,11 @@ predictor KServe gave up on fails the job with KServe's reason; a cluster that d
 serving.kserve.io/v1beta1 refuses such a job (`serving_refusal`). The name makes `bind`
 idempotent: a retry (after a timeout, or by a restarted service) finds the object by its name
 (409) and takes it back when it is this job's on the same placement. What runs is watched too
-(the objects labelled with this service instance), so `status`, `workloads` and adoption after a
-restart need no records of their own: the cluster keeps the state. `release` keeps a copy of the
-Pod's log in the state dir (the Pod API forgets it with the Pod), then deletes with the cluster's
-grace period. Every client or transport error is mapped here into an AdapterError saying what to do.
+(the objects labelled with this service process's `service_id`), so `status`, `workloads` and
+adoption after a restart need no records of their own: the cluster keeps the state. `release`
+keeps a copy of the Pod's log in the state dir (the Pod API forgets it with the Pod), then
+deletes with the cluster's grace period. Every client or transport error is mapped here into an
+AdapterError saying what to do.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class KubernetesAdapter(ClusterAdapter):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.instance = self.control.instance or ""
+        self.service_id = self.control.service_id or ""
         self._api: KubeApi | None = None
         self.profile: ApiProfile | None = None
         self._nodes: Reflector[NodeView] | None = None
@@ -128,7 +129,7 @@ class KubernetesAdapter(ClusterAdapter):
                 interval_s=interval,
                 on_change=self._inventory_changed,
             ).start()
-            mine = manifests.selector(self.instance)
+            mine = manifests.selector(self.service_id)
             self._pods = Reflector(
                 api.core.list_pod_for_all_namespaces,
                 object_view,
@@ -301,13 +302,13 @@ class KubernetesAdapter(ClusterAdapter):
             refusal = self.serving_refusal()
             if refusal is not None:
                 raise AdapterError(refusal)
-            return manifests.inference_service(workload, binding, self.cluster, self.instance)
+            return manifests.inference_service(workload, binding, self.cluster, self.service_id)
         if self.cluster.bind_kind == "job":
             assert self.profile is not None
             return manifests.job_manifest(
-                workload, binding, self.cluster, self.instance, self.profile
+                workload, binding, self.cluster, self.service_id, self.profile
             )
-        return manifests.pod_manifest(workload, binding, self.cluster, self.instance)
+        return manifests.pod_manifest(workload, binding, self.cluster, self.service_id)
 
     def bind(self, workload: Workload) -> None:
         """Create the workload's Pod (or Job; a deployment instance's InferenceService). On

@@ -21,7 +21,7 @@ or, where none can be made, a subreaper wrapper.
 
 Jobs outlive the service (`procs.py`): each runs in a session of its own under a wrapper that
 records its exit code, and its pid and start time are recorded before it starts, in
-`<state_dir>/clusters/<cluster>/run/`. A restarted service of the same `control.instance` loads
+`<state_dir>/clusters/<cluster>/run/`. A restarted service of the same `control.service_id` loads
 those records at first use: `bind` takes such a job back instead of starting it again, `status`
 reports it running, ended with its code, or lost, and `release` stops it. Per-job files rather
 than store columns: pids and start times mean something only to this adapter on this machine, and
@@ -240,9 +240,9 @@ class LocalAdapter(ClusterAdapter):
 
     def _held(self) -> dict[str, JobProcess]:
         """The workloads this adapter holds; at first use, those an earlier process of this
-        service instance recorded (call under the lock)."""
+        service process recorded (call under the lock)."""
         if self._runs is None:
-            self._runs = self._dir.load(self.control.instance)
+            self._runs = self._dir.load(self.control.service_id)
         return self._runs
 
     def _status(self, job_id: str, run: JobProcess | None) -> WorkloadStatus:
@@ -294,7 +294,7 @@ class LocalAdapter(ClusterAdapter):
                 job_env(workload.env, gpu_env, home, os.environ),
                 workload.workdir or home,
                 self.log_path(workload.job_id),
-                instance=self.control.instance,
+                service_id=self.control.service_id,
                 limit_s=workload.time_limit_s,
                 placement=_placement(workload),
                 user=user,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from gpuplane.control.adapters import _cgroup
 from gpuplane.control.adapters._privilege import JobUser
@@ -87,7 +87,9 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     job_id: str
-    instance: str | None  # the service instance that bound it (another one's are not ours)
+    # the control-plane process that bound it (another one's are not ours); records written
+    # before it was renamed say `instance`: read as this
+    service_id: str | None = Field(validation_alias=AliasChoices("service_id", "instance"))
     pid: int  # the wrapper's: a session and process group leader
     start_time: str  # `process_start(pid)` at bind: pid and start time name one process
     started: float  # time.monotonic() at bind; that clock is the machine's, not the process's
@@ -187,8 +189,8 @@ class RunDir:
         base = str(self.path / job_id)
         return f"{base}.json", f"{base}.exit"
 
-    def load(self, instance: str | None) -> dict[str, JobProcess]:
-        """The processes that service `instance` recorded and has not released."""
+    def load(self, service_id: str | None) -> dict[str, JobProcess]:
+        """The processes that service process `service_id` recorded and has not released."""
         out = {}
         for path in sorted(self.path.glob("*.json")):
             try:
@@ -196,7 +198,7 @@ class RunDir:
             except (OSError, ValidationError) as exc:
                 log.warning("ignoring unreadable job record %s: %s", path, exc)
                 continue
-            if record.instance == instance:
+            if record.service_id == service_id:
                 out[record.job_id] = JobProcess(record)
         return out
 
@@ -222,7 +224,7 @@ class RunDir:
         workdir: str | None,
         log_path: str,
         *,
-        instance: str | None,
+        service_id: str | None,
         limit_s: float | None,
         placement: dict[str, str],
         user: JobUser | None,
@@ -252,7 +254,7 @@ class RunDir:
                 os.close(report_w)
             record = JobRecord(
                 job_id=job_id,
-                instance=instance,
+                service_id=service_id,
                 pid=popen.pid,
                 start_time=process_start(popen.pid) or "",
                 started=time.monotonic(),

@@ -65,7 +65,7 @@ RAY_NODE_ID = "ray.io/node-id"  # the label Ray gives every node
 GPU_MEM = "gpu_mem_mib"  # the custom resource: MiB of GPU memory on the node
 ACCELERATOR = "accelerator_type:"
 MIB = 1024 * 1024
-META_INSTANCE = "gpuplane.io/instance"
+META_SERVICE_ID = "gpuplane.io/instance"
 META_CLUSTER = "gpuplane.io/cluster"
 META_PLACEMENT = "gpuplane.io/placement"
 META_LIMIT = "gpuplane.io/time-limit-s"
@@ -293,7 +293,7 @@ class RayAdapter(ClusterAdapter):
         selector, has_mem = self._placed_on(workload.node)
         body = ray_request(workload, selector, has_mem)
         body["metadata"] |= {
-            META_INSTANCE: str(self.control.instance),
+            META_SERVICE_ID: str(self.control.service_id),
             META_CLUSTER: self.cluster.name,
         }
         if self._take_back(workload):
@@ -380,7 +380,7 @@ class RayAdapter(ClusterAdapter):
         return sorted(
             str(j["submission_id"])
             for j in jobs
-            if (j.get("metadata") or {}).get(META_INSTANCE) == self.control.instance
+            if (j.get("metadata") or {}).get(META_SERVICE_ID) == self.control.service_id
             and (j.get("metadata") or {}).get(META_CLUSTER) == self.cluster.name
         )
 

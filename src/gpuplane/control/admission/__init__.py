@@ -18,7 +18,7 @@ from gpuplane.control.admission.decision import (
 )
 from gpuplane.control.admission.delay import MIN_WORK_SAMPLES, FasterGpu, FasterGpuWait, WorkHistory
 from gpuplane.control.admission.estate import Estate, Running
-from gpuplane.control.admission.order import AdmissionQueue, Queued
+from gpuplane.control.admission.order import AdmissionQueue
 from gpuplane.control.admission.reasons import PendingReason, from_scheduler
 from gpuplane.control.admission.reclaim import reclaim_candidates
 
@@ -34,7 +34,6 @@ __all__ = [
     "PassResult",
     "PendingJob",
     "PendingReason",
-    "Queued",
     "Running",
     "WorkHistory",
     "admit",

@@ -10,21 +10,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
 from gpuplane.control.admission.decision import PendingJob
 from gpuplane.control.admission.estate import Estate
 from gpuplane.control.scheduler import MILLI_PER_GPU
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A pending job as the queue sees it."""
-
-    job_id: str
-    team: str
-    priority: int
-    created_at: float
 
 
 class AdmissionQueue:
@@ -33,12 +22,12 @@ class AdmissionQueue:
     oldest head job, then FIFO within the team.
     """
 
-    def __init__(self, jobs: Iterable[Queued], share: Callable[[str], float]) -> None:
+    def __init__(self, jobs: Iterable[PendingJob], share: Callable[[str], float]) -> None:
         self._share = share
-        levels: dict[int, dict[str, list[Queued]]] = {}
+        levels: dict[int, dict[str, list[PendingJob]]] = {}
         for job in jobs:
             levels.setdefault(job.priority, {}).setdefault(job.team, []).append(job)
-        self._levels: list[dict[str, deque[Queued]]] = [
+        self._levels: list[dict[str, deque[PendingJob]]] = [
             {
                 t: deque(sorted(js, key=lambda j: (j.created_at, j.job_id)))
                 for t, js in teams.items()
@@ -49,7 +38,7 @@ class AdmissionQueue:
     def __iter__(self) -> AdmissionQueue:
         return self
 
-    def __next__(self) -> Queued:
+    def __next__(self) -> PendingJob:
         while self._levels:
             teams = self._levels[0]
             if not teams:
@@ -84,11 +73,7 @@ def queue_order(
         critical.sort(key=lambda j: (-(j.request.time_limit_s or 0.0), j.created_at, j.job_id))
         yield from (j.job_id for j in critical)
         first = {j.job_id for j in critical}
-        rest = (
-            Queued(j.job_id, j.team, j.priority, j.created_at)
-            for j in level
-            if j.job_id not in first
-        )
+        rest = (j for j in level if j.job_id not in first)
         yield from (q.job_id for q in AdmissionQueue(rest, estate.share))
 
 

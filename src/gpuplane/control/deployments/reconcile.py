@@ -143,20 +143,7 @@ def plan(
     for version, replicas in want.versions.items():
         surplus = len(live[version]) - replicas
         if surplus > 0:
-            # not yet running first (they hold no requests), then from the most crowded
-            # cluster, then idle ones, then the newest
-            crowd = Counter(i.cluster for i in live[version])
-            busy = held or {}
-            order = sorted(
-                live[version],
-                key=lambda i: (
-                    i.running,
-                    -crowd[i.cluster],
-                    busy.get(i.job_id, 0) > 0,
-                    -i.created_at,
-                ),
-            )
-            for inst in order[:surplus]:
+            for inst in _drain_order(live[version], held)[:surplus]:
                 _drain(out, inst, now)
         elif surplus < 0:
             if any(i.version == version for i in out.crashed):
@@ -170,6 +157,17 @@ def plan(
                 out.start[version] = min(-surplus, room)
                 room -= out.start[version]
     return out
+
+
+def _drain_order(live: list[Instance], held: Mapping[str, int] | None) -> list[Instance]:
+    """A version's instances in the order its surplus drains: not yet running first (they hold
+    no requests), then from the most crowded cluster, then idle ones, then the newest."""
+    crowd = Counter(i.cluster for i in live)
+    busy = held or {}
+    return sorted(
+        live,
+        key=lambda i: (i.running, -crowd[i.cluster], busy.get(i.job_id, 0) > 0, -i.created_at),
+    )
 
 
 def _drain(out: Plan, inst: Instance, now: float) -> None:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.deployments.watch import endpoints
 from gpuplane.control.identity.auth import Principal, of_own_team
 from gpuplane.control.lab import faults
 from gpuplane.control.service.service import ControlService
@@ -111,7 +112,7 @@ def add_routes(api: FastAPI, service: ControlService, caller: Callable[..., Prin
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
-            out: dict[str, Any] = await run_in_threadpool(deployments.endpoints)
+            out: dict[str, Any] = await run_in_threadpool(endpoints, service.store)
             done = time.monotonic() >= deadline or await request.is_disconnected()
             if out["resource_version"] != resource_version or done:
                 return out
@@ -120,7 +121,7 @@ def add_routes(api: FastAPI, service: ControlService, caller: Callable[..., Prin
     @api.post("/deployments/load", tags=["deployments"], status_code=204)
     def load(body: LoadReport) -> None:
         """A gateway's exact slot use per deployment, which the autoscaler acts on."""
-        deployments.report(body.gateway, [m.model_dump() for m in body.models])
+        deployments.loads.report(body.gateway, [m.model_dump() for m in body.models])
 
     @api.get("/deployments/{name}", tags=["deployments"])
     def describe_(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
@@ -208,7 +209,7 @@ def describe(
                 "version": inst.version,
                 "url": inst.url,
                 "capacity": inst.capacity,
-                "in_use": service.deployments.in_use(name, inst.job_id),
+                "in_use": service.deployments.loads.in_use(name, inst.job_id),
                 "state": "draining"
                 if inst.draining_since is not None
                 else view.state
@@ -231,7 +232,7 @@ def describe(
         "version": spec["version"],
         "engine": spec["engine"],
         "team": spec["team"],
-        "replicas": service.deployments.replicas(parse_deployment(spec)),
+        "replicas": service.deployments.loads.replicas(parse_deployment(spec)),
         "scaling": spec.get("scaling"),
         "deleting": row.deleting,
         "spec": spec,
@@ -255,7 +256,7 @@ def rollout_of(service: ControlService, d: dict[str, Any]) -> dict[str, Any]:
     spec = parse_deployment(d["spec"])
     wanted = spec.replicas_by_version(d["replicas"])
     weights = spec.weights() or {spec.version: 100.0}
-    ready = service.deployments.ready(name)
+    ready = service.deployments.loads.ready(name)
     order = list(wanted) + sorted({i["version"] for i in d["instances"]} - wanted.keys())
     versions = []
     for v in order:

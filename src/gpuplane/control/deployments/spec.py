@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpuplane.control.adapters.base import Serving
 from gpuplane.control.bounds import MAX_SECONDS, bounded
 from gpuplane.control.deployments.autoscale import Rules
 from gpuplane.control.spec import ResourcesSpec, SelectorSpec, SpecError, parse_spec
@@ -256,6 +257,30 @@ class DeploymentSpec(_Spec):
         if argv[:1] == ["gpuplane"]:  # the simulator: run by the service's own interpreter
             argv = [sys.executable, "-m", "gpuplane.cli.main", *argv[1:]]
         return LaunchSpec(argv + self.engine_args, dict(spec.env))
+
+    def serving(self, port: int) -> Serving:
+        """This version as a cluster that serves it itself runs an instance (KServe): the
+        engine's command on every address at `port` with `engine_args`, the model as named
+        (a path in the image, not this machine's), the container's limits, the placement's
+        labels."""
+        launch = adapter_class(self.engine)().launch(
+            self.model, "0.0.0.0", port, self.to_slice(), self.max_concurrency
+        )
+        limits = {k: str(v) for k, v in self.to_slice().hami_resources().items()}
+        if self.slice.cpu_millis:
+            limits["cpu"] = f"{self.slice.cpu_millis}m"
+        if self.slice.memory_mib:
+            limits["memory"] = f"{self.slice.memory_mib}Mi"
+        return Serving(
+            self.engine,
+            self.model,
+            LaunchSpec(list(launch.argv) + self.engine_args, dict(launch.env)),
+            port,
+            self.max_concurrency,
+            limits,
+            dict(self.placement.match_labels or {}),
+            tuple(self.placement.gpu_models or ()),
+        )
 
     def model_path(self) -> str:
         if self.engine == "llamacpp" and self.model in EMBEDDED_MODELS:

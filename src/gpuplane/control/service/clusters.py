@@ -67,7 +67,7 @@ class Drained:
 @dataclass(slots=True)
 class Clusters:
     """The registered clusters of one service process: their adapters (shared with the binder)
-    and their health. `control` carries this process's instance name, which adapters use to tell
+    and their health. `control` carries this process's `service_id`, which adapters use to tell
     its workloads from other instances'."""
 
     control: ControlConfig

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from sqlalchemy import or_, select, update
 
+from gpuplane.control.adapters import kserve
 from gpuplane.control.adapters.base import (
     AdapterError,
     ClusterAdapter,
@@ -27,6 +28,7 @@ from gpuplane.control.adapters.base import (
     WorkloadStatus,
 )
 from gpuplane.control.admission import Estate
+from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.oplog import job_event, log
 from gpuplane.control.scheduler import Placement, wall_seconds
 from gpuplane.control.service.inventory import split_qualified
@@ -59,7 +61,7 @@ class Binder:
     mirror: Mirror
     records: Records
     clock: Callable[[], float]
-    instance: str
+    service_id: str  # this control-plane process (`control.service_id`)
     # a job's env with its references resolved (team, spec env); called only to bind
     env_of: Callable[[str, Mapping[str, EnvValue]], dict[str, str]]
     down: dict[str, str] = field(default_factory=dict)  # unreachable clusters, and why
@@ -112,11 +114,11 @@ class Binder:
                 moved = session.execute(
                     update(Job)
                     .where(Job.id == workload.job_id, Job.state == "admitted")
-                    .values(state="running", started_at=now, bound_by=self.instance)
+                    .values(state="running", started_at=now, bound_by=self.service_id)
                 )
                 if moved.rowcount == 1:  # type: ignore[attr-defined]
                     self.records.event(
-                        session, "started", f"bound by {self.instance}", job_id=workload.job_id
+                        session, "started", f"bound by {self.service_id}", job_id=workload.job_id
                     )
                     started.append(workload)
                 else:  # cancelled meanwhile, or another service process bound it first
@@ -130,7 +132,7 @@ class Binder:
             self.adapters[clusters[job_id]].release(job_id)
         for workload in started:
             job_id = workload.job_id
-            reason = f"bound by {self.instance} on {workload.node}"
+            reason = f"bound by {self.service_id} on {workload.node}"
             job_event(
                 "started", job_id, team=teams[job_id], cluster=clusters[job_id], reason=reason
             )
@@ -153,7 +155,7 @@ class Binder:
             return self._reconcile()
 
     def _reconcile(self) -> Observed:
-        mine = (Job.state == "running") & (Job.bound_by == self.instance)
+        mine = (Job.state == "running") & (Job.bound_by == self.service_id)
         # an unreachable cluster is not asked; one that fails to answer now is skipped this round
         answering = {c: a for c, a in self.adapters.items() if c not in self.down}
         with self.mirror.store.session() as session:
@@ -236,7 +238,7 @@ class Binder:
                 with self.mirror.store.session() as session:
                     rows = session.execute(
                         select(Job.id, Job.cluster_name, Job.team_name).where(
-                            Job.state == "running", Job.bound_by == self.instance
+                            Job.state == "running", Job.bound_by == self.service_id
                         )
                     ).all()
                 stopped = []
@@ -311,7 +313,10 @@ def _workload(
         fractional=spec.to_request(job.id).is_fractional,
         time_limit_s=limit,
         team=job.team_name,
-        serve=None if spec.serve is None else spec.serve.deployment,
+        # a deployment instance: how a cluster that serves it itself (KServe) runs it
+        serve=None
+        if spec.serve is None
+        else parse_deployment(spec.serve.deployment).serving(kserve.PORT),
     )
 
 

@@ -29,6 +29,9 @@ from sqlalchemy.orm import Session
 from gpuplane.control.adapters.base import ClusterAdapter
 from gpuplane.control.admission import Estate, NominationPolicy
 from gpuplane.control.deployments.controller import Deployments
+from gpuplane.control.deployments.instances import Instances
+from gpuplane.control.deployments.loads import Loads
+from gpuplane.control.deployments.spread import Spread
 from gpuplane.control.errors import ConflictError
 from gpuplane.control.identity.auth import Principal
 from gpuplane.control.identity.oidc import OidcVerifier
@@ -70,7 +73,7 @@ class ControlService:
     ) -> None:
         """`bind_on_submit` False: admitted jobs wait for `tick()` to bind them."""
         self.config = config
-        self.instance = config.instance or f"{socket.gethostname()}:{config.port}"
+        self.service_id = config.service_id or f"{socket.gethostname()}:{config.port}"
         if store is None:
             secure_state_dir(config.state_dir, config.resolved_database_url())
         self.store = store or Store.open(config.resolved_database_url())
@@ -87,10 +90,10 @@ class ControlService:
         self.mirror = Mirror(self.store)
         self.records = Records(clock)
         self.binder = Binder(
-            self.adapters, self.mirror, self.records, clock, self.instance, self.vault.env_of
+            self.adapters, self.mirror, self.records, clock, self.service_id, self.vault.env_of
         )
         # the adapters tell this instance's workloads from other instances' by its name
-        control = config.model_copy(update={"instance": self.instance})
+        control = config.model_copy(update={"service_id": self.service_id})
         self.clusters = Clusters(control, self.binder, self.mirror, self.records, clock)
         rules = PassRules(
             NominationPolicy(config.nominate_after_s, config.max_nominations),
@@ -119,14 +122,15 @@ class ControlService:
             bind_on_submit,
             self.vault.check_refs,
         )
-        self.deployments = Deployments(self)  # their instances are jobs of this service
+        # their instances are jobs of this service
+        self.deployments = Deployments(self, Instances(self), Loads(clock), Spread(self))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> list[str]:
         """Register the clusters (gpuplane.yaml's and those added at run time, `clusters.py`)
-        and the configured teams, then take back the jobs an earlier process
-        of this instance left running (`Binder.reconcile`: still running, ended while it was
+        and the configured teams, then take back the jobs an earlier process with this
+        `service_id` left running (`Binder.reconcile`: still running, ended while it was
         down, or lost; logged), before any pass can place a job on their cards. Returns what
         each inventory came from, and where the local admin token is (made when missing)."""
         messages = self.clusters.start()
@@ -157,7 +161,8 @@ class ControlService:
 
     def close(self, *, stop_jobs: bool = True) -> None:
         """Shut down. `stop_jobs`: stop the jobs this process runs, recorded cancelled; False leaves
-        them running for a restart of this instance to take back (`control serve` on SIGTERM)."""
+        them running for a restart with the same `service_id` to take back (`control serve` on
+        SIGTERM)."""
         if stop_jobs:
             self.binder.stop_all()
         else:
@@ -165,7 +170,7 @@ class ControlService:
                 left = session.scalar(
                     select(func.count())
                     .select_from(Job)
-                    .where(Job.state == "running", Job.bound_by == self.instance)
+                    .where(Job.state == "running", Job.bound_by == self.service_id)
                 )
             log.info(
                 "control plane stopped; %d running jobs left running for its restart to take back",

@@ -24,11 +24,11 @@ Manifest = dict[str, Any]
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = "gpuplane.io/job-id"
-LABEL_INSTANCE = "gpuplane.io/instance"
+LABEL_SERVICE_ID = "gpuplane.io/instance"
 LABEL_TEAM = "gpuplane.io/team"
 # label values are limited to 63 of [A-Za-z0-9._-]: the exact ids also go in annotations
 ANNOTATION_JOB = "gpuplane.io/job-id"
-ANNOTATION_INSTANCE = "gpuplane.io/instance"
+ANNOTATION_SERVICE_ID = "gpuplane.io/instance"
 CONTAINER = "main"
 # KServe names a raw deployment's Service `<name>-predictor`, which must be a DNS label too
 ISVC_NAME_MAX = 63 - len("-predictor")
@@ -59,9 +59,9 @@ def label_value(text: str) -> str:
     return f"{clean[:54].rstrip('-._')}-{_digest(text)}".lstrip("-")
 
 
-def selector(instance: str) -> str:
-    """The label selector of the workloads one control-plane instance bound."""
-    return f"{MANAGED_BY}=gpuplane,{LABEL_INSTANCE}={label_value(instance)}"
+def selector(service_id: str) -> str:
+    """The label selector of the workloads one control-plane process (`service_id`) bound."""
+    return f"{MANAGED_BY}=gpuplane,{LABEL_SERVICE_ID}={label_value(service_id)}"
 
 
 def namespace_of(cluster: ClusterConfig, team: str | None) -> str:
@@ -88,7 +88,7 @@ def _slice(workload: Workload) -> Slice:
 
 
 def pod_template(
-    workload: Workload, binding: Binding, cluster: ClusterConfig, instance: str
+    workload: Workload, binding: Binding, cluster: ClusterConfig, service_id: str
 ) -> Manifest:
     """The Pod's metadata and spec (a bare Pod's body, or a Job's template)."""
     limits: dict[str, Any] = {k: str(v) for k, v in _slice(workload).hami_resources().items()}
@@ -114,13 +114,13 @@ def pod_template(
     }
     if workload.workdir:
         container["workingDir"] = workload.workdir
-    metadata = _metadata(workload, binding, instance)
+    metadata = _metadata(workload, binding, service_id)
     metadata["annotations"].update(_card_annotations(binding))
     spec: Manifest = {"restartPolicy": "Never", **_pinning(workload, cluster)}
     return {"metadata": metadata, "spec": {**spec, "containers": [container]}}
 
 
-def _metadata(workload: Workload, binding: Binding, instance: str) -> Manifest:
+def _metadata(workload: Workload, binding: Binding, service_id: str) -> Manifest:
     """Name, namespace, and the labels and annotations that say whose the object is."""
     return {
         "name": binding.name,
@@ -128,10 +128,10 @@ def _metadata(workload: Workload, binding: Binding, instance: str) -> Manifest:
         "labels": {
             MANAGED_BY: "gpuplane",
             LABEL_JOB: label_value(workload.job_id),
-            LABEL_INSTANCE: label_value(instance),
+            LABEL_SERVICE_ID: label_value(service_id),
             LABEL_TEAM: label_value(workload.team or "default"),
         },
-        "annotations": {ANNOTATION_JOB: workload.job_id, ANNOTATION_INSTANCE: instance},
+        "annotations": {ANNOTATION_JOB: workload.job_id, ANNOTATION_SERVICE_ID: service_id},
     }
 
 
@@ -156,9 +156,9 @@ def _deadline(workload: Workload) -> dict[str, int]:
 
 
 def pod_manifest(
-    workload: Workload, binding: Binding, cluster: ClusterConfig, instance: str
+    workload: Workload, binding: Binding, cluster: ClusterConfig, service_id: str
 ) -> Manifest:
-    pod = pod_template(workload, binding, cluster, instance)
+    pod = pod_template(workload, binding, cluster, service_id)
     pod["spec"].update(_deadline(workload))
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
@@ -167,13 +167,13 @@ def job_manifest(
     workload: Workload,
     binding: Binding,
     cluster: ClusterConfig,
-    instance: str,
+    service_id: str,
     profile: ApiProfile,
 ) -> Manifest:
     """A Job that runs the Pod once: no retries of a failing command (gpuplane decides what
     reruns); where the version serves it, an eviction is not the Job's failure and the
     replacement starts only once the evicted Pod has let go of its card."""
-    template = pod_template(workload, binding, cluster, instance)
+    template = pod_template(workload, binding, cluster, service_id)
     job_meta = {k: v for k, v in template["metadata"].items() if k != "name"}
     template["metadata"] = {k: v for k, v in job_meta.items() if k != "namespace"}
     spec: Manifest = {"backoffLimit": 0, "template": template, **_deadline(workload)}
@@ -197,7 +197,7 @@ def job_manifest(
 
 
 def inference_service(
-    workload: Workload, binding: Binding, cluster: ClusterConfig, instance: str
+    workload: Workload, binding: Binding, cluster: ClusterConfig, service_id: str
 ) -> Manifest:
     """A deployment instance (`workload.serve`) as a KServe InferenceService of one replica
     (KServe's own predictor, `adapters/kserve.py`), whose Pod is pinned as a bare Pod would
@@ -205,18 +205,16 @@ def inference_service(
     listens on KServe's port, not the local one in the workload's command. Raises SpecError
     when the spec cannot run on KServe (e.g. the embedded GGUF)."""
     from gpuplane.control.adapters import kserve  # the control plane's, imported at bind
-    from gpuplane.control.deployments.spec import DeploymentSpec
 
     assert workload.serve is not None
-    spec = DeploymentSpec.model_validate(workload.serve)
-    kserve.check(spec, cluster.image)
-    predictor = kserve.predictor(spec, cluster.image, 1, 1)
+    kserve.check(workload.serve, cluster.image)
+    predictor = kserve.predictor(workload.serve, cluster.image, 1, 1)
     pinning = _pinning(workload, cluster)
     selector = {**predictor.get("nodeSelector", {}), **pinning["nodeSelector"]}
     predictor.update(pinning, nodeSelector=selector)
     if binding.uuids:
         predictor["annotations"] = _card_annotations(binding)
-    return kserve.inference_service(_metadata(workload, binding, instance), predictor)
+    return kserve.inference_service(_metadata(workload, binding, service_id), predictor)
 
 
 def needs(cluster: ClusterConfig) -> Sequence[str]:

@@ -180,7 +180,7 @@ def test_split_by_weight_hands_out_every_instance(total: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted((Path(__file__).parents[2] / "examples" / "deploy").glob("*.yaml")), ids=str
+    "path", sorted((Path(__file__).parents[3] / "examples" / "deploy").glob("*.yaml")), ids=str
 )
 def test_every_example_spec_is_valid(path: Path) -> None:
     spec = parse_deployment(yaml.safe_load(path.read_text()))

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuplane.control.deployments.controller import read_capacity
+from gpuplane.control.deployments.instances import read_capacity
 from gpuplane.control.deployments.spec import parse_deployment
+from gpuplane.control.deployments.watch import endpoints
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import api_client, config, local_cluster, make_service
@@ -338,6 +339,23 @@ def test_delete_removes_the_deployment_once_its_instances_stopped(
     assert "unknown deployment 'chat'" in missing.json()["detail"]
 
 
+def test_delete_while_an_instance_moves_back_drains_it_with_the_rest(
+    held: tuple[ControlService, TestClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment deleted while one of its instances is moving (`Spread`: placed to restore
+    the spread, not serving yet) is deleted like any other: the move keeps no instance (the
+    reconcile of it failed with KeyError on its version, every tick, before)."""
+    service, client = held
+    client.post("/deployments", json={**SPEC, "replicas": 2})
+    moving = client.get("/deployments/chat").json()["instances"][-1]
+    assert moving["state"] == "admitted"
+    service.deployments.spread.started("chat", moving["id"])  # as a move would commit it
+    client.delete("/deployments/chat")
+    service.deployments.reconcile()  # the stopped instances are forgotten, then the deployment
+    assert client.get("/deployments").json() == []
+    assert not [r for r in caplog.records if "reconciling deployment" in r.getMessage()]
+
+
 @pytest.mark.slow
 def test_a_crashed_instance_is_replaced_after_a_back_off(
     service: ControlService, client: TestClient
@@ -374,7 +392,7 @@ def test_an_instance_without_max_concurrency_serves_the_slots_its_engine_reports
     listed = client.get("/deployments/watch", params={"timeout_s": 0}).json()["models"]
     assert listed[0]["instances"] == []  # running, but its slots are not known yet
     deadline = time.monotonic() + 120
-    while not (instances := service.deployments.endpoints()["models"][0]["instances"]):
+    while not (instances := endpoints(service.store)["models"][0]["instances"]):
         assert time.monotonic() < deadline, client.get("/deployments/chat").json()["events"]
         service.tick()
         time.sleep(0.1)
