@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gpuplane.audit.apply import LiveJob, plan_state, save_plan
 from gpuplane.audit.collect.store import collect
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli import audit_review
 from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.audit.collect.files import import_files, read
-from gpuplane.audit.samples import SampleError, SampleStore, Traffic, to_table
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import SampleError, Traffic, to_table
 from gpuplane.cli.main import app
 from tests.audit.test_samples import T0, sample
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.prometheus import PromClient, Series, collect, samples
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
 from tests.conftest import free_port
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.store import Card, Holding, allocation_samples, collect
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
 from gpuplane.control.service import ControlService
 from tests.control.conftest import pg_database

@@ -15,7 +15,8 @@ import pytest
 
 from gpuplane.audit.collect.store import collect
 from gpuplane.audit.pipeline import run_audit
-from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleStore, coerce
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import SAMPLE_SCHEMA, coerce
 from gpuplane.control.service import ControlService
 from tests.control.svc_helpers import config, job, make_service, wait_state
 

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.audit.samples import (
     SAMPLE_SCHEMA,
     Sample,
     SampleError,
-    SampleStore,
     Traffic,
     coerce,
     to_table,

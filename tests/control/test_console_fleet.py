@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from gpuplane.audit.collect.store import Card, Holding
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.control.api import create_app
 from gpuplane.control.auth import Role
 from gpuplane.control.history import allocated

@@ -21,7 +21,7 @@ import pyarrow.acero as ac
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 
 Source: TypeAlias = "ds.Dataset | pa.Table | SampleStore"
 _KEYS = (

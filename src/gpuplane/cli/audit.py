@@ -16,7 +16,8 @@ import pyarrow as pa
 import typer
 
 from gpuplane.audit.collect import CollectError
-from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError, SampleStore
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError
 from gpuplane.cli._loop import run as run_loop
 from gpuplane.cli._secrets import secret_option
 from gpuplane.control.spec import parse_duration

@@ -47,7 +47,8 @@ def _settings(config: Path | None) -> AuditSettings:
 
 def _inputs(store: Path | None, traffic: Path | None, fleet: int | None) -> tuple[Any, Any]:
     """The samples and traffic to audit: the stores, or the generated fleet's tables."""
-    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA
 
     if (store is None) == (fleet is None):
         fail("give --store DIR (a sample store) or --fleet SEED (the seed-like fleet), not both")
@@ -312,7 +313,8 @@ def fleet(
     """Write a seed-like fleet's samples into stores. Its samples (and traffic), to audit like real
     ones."""
     from gpuplane.audit.fleet import generate
-    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA
 
     f = generate(seed)
     SampleStore(out).append(f.samples())
