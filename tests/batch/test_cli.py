@@ -92,7 +92,7 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
     from gpuplane.batch.packing import declared_devices
     from gpuplane.batch.pipeline import load_pipeline
     from gpuplane.batch.runners.base import WorkerSpec, make_runner
-    from gpuplane.cli.batch import RichObserver
+    from gpuplane.cli.batch_drive import RichObserver
     from tests.batch.conftest import TOY, write_clips
 
     clips = write_clips(tmp_path / "clips", 4)

@@ -13,26 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
-from rich.text import Text
 
-from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
-from gpuplane.batch.driver import PROBE_CLIPS, Driver, Observer, RunOptions
+from gpuplane.batch.driver import PROBE_CLIPS, Driver, RunOptions
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.exporter import BatchExporter
-from gpuplane.batch.metrics import StageMetrics
 from gpuplane.batch.packing import Device, Plan, declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
@@ -51,6 +36,7 @@ from gpuplane.cli._batch_common import (
     key_help,
     stdout,
 )
+from gpuplane.cli.batch_drive import observed, run_options, runner_options
 
 app = typer.Typer(help="Offline batch evaluation: prefetch, stage cache, packing.")
 app.add_typer(batch_cache.app, name="cache")
@@ -83,48 +69,6 @@ def _plan_table(plan: Plan) -> Table:
         devices = ", ".join(r.device for r in plan.replicas_of(name))
         t.add_row(name, str(n), devices, f"{plan.share_of(name):.2f}", f"{plan.rates[name]:.2f}")
     return t
-
-
-class RateColumn(ProgressColumn):
-    """Clips per second over Rich's recent window; '-' until there are two samples."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("- clips/s" if speed is None else f"{speed:.1f} clips/s")
-
-
-class RichObserver:
-    """Progress per stage (computed + served from cache) and overall clips: rate and ETA."""
-
-    def __init__(self, console: Console, enabled: bool) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description:<20}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
-            RateColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            console=console,
-            disable=not enabled,
-        )
-        self.tasks: dict[str, Any] = {}
-
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None:
-        self.progress.start()
-        self.tasks["clips"] = self.progress.add_task("clips", total=total, detail="")
-        for s in stages:
-            self.tasks[s] = self.progress.add_task(s, total=total, detail="")
-
-    def on_update(self, metrics: Mapping[str, StageMetrics], done: int) -> None:
-        self.progress.update(self.tasks["clips"], completed=done)
-        for name, m in metrics.items():
-            detail = f"cached {m.cached}" + (f" errors {m.errors}" if m.errors else "")
-            self.progress.update(self.tasks[name], completed=m.done, detail=detail)
-
-    def stop(self) -> None:
-        self.progress.stop()
 
 
 def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[Device, ...], bool]:
@@ -198,51 +142,26 @@ def run(
             versions,
             cfg.cache_url or None,
         )
-        options: dict[str, Any] = {}
-        if cfg.runner == "local":
-            options = {"cpu_slots": cfg.cpu_slots, "threads": cfg.threads, "pin_devices": real}
-        elif cfg.runner == "ray":
-            options = {"address": cfg.ray_address, "token_file": cfg.ray_token_file}
-        run_opts = RunOptions(
-            out_dir=out_dir,
-            devices=devices,
-            storage_options=opts_fs,
-            prefetch_items=cfg.prefetch_items,
-            prefetch_bytes=parse_size(cfg.prefetch_bytes),
-            io_workers=cfg.io_workers,
-            calibrate=cfg.calibrate,
-            verify_clips=cfg.verify_clips,
+        run_opts = run_options(cfg, out_dir, devices, opts_fs)
+        summary = observed(
+            lambda obs: Driver(
+                pipe, spec, make_runner(cfg.runner, **runner_options(cfg, real)), run_opts, obs
+            ),
+            pipe.name,
+            refs,
+            cfg.progress and output is Output.table,
+            metrics_port,
         )
-        console = Console(stderr=True)
-        shown = cfg.progress and output is Output.table and console.is_terminal
-        bars = RichObserver(console, shown)
-        obs: Observer = bars
-        if metrics_port is not None:
-            exporter = BatchExporter(pipe.name, bars)
-            try:
-                server, thread = exporter.serve(metrics_port)
-            except OSError as exc:
-                raise BatchError(
-                    f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1 ({exc}); "
-                    "pick a free port"
-                ) from None
-            obs = exporter
-        try:
-            summary = Driver(pipe, spec, make_runner(cfg.runner, **options), run_opts, obs).run(
-                refs, total=len(refs)
-            )
-        finally:
-            bars.stop()
-            if metrics_port is not None:
-                server.shutdown()
-                server.server_close()
-                thread.join()
         if cfg.report:
             summary["report"] = str(write_report(summary, out_dir))
         summary["out_dir"] = str(out_dir)
         return summary
 
-    summary = guard(go)
+    _show_run(guard(go), output)
+
+
+def _show_run(summary: dict[str, Any], output: Output) -> None:
+    """Print a run's summary; exit non-zero when clips failed, saying how to retry them."""
     if output is not Output.table:
         emit(summary, output)
     else:

@@ -99,12 +99,9 @@ def _pod(labels: Mapping[str, str]) -> str | None:
     return f"{ns}/{pod}" if ns and pod else None
 
 
-def samples(fetched: Fetched, cluster: str) -> pa.Table:
-    """The sample rows of one window's series (all cards, all times)."""
+def _dcgm_cards(fetched: Fetched) -> dict[tuple[float, str], _Card]:
+    """DCGM's series by (time, card UUID): memory used, free and reserved, compute, pods."""
     cards: dict[tuple[float, str], _Card] = {}
-    slices: dict[tuple[float, str, str], _Slice] = {}
-    cores: dict[tuple[float, str, str], float] = {}
-    hami_nodes: dict[str, str] = {}
     for key in ("fb_used", "fb_free", "fb_reserved", "sm_active", "gr_active", "gpu_util"):
         for s in fetched.get(key, ()):
             uuid = s.labels.get("UUID") or s.labels.get("uuid")
@@ -125,6 +122,15 @@ def samples(fetched: Fetched, cluster: str) -> pa.Table:
                     card.reserved = v
                 else:
                     card.compute = (card.compute or {}) | {key: v}
+    return cards
+
+
+def _hami_slices(
+    fetched: Fetched,
+) -> tuple[dict[tuple[float, str, str], _Slice], dict[str, str]]:
+    """HAMi's per-pod series by (time, card UUID, pod), and the node of each card it names."""
+    slices: dict[tuple[float, str, str], _Slice] = {}
+    hami_nodes: dict[str, str] = {}
     for key in ("ctr_mem_used", "ctr_mem_limit", "ctr_util"):
         for s in fetched.get(key, ()):
             labels = {_LEGACY_LABELS.get(k, k): v for k, v in s.labels.items()}
@@ -142,6 +148,14 @@ def samples(fetched: Fetched, cluster: str) -> pa.Table:
                     sl.mem_limit = (sl.mem_limit or 0.0) + v / MIB
                 else:
                     sl.util = (sl.util or 0.0) + v / 100
+    return slices, hami_nodes
+
+
+def samples(fetched: Fetched, cluster: str) -> pa.Table:
+    """The sample rows of one window's series (all cards, all times)."""
+    cards = _dcgm_cards(fetched)
+    slices, hami_nodes = _hami_slices(fetched)
+    cores: dict[tuple[float, str, str], float] = {}
     for s in fetched.get("pod_cores", ()):
         labels = {_LEGACY_LABELS.get(k, k): v for k, v in s.labels.items()}
         uuid, pod = labels.get("device_uuid"), _pod(labels)
