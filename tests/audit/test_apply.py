@@ -21,7 +21,7 @@ from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli import audit_review
 from gpuplane.control.models import Event
 from gpuplane.control.service import ControlService
-from tests.audit.test_findings_live import _usage_rows
+from tests.audit.audit_helpers import _usage_rows
 from tests.control.api_server import serving
 from tests.control.svc_helpers import admin_token, config, job, make_service, state, wait_state
 

@@ -24,7 +24,7 @@ from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.prometheus import PromClient, Series, collect, samples
 from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
-from tests.conftest import free_port
+from tests.helpers.common import free_port
 
 PAGES = Path(__file__).with_name("prometheus")
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

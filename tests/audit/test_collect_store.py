@@ -15,10 +15,7 @@ from gpuplane.audit.collect.store import Card, Holding, allocation_samples, coll
 from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
 from gpuplane.control.service import ControlService
-from tests.control.conftest import pg_database
 from tests.control.svc_helpers import config, job, make_service, wait_state
-
-__all__ = ["pg_database"]  # the session's PostgreSQL server, shared with the control tests
 
 CARD = Card("c1", "n1", 0, "A100-80GB", 81920, "GPU-0")
 

@@ -15,20 +15,7 @@ from gpuplane.batch.journal import Journal, read_records
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
-from tests.batch.conftest import TOY, RunFn, alive, children, write_clips
-
-
-def expected(clips: Path) -> dict[str, dict[str, int]]:
-    out = {}
-    for p in sorted(clips.iterdir()):
-        data = p.read_bytes()
-        out[p.stem] = {"size_check": len(data), "sum_check": sum(data) % 97,
-                       "parity_check": sum(data) % 3}  # fmt: skip
-    return out
-
-
-def outputs(run_dir: Path) -> dict[str, dict[str, int]]:
-    return {k: v["out"] for k, v in read_records(run_dir / "results.jsonl").items()}
+from tests.helpers.batch import TOY, RunFn, alive, children, expected, outputs, write_clips
 
 
 def _stage_workers() -> list[int]:

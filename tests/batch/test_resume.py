@@ -15,8 +15,7 @@ import pytest
 
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.report import write_report
-from tests.batch.conftest import TOY, alive, children, write_clips
-from tests.batch.test_driver import expected
+from tests.helpers.batch import TOY, alive, children, expected, write_clips
 
 
 @pytest.mark.slow

@@ -15,8 +15,7 @@ from gpuplane.batch.metrics import Timeline
 from gpuplane.batch.report import compare_runs
 from gpuplane.batch.summary import finite
 from gpuplane.cli.batch import app
-from tests.batch.conftest import TOY, write_clips
-from tests.batch.test_driver import expected, outputs
+from tests.helpers.batch import TOY, expected, outputs, strict_json, write_clips
 
 
 def batch_run(tmp_path: Path, out: str, clips: Path, *extra: str) -> tuple[dict[str, Any], str]:
@@ -141,15 +140,6 @@ def test_a_resumed_timeline_lays_the_new_work_after_the_earlier() -> None:
     later = Timeline.resume(earlier.to_dict(), 200.0 - 2.0)  # started at 200 s, 2 s already run
     later.add("gpu0", 200.0, 200.5, 0.5)
     assert later.to_dict()["utilisation"]["gpu0"] == [1.0, 1.0, 0.0, 0.0, 0.5]
-
-
-def strict_json(text: str) -> Any:
-    """json.loads that refuses what JSON does not have (NaN, Infinity), as other parsers do."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def test_run_json_is_strict_json_when_a_stage_is_planned_as_free(tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ still runs is stopped, and the test fails naming it.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from fastapi.testclient import TestClient
 
 from gpuplane.control.adapters._procs import JobProcess, JobRecord, session_orphans
 from gpuplane.control.service import ControlService
-from tests.control.pg_server import create_database, postgres_server
 from tests.control.svc_helpers import api_client, config, make_service
 
 
@@ -38,15 +36,6 @@ def no_job_outlives_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
             outlived.append(record.job_id)
             job.stop(grace_s=1.0)
     assert outlived == [], f"jobs outlived the test: {', '.join(outlived)}"
-
-
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[Callable[[], str]]:
-    """One throwaway PostgreSQL server for the session (`pg_server.py`); each call of what it
-    gives creates a fresh database there and returns its URL."""
-    names = itertools.count()
-    with postgres_server() as url:
-        yield lambda: create_database(url, f"t{next(names)}")
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ when GPUPLANE_TEST_KUBECONFIG names its kubeconfig (GPUPLANE_TEST_KUBE_IMAGE: an
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -30,18 +29,9 @@ from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 from tests.control.k8s_fake import FakeKubeApi, hami_card
 from tests.control.k8s_fake.clusters import KubeCluster as Cluster
 from tests.control.k8s_fake.clusters import kube_cluster
+from tests.helpers.control import ended, wait_for
 
 T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(params=["fake", "real"])
@@ -79,14 +69,6 @@ def workload(
         memory_mib=64,
         team="ml",
     )
-
-
-def ended(adapter: KubernetesAdapter, job_id: str) -> WorkloadStatus:
-    def probe() -> WorkloadStatus | None:
-        status = adapter.status([job_id])[job_id]
-        return status if status.state != WorkloadState.RUNNING else None
-
-    return wait_for(probe, f"{job_id} to end", timeout=120)
 
 
 def pods_of(fake: FakeKubeApi, job_id: str) -> list[dict[str, Any]]:

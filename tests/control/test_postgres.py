@@ -26,7 +26,7 @@ from tests.control.svc_helpers import (
     submit_concurrently,
     wait_state,
 )
-from tests.control.test_service_concurrency import LIMITS, TEAMS, shapes
+from tests.helpers.control import LIMITS, TEAMS, shapes
 
 pytestmark = pytest.mark.slow
 
