@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.journal import Journal, read_records
+from gpuplane.batch.journal import ResultsJournal, read_records
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
@@ -138,7 +138,7 @@ def test_report_has_the_three_plots(run_toy: RunFn, tmp_path: Path) -> None:
 def test_journal_truncates_a_torn_line_and_refuses_duplicates(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     path.write_text('{"clip":"a","out":1}\n{"clip":"b","ou')
-    j = Journal(path)
+    j = ResultsJournal(path)
     assert "a" in j.done
     assert len(j.done) == 1
     assert j.torn_bytes > 0
@@ -149,7 +149,7 @@ def test_journal_truncates_a_torn_line_and_refuses_duplicates(tmp_path: Path) ->
     assert [json.loads(x)["clip"] for x in path.read_text().splitlines()] == ["a", "b"]
     path.write_text("not json\n")
     with pytest.raises(BatchError, match="not a journal line"):
-        Journal(path)
+        ResultsJournal(path)
 
 
 def test_unknown_runner_lists_valid_ones() -> None:
@@ -221,10 +221,12 @@ def test_a_second_writer_of_one_run_directory_is_refused(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    first = Journal(tmp_path / "results.jsonl")
+    first = ResultsJournal(tmp_path / "results.jsonl")
     code = (
-        "import sys; from gpuplane.batch.journal import Journal; from pathlib import Path\n"
-        "try:\n    Journal(Path(sys.argv[1]))\nexcept Exception as e:\n    print(e); sys.exit(3)\n"
+        "import sys; from gpuplane.batch.journal import ResultsJournal\n"
+        "from pathlib import Path\n"
+        "try:\n    ResultsJournal(Path(sys.argv[1]))\n"
+        "except Exception as e:\n    print(e); sys.exit(3)\n"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "results.jsonl")],
@@ -233,4 +235,4 @@ def test_a_second_writer_of_one_run_directory_is_refused(tmp_path: Path) -> None
     assert other.returncode == 3
     assert "another run is writing" in other.stdout
     first.close()
-    Journal(tmp_path / "results.jsonl").close()  # free again once the first is done
+    ResultsJournal(tmp_path / "results.jsonl").close()  # free again once the first is done

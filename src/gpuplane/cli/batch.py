@@ -18,7 +18,7 @@ from rich.table import Table
 from gpuplane.batch.clips import ClipRef, list_clips
 from gpuplane.batch.driver import PROBE_CLIPS, Driver, RunOptions
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import Device, Plan, declared_devices
+from gpuplane.batch.packing import BatchDevice, PackingPlan, declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
@@ -28,7 +28,7 @@ from gpuplane.cli._batch_common import (
     CACHE_OPTION,
     CONFIG_OPTION,
     OUTPUT_OPTION,
-    Output,
+    BatchOutput,
     batch_settings,
     emit,
     err,
@@ -61,7 +61,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def _plan_table(plan: Plan) -> Table:
+def _plan_table(plan: PackingPlan) -> Table:
     t = Table(title=f"packing plan (bottleneck: {plan.bottleneck})")
     for col in ("module", "replicas", "devices", "share", "clips/s"):
         t.add_column(col)
@@ -71,7 +71,7 @@ def _plan_table(plan: Plan) -> Table:
     return t
 
 
-def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[Device, ...], bool]:
+def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[BatchDevice, ...], bool]:
     """(devices, whether they are real cards): --gpus declares; else detect; else 2 declared."""
     if gpus is None:
         real = detect_gpus()
@@ -116,7 +116,7 @@ def run(
         None, help="serve the run's Prometheus metrics at 127.0.0.1:PORT/metrics while it runs"
     ),
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Run PIPELINE over the clips. A re-run of the same command resumes where it stopped, and the
     run directory's run.json and report cover every clip of the run."""
@@ -149,7 +149,7 @@ def run(
             ),
             pipe.name,
             refs,
-            cfg.progress and output is Output.table,
+            cfg.progress and output is BatchOutput.table,
             metrics_port,
         )
         if cfg.report:
@@ -160,9 +160,9 @@ def run(
     _show_run(guard(go), output)
 
 
-def _show_run(summary: dict[str, Any], output: Output) -> None:
+def _show_run(summary: dict[str, Any], output: BatchOutput) -> None:
     """Print a run's summary; exit non-zero when clips failed, saying how to retry them."""
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(summary, output)
     else:
         _print_run(summary)
@@ -218,14 +218,14 @@ def plan(
     storage_option: list[str] = STORAGE_OPTION,
     verify_clips: bool | None = VERIFY_OPTION,
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Plan which modules share which device, as `batch run` will. The same options and config
     give the same plan: the stages' seconds per clip come from an earlier run's measurements, else
     from timing one clip with --calibrate (batch.calibrate), else from their declared slices;
     expected cache hits (on the first clips) lighten a stage. It says which it used."""
 
-    def go() -> tuple[Plan, dict[str, Any]]:
+    def go() -> tuple[PackingPlan, dict[str, Any]]:
         cfg = batch_settings(
             config, pattern=pattern, gpus=gpus, gpu_mem_mib=gpu_mem_mib, cache_url=cache,
             calibrate=calibrate, verify_clips=verify_clips,
@@ -251,7 +251,7 @@ def plan(
         return plan, basis
 
     p, basis = guard(go)
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(p.to_dict() | basis, output)
         return
     stdout().print(_plan_table(p))
@@ -266,11 +266,11 @@ def plan(
 def compare(
     run_a: Path = typer.Argument(..., help="run directory (the baseline)"),
     run_b: Path = typer.Argument(..., help="run directory (the candidate)"),
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Compare two runs. Totals, per-stage compute and cache hits, clips whose results changed."""
     doc = guard(lambda: compare_runs(run_a, run_b))
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(doc, output)
         return
     t = Table(title=f"{run_a} → {run_b}")

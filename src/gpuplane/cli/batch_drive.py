@@ -27,7 +27,7 @@ from gpuplane.batch.driver import Driver, Observer, RunOptions
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.exporter import BatchExporter
 from gpuplane.batch.metrics import StageMetrics
-from gpuplane.batch.packing import Device, Plan
+from gpuplane.batch.packing import BatchDevice, PackingPlan
 from gpuplane.batch.settings import BatchConfig
 
 
@@ -57,7 +57,7 @@ class RichObserver:
         )
         self.tasks: dict[str, Any] = {}
 
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None:
+    def on_start(self, stages: list[str], total: int | None, plan: PackingPlan) -> None:
         self.progress.start()
         self.tasks["clips"] = self.progress.add_task("clips", total=total, detail="")
         for s in stages:
@@ -74,7 +74,7 @@ class RichObserver:
 
 
 def run_options(
-    cfg: BatchConfig, out_dir: Path, devices: tuple[Device, ...], storage: dict[str, str]
+    cfg: BatchConfig, out_dir: Path, devices: tuple[BatchDevice, ...], storage: dict[str, str]
 ) -> RunOptions:
     """The driver's options for a run into `out_dir` on `devices`."""
     return RunOptions(

@@ -64,7 +64,7 @@ _LEGACY_LABELS = {
 
 
 @dataclass(frozen=True, slots=True)
-class Series:
+class PromSeries:
     """One series of a range query: its labels and (unix time, value) points."""
 
     labels: Mapping[str, str]
@@ -72,7 +72,7 @@ class Series:
 
 
 # metric key (of METRICS) -> its series
-Fetched = Mapping[str, Sequence[Series]]
+Fetched = Mapping[str, Sequence[PromSeries]]
 
 
 @dataclass(slots=True)
@@ -233,7 +233,7 @@ class PromClient:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
 
-    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[PromSeries]:
         """The series of `expr` at `start`, `start + step`, ... up to `end` (unix seconds)."""
         params = {
             "query": expr,
@@ -255,13 +255,13 @@ class PromClient:
         out = []
         for r in body["data"]["result"]:
             points = [(float(t), float(v)) for t, v in r.get("values", [])]
-            out.append(Series(dict(r.get("metric", {})), points))
+            out.append(PromSeries(dict(r.get("metric", {})), points))
         return out
 
-    def fetch(self, start: float, end: float, step_s: float) -> dict[str, list[Series]]:
+    def fetch(self, start: float, end: float, step_s: float) -> dict[str, list[PromSeries]]:
         """Every metric of `METRICS` over the window; for a metric under several names, the
         first name that has series."""
-        out: dict[str, list[Series]] = {}
+        out: dict[str, list[PromSeries]] = {}
         for key, names in METRICS.items():
             for name in names:
                 found = self.query_range(name, start, end, step_s)

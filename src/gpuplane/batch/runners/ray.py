@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import CPU, Plan, Replica
+from gpuplane.batch.packing import CPU, PackingPlan, Replica
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 from gpuplane.secrets import read_secret
@@ -133,7 +133,7 @@ class RayRunner(Runner):
     def capacity(self) -> int:
         return max(1, len(self._actors))
 
-    def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
+    def start(self, spec: WorkerSpec, plan: PackingPlan, pipeline: Pipeline) -> None:
         if spec.pipeline_spec is None:
             raise BatchError("the ray runner needs a pipeline path or module:attr, not an object")
         address = self.address or os.environ.get("RAY_ADDRESS")  # ray.init's own fallback

@@ -15,7 +15,7 @@ from typing import TypeVar
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.adapters.k8s import manifests
 from gpuplane.control.adapters.k8s.api import KSERVE_GROUP, KSERVE_VERSION, KubeApi
-from gpuplane.control.adapters.k8s.convert import NodeView, ObjectView, node_view, object_view
+from gpuplane.control.adapters.k8s.convert import KubeNodeView, ObjectView, node_view, object_view
 from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error
 from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
 from gpuplane.control.settings import ClusterConfig
@@ -43,7 +43,7 @@ class KubeWatches:
         self._on_nodes = on_nodes
         self.api: KubeApi | None = None
         self.profile: ApiProfile | None = None
-        self.nodes: Reflector[NodeView] | None = None
+        self.nodes: Reflector[KubeNodeView] | None = None
         self.pods: Reflector[ObjectView] | None = None
         self.jobs: Reflector[ObjectView] | None = None
         self.services: Reflector[ObjectView] | None = None  # InferenceServices, with KServe
