@@ -91,29 +91,22 @@ class KubeWatches:
             on_change=self._on_nodes,
         ).start()
         mine = manifests.selector(self.instance)
-        self.pods = Reflector(
-            api.core.list_pod_for_all_namespaces,
-            object_view,
-            what=f"{name} pods",
-            interval_s=interval,
-            label_selector=mine,
-        ).start()
+
+        def watch(list_fn: Callable[..., object], what: str) -> Reflector[ObjectView]:
+            """A started watch of this instance's objects that `list_fn` lists."""
+            return Reflector(
+                list_fn,
+                object_view,
+                what=f"{name} {what}",
+                interval_s=interval,
+                label_selector=mine,
+            ).start()
+
+        self.pods = watch(api.core.list_pod_for_all_namespaces, "pods")
         if self.cluster.bind_kind == "job":
-            self.jobs = Reflector(
-                api.batch.list_job_for_all_namespaces,
-                object_view,
-                what=f"{name} jobs",
-                interval_s=interval,
-                label_selector=mine,
-            ).start()
+            self.jobs = watch(api.batch.list_job_for_all_namespaces, "jobs")
         if KSERVE in profile.groups:
-            self.services = Reflector(
-                api.list_inference_services,
-                object_view,
-                what=f"{name} inferenceservices",
-                interval_s=interval,
-                label_selector=mine,
-            ).start()
+            self.services = watch(api.list_inference_services, "inferenceservices")
 
     def synced(self, reflector: Reflector[T] | None) -> Reflector[T]:
         """`reflector` once it has listed, or AdapterError with why it has not."""
