@@ -15,7 +15,8 @@ from gpuplane.batch.journal import ResultsJournal, read_records
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
-from tests.helpers.batch import TOY, RunFn, alive, children, expected, outputs, write_clips
+from tests.helpers.batch import TOY, RunFn, children, expected, outputs, write_clips
+from tests.helpers.common import alive
 
 
 def _stage_workers() -> list[int]:

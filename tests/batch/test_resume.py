@@ -15,7 +15,8 @@ import pytest
 
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.report import write_report
-from tests.helpers.batch import TOY, alive, children, expected, write_clips
+from tests.helpers.batch import TOY, children, expected, write_clips
+from tests.helpers.common import alive
 
 
 @pytest.mark.slow

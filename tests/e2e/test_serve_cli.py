@@ -20,7 +20,7 @@ from sqlalchemy import select
 from gpuplane.control.models import Deployment, Job
 from gpuplane.control.statedir import exclusive
 from gpuplane.control.store import Store
-from tests.helpers.common import free_port, taken_port
+from tests.helpers.common import alive, free_port, taken_port
 from tests.helpers.e2e import GPUPLANE, gateway_over_sim
 from tests.helpers.serve import NO_ENGINE
 
@@ -79,14 +79,6 @@ def descendants(pid: int) -> set[int]:
         frontier = {p for p, parent in parents.items() if parent in frontier} - out
         out |= frontier
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 BANNER_END = "Ctrl-C stops everything."

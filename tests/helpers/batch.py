@@ -37,15 +37,6 @@ def children(pid: int | str = "self") -> list[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    """Is process `pid` running (neither gone nor a zombie)?"""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def expected(clips: Path) -> dict[str, dict[str, int]]:
     out = {}
     for p in sorted(clips.iterdir()):
