@@ -38,7 +38,8 @@ with optional_imports():
     from gpuplane.audit.pipeline import run_audit
     from gpuplane.audit.plan import make_plan
     from gpuplane.audit.recommend import replay
-    from gpuplane.audit.samples import SAMPLE_SCHEMA, TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import SAMPLE_SCHEMA, TRAFFIC_SCHEMA
     from gpuplane.audit.usage import usage
 
 RESULTS = Path(__file__).with_name("results")

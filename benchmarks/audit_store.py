@@ -33,7 +33,8 @@ with optional_imports():
     import pyarrow.compute as pc
 
     from _results import save
-    from gpuplane.audit.samples import SampleStore, coerce
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import coerce
 
 RESULTS = Path(__file__).with_name("results") / "audit_store.json"
 START = datetime(2026, 12, 1, tzinfo=UTC)

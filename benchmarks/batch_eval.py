@@ -47,7 +47,7 @@ with optional_imports():
     from gpuplane.batch.clips import ClipRef, list_clips
     from gpuplane.batch.driver import Driver, RunOptions
     from gpuplane.batch.metrics import StageMetrics
-    from gpuplane.batch.packing import Plan, declared_devices
+    from gpuplane.batch.packing import PackingPlan, declared_devices
     from gpuplane.batch.pipeline import BoundStage, CachePolicy, Pipeline, Stage, load_pipeline
     from gpuplane.batch.runners.base import WorkerSpec, make_runner
     from gpuplane.resources import Slice
@@ -154,7 +154,7 @@ class _RssSampler:
         self.every = every
         self.samples: list[tuple[int, float]] = []
 
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None:
+    def on_start(self, stages: list[str], total: int | None, plan: PackingPlan) -> None:
         self.samples.append((0, _rss_mib()))
 
     def on_update(self, metrics: Mapping[str, StageMetrics], done: int) -> None:

@@ -4,16 +4,16 @@ share a heavy per-session backend are pinned to one pytest-xdist worker."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
-import socket
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.control.pg_server import create_database, postgres_server
 
 # Fixtures that start a backend too heavy to run twice at once on a small machine -> the
 # pytest-xdist group whose one worker runs every test that asks for it (`--dist loadgroup`, as
@@ -115,21 +115,10 @@ def _logging_as_it_was() -> Iterator[None]:
     root.setLevel(level)
 
 
-@contextmanager
-def taken_port() -> Iterator[int]:
-    """A loopback port something listens on while the block runs."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        yield int(taken.getsockname()[1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def gateway_settings(models: list[dict[str, Any]], **gateway: Any) -> dict[str, Any]:
-    """A settings dict for a gateway on a free loopback port."""
-    return {"gateway": {"host": "127.0.0.1", "port": 0, **gateway}, "models": models}
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[Callable[[], str]]:
+    """One throwaway PostgreSQL server for the session (`pg_server.py`); each call of what it
+    gives creates a fresh database there and returns its URL."""
+    names = itertools.count()
+    with postgres_server() as url:
+        yield lambda: create_database(url, f"t{next(names)}")

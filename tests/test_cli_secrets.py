@@ -70,7 +70,7 @@ def test_a_secret_comes_from_a_file_named_after_an_at_or_from_the_environment(
     assert runner.invoke(probe, [], env={"PROBE_TOKEN": "from-env"}).output == "token=from-env\n"
     missing = runner.invoke(probe, ["--token", f"@{tmp_path / 'missing'}"])
     assert missing.exit_code == 2
-    assert "cannot read" in _said(missing.output)
+    assert "cannot be read" in _said(missing.output)
     secret.write_text("")
     empty = runner.invoke(probe, ["--token", f"@{secret}"])
     assert empty.exit_code == 2

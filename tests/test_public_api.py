@@ -13,6 +13,7 @@ def test_public_surface_is_exactly_all() -> None:
         "logs",
         "averages",
         "sections",
+        "secrets",
         "audit",
         "plane",
     }

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from gpuplane.audit.apply import LiveJob, plan_state, save_plan
 from gpuplane.audit.collect.store import collect
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli import audit_review
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.store.models import Event
-from tests.audit.test_findings_live import _usage_rows
+from tests.audit.audit_helpers import _usage_rows
 from tests.control.api_server import serving
 from tests.control.svc_helpers import admin_token, config, job, make_service, state, wait_state
 

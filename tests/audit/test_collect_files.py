@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.audit.collect.files import import_files, read
-from gpuplane.audit.samples import SampleError, SampleStore, Traffic, to_table
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import SampleError, Traffic, to_table
 from gpuplane.cli.main import app
-from tests.audit.test_samples import T0, sample
+from tests.audit.audit_helpers import SAMPLE_T0, sample
 
 HEADER = (
     "time,cluster,node,card,gpu_model,workload,team,kind,card_mem_mib,alloc_mem_mib,"
@@ -75,7 +76,7 @@ def test_malformed_files_say_what_is_wrong(tmp_path: Path, text: str, match: str
 def test_parquet_samples_and_traffic_import(tmp_path: Path) -> None:
     samples_file, traffic_file = tmp_path / "s.parquet", tmp_path / "t.parquet"
     pq.write_table(to_table([sample(), sample(1)]), samples_file)
-    rows = [Traffic(T0, "chat", "http://i0", 4, 40, 20, 3.5)]
+    rows = [Traffic(SAMPLE_T0, "chat", "http://i0", 4, 40, 20, 3.5)]
     pq.write_table(to_table(rows), traffic_file)
     store = SampleStore(tmp_path / "store")
     assert import_files([samples_file], store) == 2

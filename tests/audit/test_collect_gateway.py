@@ -14,9 +14,8 @@ from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.gateway import Counts, GatewayReader, traffic
 from gpuplane.cli.main import app
 from gpuplane.serve.settings import key_digest
-from tests.conftest import free_port
-from tests.serve.conftest import asgi_gateway
-from tests.serve.test_gateway import gateway
+from tests.helpers.common import free_port
+from tests.helpers.serve import asgi_gateway, gateway
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 A, B = ("chat", "http://i0"), ("chat", "http://i1")

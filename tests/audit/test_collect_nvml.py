@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.audit.collect import CollectError, nvml
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
 from gpuplane.control.adapters.procs import JobRecord, process_start
 

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gpuplane.audit.collect import CollectError
-from gpuplane.audit.collect.prometheus import PromClient, Series, collect, samples
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.collect.prometheus import PromClient, PromSeries, collect, samples
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
-from tests.conftest import free_port
+from tests.helpers.common import free_port
 
 PAGES = Path(__file__).with_name("prometheus")
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -197,12 +197,12 @@ def test_hamis_legacy_names_are_read_like_the_current_ones() -> None:
     labels = {"podnamespace": "ml", "podname": "chat-a", "ctrname": "s", "deviceuuid": "GPU-x"}
     card = {"UUID": "GPU-x", "Hostname": "n1", "modelName": "A100"}
     fetched = {
-        "fb_used": [Series(card, [(60.0, 1000.0)])],
-        "fb_free": [Series(card, [(60.0, 80920.0)])],
-        "gr_active": [Series(card, [(60.0, 0.5)])],
-        "ctr_mem_used": [Series(labels, [(60.0, 512 * 2**20)])],
-        "ctr_util": [Series(labels, [(60.0, 12.0)])],
-        "pod_cores": [Series({**labels, "nodename": "n1"}, [(60.0, 25.0)])],
+        "fb_used": [PromSeries(card, [(60.0, 1000.0)])],
+        "fb_free": [PromSeries(card, [(60.0, 80920.0)])],
+        "gr_active": [PromSeries(card, [(60.0, 0.5)])],
+        "ctr_mem_used": [PromSeries(labels, [(60.0, 512 * 2**20)])],
+        "ctr_util": [PromSeries(labels, [(60.0, 12.0)])],
+        "pod_cores": [PromSeries({**labels, "nodename": "n1"}, [(60.0, 25.0)])],
     }
     [row] = samples(fetched, "c1").to_pylist()
     assert (row["workload"], row["mem_used_mib"], row["alloc_cores_pct"]) == ("ml/chat-a", 512, 25)
@@ -215,7 +215,9 @@ def test_a_long_window_is_asked_in_pieces_prometheus_accepts(
 ) -> None:
     asked: list[tuple[float, float]] = []
 
-    def fetch(self: PromClient, start: float, end: float, step_s: float) -> dict[str, list[Series]]:
+    def fetch(
+        self: PromClient, start: float, end: float, step_s: float
+    ) -> dict[str, list[PromSeries]]:
         asked.append((start, end))
         return {}
 

@@ -12,13 +12,10 @@ from typer.testing import CliRunner
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.collect.store import Card, Holding, allocation_samples, collect
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.cli.main import app
 from gpuplane.control.service.service import ControlService
-from tests.control.conftest import pg_database
 from tests.control.svc_helpers import config, job, make_service, wait_state
-
-__all__ = ["pg_database"]  # the session's PostgreSQL server, shared with the control tests
 
 CARD = Card("c1", "n1", 0, "A100-80GB", 81920, "GPU-0")
 

@@ -9,14 +9,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 from gpuplane.audit.collect.store import collect
 from gpuplane.audit.pipeline import run_audit
-from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleStore, coerce
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.control.service.service import ControlService
+from tests.audit.audit_helpers import _usage_rows
 from tests.control.svc_helpers import config, job, make_service, wait_state
 
 GIB = 1024
@@ -27,22 +26,6 @@ def svc(tmp_path: Path) -> Iterator[ControlService]:
     service = make_service(config(str(tmp_path), gpus=2))
     yield service
     service.close()
-
-
-def _usage_rows(alloc: pa.Table, workload: str, mem_mib: float, compute: float) -> pa.Table:
-    """Usage samples for `workload` at the times the store says it held its card."""
-    mine = alloc.filter(pa.compute.equal(alloc["workload"].cast(pa.string()), workload))
-    n = mine.num_rows
-    rows = {name: mine[name] for name in ("time", "cluster", "node", "card", "gpu_model",
-                                          "workload", "team", "card_mem_mib")}  # fmt: skip
-    rows.update(
-        kind=pa.array([""] * n),
-        alloc_mem_mib=pa.nulls(n, pa.int32()),
-        alloc_cores_pct=pa.nulls(n, pa.int16()),
-        mem_used_mib=pa.array(np.full(n, mem_mib, np.float32)),
-        compute_share=pa.array(np.full(n, compute, np.float32)),
-    )
-    return coerce(pa.table(rows), SAMPLE_SCHEMA)
 
 
 @pytest.mark.slow

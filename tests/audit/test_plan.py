@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from gpuplane.audit.estate import Estate, Held
+from gpuplane.audit.estate import AuditEstate, Held
 from gpuplane.audit.pipeline import Audit, run_audit
 from gpuplane.audit.plan import violations
 from gpuplane.audit.settings import AuditSettings
@@ -78,7 +78,7 @@ def test_the_plan_id_is_a_digest_of_its_inputs() -> None:
 
 
 def test_violations_counts_what_the_core_refuses() -> None:
-    plan_estate = Estate.of(_audit(_estate()).stats.cards)
+    plan_estate = AuditEstate.of(_audit(_estate()).stats.cards)
     fits = [
         Held("a", "c", "n0", "n0/0", 40 * GIB, 500),
         Held("b", "c", "n0", "n0/0", 40 * GIB, 500),

@@ -15,7 +15,8 @@ from gpuplane.audit.fleet import Fleet, FleetSpec, generate
 from gpuplane.audit.pipeline import run_audit
 from gpuplane.audit.recommend import replay
 from gpuplane.audit.report import render, write_report
-from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import TRAFFIC_SCHEMA
 from gpuplane.audit.usage import usage
 from gpuplane.cli.main import app
 

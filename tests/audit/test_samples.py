@@ -12,37 +12,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.audit.samples import (
     SAMPLE_SCHEMA,
-    Sample,
     SampleError,
-    SampleStore,
     Traffic,
     coerce,
     to_table,
     validate,
 )
-
-T0 = datetime(2026, 12, 1, 23, 58, tzinfo=UTC)
-
-
-def sample(minute: int = 0, **over: Any) -> Sample:
-    base: dict[str, Any] = {
-        "time": T0 + timedelta(minutes=minute),
-        "cluster": "c1",
-        "node": "n1",
-        "card": "GPU-aaaa",
-        "gpu_model": "A100-80GB",
-        "workload": "job-1",
-        "team": "vision",
-        "kind": "batch",
-        "card_mem_mib": 81920,
-        "alloc_mem_mib": 10240,
-        "alloc_cores_pct": 25,
-        "mem_used_mib": 4000.0,
-        "compute_share": 0.1,
-    }
-    return Sample(**(base | over))
+from tests.audit.audit_helpers import SAMPLE_T0, sample
 
 
 def test_rows_round_trip_through_the_store_across_days(tmp_path: Path) -> None:
@@ -59,10 +38,10 @@ def test_rows_round_trip_through_the_store_across_days(tmp_path: Path) -> None:
 def test_scan_selects_time_range_columns_and_filter(tmp_path: Path) -> None:
     store = SampleStore(tmp_path)
     store.append(to_table([sample(m, team="vision" if m % 2 else "nlp") for m in range(6)]))
-    since, until = T0 + timedelta(minutes=1), T0 + timedelta(minutes=4)
+    since, until = SAMPLE_T0 + timedelta(minutes=1), SAMPLE_T0 + timedelta(minutes=4)
     got = store.scan(since=since, until=until, columns=["time", "team"])
     assert got.column_names == ["time", "team"]
-    assert got.column("time").to_pylist() == [T0 + timedelta(minutes=m) for m in (1, 2, 3)]
+    assert got.column("time").to_pylist() == [SAMPLE_T0 + timedelta(minutes=m) for m in (1, 2, 3)]
     vision = store.scan(filter=pc.field("team") == "vision")
     assert vision.num_rows == 3
     with pytest.raises(SampleError, match=r"unknown column.*teem.*valid: time"):
@@ -165,7 +144,7 @@ def test_compaction_merges_parts_sorted_and_never_counts_a_row_twice(tmp_path: P
     cards = back.column("card").to_pylist()
     assert len(set(cards[:3])) == 1  # grouped by card
     assert sorted(cards) == ["GPU-a"] * 3 + ["GPU-b"] * 3
-    times = [T0 + timedelta(minutes=m) for m in (-5, -4, -3)]
+    times = [SAMPLE_T0 + timedelta(minutes=m) for m in (-5, -4, -3)]
     assert back.column("time").to_pylist() == times * 2  # each card's rows in time order
     # a crash after the merged file landed but before its parts were deleted
     for p in saved.iterdir():
@@ -186,7 +165,7 @@ def test_traffic_rows_have_their_own_schema(tmp_path: Path) -> None:
 
 def traffic(**over: Any) -> Traffic:
     base: dict[str, Any] = {
-        "time": T0,
+        "time": SAMPLE_T0,
         "model": "chat",
         "instance": "http://127.0.0.1:9001",
         "requests": 3,

@@ -7,13 +7,13 @@ import pytest
 
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.audit.stats import timeline
-from gpuplane.audit.usage import Usage, usage
+from gpuplane.audit.usage import UsageReport, usage
 from tests.audit.audit_helpers import CARD, concat, free_card, series
 
 HOUR = 60  # samples, one a minute
 
 
-def _usage(table: pa.Table, **cfg: object) -> Usage:
+def _usage(table: pa.Table, **cfg: object) -> UsageReport:
     window, _ = timeline(table)
     return usage(table, window, AuditSettings.model_validate(cfg))
 

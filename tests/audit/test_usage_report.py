@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.service.service import ControlService

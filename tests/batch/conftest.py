@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,7 @@ from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
 from gpuplane.batch.runners.base import Runner, WorkerSpec, make_runner
-
-TOY = str(Path(__file__).with_name("toy_pipeline.py"))
-
-
-def write_clips(root: Path, n: int, broken: tuple[int, ...] = ()) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        body = (b"FAIL" if i in broken else b"") + bytes((i * 7 + j) % 251 for j in range(500 + i))
-        (root / f"clip-{i:04d}.bin").write_bytes(body)
-    return root
+from tests.helpers.batch import TOY, RunFn, write_clips
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +26,6 @@ def _in_a_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def clips(tmp_path: Path) -> Path:
     return write_clips(tmp_path / "clips", 12)
-
-
-RunFn = Callable[..., dict[str, Any]]
 
 
 @pytest.fixture
@@ -67,24 +54,3 @@ def run_toy(tmp_path: Path, clips: Path) -> RunFn:
         return drv.run(list_clips(str(clip_dir or clips)))
 
     return run
-
-
-def children(pid: int | str = "self") -> list[int]:
-    """The child processes of `pid` (of every thread of it), read from /proc. A thread that
-    ends while they are read had none left: it is skipped."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(x) for x in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Is process `pid` running (neither gone nor a zombie)?"""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gpuplane.batch.cache import Entry, StageCache, human_size, parse_age, parse_size, plan_gc
 from gpuplane.batch.errors import BatchError
 from gpuplane.cli.batch import app
-from tests.batch.conftest import TOY
+from tests.helpers.batch import TOY
 
 
 def test_put_get_roundtrip_and_stats(tmp_path: Path) -> None:

@@ -11,8 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.batch import app
-from tests.batch.test_report import clip_table, parse
-from tests.batch.test_summary import strict_json
+from tests.helpers.batch import clip_table, parse, strict_json
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "drive_eval")
@@ -92,8 +91,8 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
     from gpuplane.batch.packing import declared_devices
     from gpuplane.batch.pipeline import load_pipeline
     from gpuplane.batch.runners.base import WorkerSpec, make_runner
-    from gpuplane.cli.batch import RichObserver
-    from tests.batch.conftest import TOY, write_clips
+    from gpuplane.cli.batch_drive import RichObserver
+    from tests.helpers.batch import TOY, write_clips
 
     clips = write_clips(tmp_path / "clips", 4)
     buf = io.StringIO()
@@ -115,7 +114,7 @@ def test_progress_shows_every_stage_on_a_terminal(tmp_path: Path) -> None:
 
 
 def test_failed_clips_exit_non_zero_and_say_how_to_retry(tmp_path: Path) -> None:
-    from tests.batch.conftest import TOY, write_clips
+    from tests.helpers.batch import TOY, write_clips
 
     clips = write_clips(tmp_path / "clips", 3, broken=(1,))
     args = ["run", TOY, "--clips", str(clips), "--out", str(tmp_path / "run"),
@@ -131,7 +130,7 @@ def test_failed_clips_exit_non_zero_and_say_how_to_retry(tmp_path: Path) -> None
 def test_ray_runner_without_a_cluster_at_the_address_says_what_to_do(tmp_path: Path) -> None:
     import socket
 
-    from tests.batch.conftest import TOY, write_clips
+    from tests.helpers.batch import TOY, write_clips
 
     pytest.importorskip("ray")
     with socket.socket() as s:  # a port on 127.0.0.1 that nothing listens on once closed

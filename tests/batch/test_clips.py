@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 from gpuplane.batch.clips import content_version, list_clips
 from gpuplane.batch.errors import BatchError
 from gpuplane.cli.batch import app
-from tests.batch.conftest import TOY, RunFn
-from tests.batch.test_driver import expected, outputs
+from tests.helpers.batch import TOY, RunFn, expected, outputs
 
 MTIME_NS = 1_700_000_000 * 10**9  # tar keeps whole seconds: clips written in one second share it
 

@@ -11,24 +11,12 @@ import pytest
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.journal import Journal, read_records
+from gpuplane.batch.journal import ResultsJournal, read_records
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.report import compare_runs, write_report
 from gpuplane.batch.runners.base import make_runner
-from tests.batch.conftest import TOY, RunFn, alive, children, write_clips
-
-
-def expected(clips: Path) -> dict[str, dict[str, int]]:
-    out = {}
-    for p in sorted(clips.iterdir()):
-        data = p.read_bytes()
-        out[p.stem] = {"size_check": len(data), "sum_check": sum(data) % 97,
-                       "parity_check": sum(data) % 3}  # fmt: skip
-    return out
-
-
-def outputs(run_dir: Path) -> dict[str, dict[str, int]]:
-    return {k: v["out"] for k, v in read_records(run_dir / "results.jsonl").items()}
+from tests.helpers.batch import TOY, RunFn, children, expected, outputs, write_clips
+from tests.helpers.common import alive
 
 
 def _stage_workers() -> list[int]:
@@ -151,7 +139,7 @@ def test_report_has_the_three_plots(run_toy: RunFn, tmp_path: Path) -> None:
 def test_journal_truncates_a_torn_line_and_refuses_duplicates(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     path.write_text('{"clip":"a","out":1}\n{"clip":"b","ou')
-    j = Journal(path)
+    j = ResultsJournal(path)
     assert "a" in j.done
     assert len(j.done) == 1
     assert j.torn_bytes > 0
@@ -162,7 +150,7 @@ def test_journal_truncates_a_torn_line_and_refuses_duplicates(tmp_path: Path) ->
     assert [json.loads(x)["clip"] for x in path.read_text().splitlines()] == ["a", "b"]
     path.write_text("not json\n")
     with pytest.raises(BatchError, match="not a journal line"):
-        Journal(path)
+        ResultsJournal(path)
 
 
 def test_unknown_runner_lists_valid_ones() -> None:
@@ -234,10 +222,12 @@ def test_a_second_writer_of_one_run_directory_is_refused(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    first = Journal(tmp_path / "results.jsonl")
+    first = ResultsJournal(tmp_path / "results.jsonl")
     code = (
-        "import sys; from gpuplane.batch.journal import Journal; from pathlib import Path\n"
-        "try:\n    Journal(Path(sys.argv[1]))\nexcept Exception as e:\n    print(e); sys.exit(3)\n"
+        "import sys; from gpuplane.batch.journal import ResultsJournal\n"
+        "from pathlib import Path\n"
+        "try:\n    ResultsJournal(Path(sys.argv[1]))\n"
+        "except Exception as e:\n    print(e); sys.exit(3)\n"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "results.jsonl")],
@@ -246,4 +236,4 @@ def test_a_second_writer_of_one_run_directory_is_refused(tmp_path: Path) -> None
     assert other.returncode == 3
     assert "another run is writing" in other.stdout
     first.close()
-    Journal(tmp_path / "results.jsonl").close()  # free again once the first is done
+    ResultsJournal(tmp_path / "results.jsonl").close()  # free again once the first is done

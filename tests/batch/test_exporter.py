@@ -20,7 +20,7 @@ from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.cli.batch import app
-from tests.batch.conftest import TOY, write_clips
+from tests.helpers.batch import TOY, write_clips
 
 
 def values(page: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuplane.batch.clips import ClipRef
 from gpuplane.batch.flow import ClipState, Flow, Start, reads_clip
-from gpuplane.batch.packing import Plan, Replica
+from gpuplane.batch.packing import PackingPlan, Replica
 from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, Stage
 
 
@@ -27,11 +27,11 @@ PIPE = Pipeline(
 )
 
 
-def plan(**replicas: int) -> Plan:
+def plan(**replicas: int) -> PackingPlan:
     """One replica per stage unless told, all on gpu0."""
     counts = {s.name: replicas.get(s.name, 1) for s in PIPE.stages}
     made = tuple(Replica(n, i, "gpu0", 0.1, 0) for n, k in counts.items() for i in range(k))
-    return Plan(made, counts, dict.fromkeys(counts, 1.0), "perception", {"gpu0": 0.5})
+    return PackingPlan(made, counts, dict.fromkeys(counts, 1.0), "perception", {"gpu0": 0.5})
 
 
 def clip(ident: str, hits: dict[str, Any] | None = None, data: Any = b"raw") -> ClipState:

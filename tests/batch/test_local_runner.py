@@ -11,7 +11,7 @@ from gpuplane.batch.packing import CPU, ModuleProfile, declared_devices, plan_pa
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import Task, WorkerSpec
 from gpuplane.batch.runners.local import LocalRunner, detect_gpus
-from tests.batch.conftest import TOY
+from tests.helpers.batch import TOY
 
 
 def test_pinned_pools_see_only_their_card() -> None:

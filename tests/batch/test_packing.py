@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplane.batch.packing import CPU, Device, ModuleProfile, plan_packing
+from gpuplane.batch.packing import CPU, BatchDevice, ModuleProfile, plan_packing
 from gpuplane.errors import ResourceError
 from gpuplane.resources import Slice
 
@@ -13,7 +13,7 @@ def frac(mem: int, pct: int) -> Slice:
     return Slice(gpus=1, gpu_mem_mib=mem, gpu_cores_pct=pct)
 
 
-DEVS = (Device("gpu0", 80_000), Device("gpu1", 80_000), Device("gpu2", 80_000))
+DEVS = (BatchDevice("gpu0", 80_000), BatchDevice("gpu1", 80_000), BatchDevice("gpu2", 80_000))
 
 
 def test_heavy_module_alone_light_ones_packed_together() -> None:
@@ -38,7 +38,7 @@ def test_replicas_match_rates_by_water_filling() -> None:
         ModuleProfile("a", frac(10_000, 20), 0.4),
         ModuleProfile("b", frac(5_000, 10), 0.1),
     ]
-    plan = plan_packing(mods, (Device("gpu0", 80_000),))
+    plan = plan_packing(mods, (BatchDevice("gpu0", 80_000),))
     # a is 4x slower than b: 4 replicas of a and 1 of b run at the same rate (0.9 of the card;
     # a fifth a would not fit)
     assert plan.replica_counts == {"a": 4, "b": 1}

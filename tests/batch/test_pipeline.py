@@ -17,7 +17,7 @@ from gpuplane.batch.pipeline import (
     load_pipeline,
     stage,
 )
-from tests.batch.conftest import TOY
+from tests.helpers.batch import TOY
 
 
 def f(x: int, k: int = 1) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from tests.batch.conftest import TOY
+from tests.helpers.batch import TOY
 
 _FORMS = "pass a directory with pipeline.py, a .py file, or module:attr"
 

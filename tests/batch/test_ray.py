@@ -17,8 +17,7 @@ from gpuplane.batch.packing import CPU, Replica, declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.batch.runners.ray import GPU_MEM_RESOURCE, RayRunner, actor_options, endpoint
-from tests.batch.conftest import TOY, write_clips
-from tests.batch.test_driver import expected
+from tests.helpers.batch import TOY, expected, write_clips
 
 
 def test_actor_options_map_slices_to_fractional_gpus_and_custom_resources() -> None:

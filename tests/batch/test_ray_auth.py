@@ -15,8 +15,8 @@ import pytest
 
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.runners.ray import auth_env
-from tests.batch.conftest import TOY, write_clips
 from tests.control.adapters.ray_cluster import RayCluster, RayNode, ray_cluster
+from tests.helpers.batch import TOY, write_clips
 
 TOKEN = secrets.token_hex(16)
 

@@ -3,54 +3,10 @@ stage linked to its cache entries, and one row per clip with its stage outcomes 
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
 from pathlib import Path
 
 from gpuplane.batch.report import write_report
-from tests.batch.conftest import RunFn, write_clips
-
-
-class Tables(HTMLParser):
-    """Every table of a page: its class, its rows as cell texts, and its links' targets."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tables: list[tuple[str, list[list[str]]]] = []
-        self.links: list[str] = []
-        self.scripts = 0
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "table":
-            self.tables.append((dict(attrs).get("class") or "", []))
-        elif tag == "tr":
-            self.tables[-1][1].append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-        elif tag == "a":
-            self.links.append(dict(attrs).get("href") or "")
-        elif tag == "script":
-            self.scripts += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None:
-            self.tables[-1][1][-1].append("".join(self._cell).strip())
-            self._cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def parse(path: Path) -> Tables:
-    page = Tables()
-    page.feed(path.read_text(encoding="utf-8"))
-    return page
-
-
-def clip_table(page: Tables) -> list[list[str]]:
-    (rows,) = [rows for cls, rows in page.tables if "clips" in cls.split()]
-    return rows
+from tests.helpers.batch import RunFn, clip_table, parse, write_clips
 
 
 def test_report_has_a_clean_summary_and_one_sortable_row_per_clip(

@@ -15,8 +15,8 @@ import pytest
 
 from gpuplane.batch.journal import read_records
 from gpuplane.batch.report import write_report
-from tests.batch.conftest import TOY, alive, children, write_clips
-from tests.batch.test_driver import expected
+from tests.helpers.batch import TOY, children, expected, write_clips
+from tests.helpers.common import alive
 
 
 @pytest.mark.slow

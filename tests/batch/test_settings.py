@@ -23,7 +23,7 @@ from gpuplane.cli.batch import app
 from gpuplane.cli.main import app as main_app
 from gpuplane.config import parse_settings
 from gpuplane.errors import ConfigError
-from tests.batch.conftest import TOY, write_clips
+from tests.helpers.batch import TOY, write_clips
 
 FLAG_DEFAULTS: dict[str, Any] = {
     "cache_url": ".gpuplane/cache",

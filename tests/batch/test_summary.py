@@ -11,12 +11,11 @@ from typing import Any
 from typer.testing import CliRunner
 
 from gpuplane.batch.journal import read_records
-from gpuplane.batch.metrics import Timeline
+from gpuplane.batch.metrics import BusyTimeline
 from gpuplane.batch.report import compare_runs
 from gpuplane.batch.summary import finite
 from gpuplane.cli.batch import app
-from tests.batch.conftest import TOY, write_clips
-from tests.batch.test_driver import expected, outputs
+from tests.helpers.batch import TOY, expected, outputs, strict_json, write_clips
 
 
 def batch_run(tmp_path: Path, out: str, clips: Path, *extra: str) -> tuple[dict[str, Any], str]:
@@ -136,20 +135,11 @@ def test_an_error_line_torn_by_a_kill_does_not_block_the_resume(tmp_path: Path) 
 
 
 def test_a_resumed_timeline_lays_the_new_work_after_the_earlier() -> None:
-    earlier = Timeline(100.0, bin_s=0.5)
+    earlier = BusyTimeline(100.0, bin_s=0.5)
     earlier.add("gpu0", 100.0, 101.0, 1.0)  # the first invocation: busy its first second
-    later = Timeline.resume(earlier.to_dict(), 200.0 - 2.0)  # started at 200 s, 2 s already run
+    later = BusyTimeline.resume(earlier.to_dict(), 200.0 - 2.0)  # started at 200 s, 2 s already run
     later.add("gpu0", 200.0, 200.5, 0.5)
     assert later.to_dict()["utilisation"]["gpu0"] == [1.0, 1.0, 0.0, 0.0, 0.5]
-
-
-def strict_json(text: str) -> Any:
-    """json.loads that refuses what JSON does not have (NaN, Infinity), as other parsers do."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def test_run_json_is_strict_json_when_a_stage_is_planned_as_free(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from gpuplane.batch.driver import Driver, RunOptions
 from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
-from tests.batch.conftest import TOY, write_clips
+from tests.helpers.batch import TOY, write_clips
 
 
 def csrf_of(html: str) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy import update
 
 from gpuplane.audit.collect.store import Card, Holding
 from gpuplane.audit.history import allocated
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import TeamConfig

@@ -254,3 +254,13 @@ def assert_quota_respected(
     for team, used in rows:
         nominal, borrow = limits.get(team, (10**9, None))
         assert used <= nominal + (borrow if borrow is not None else 10**9), (team, used)
+
+
+def least_privilege(
+    tmp_path: Path, teams: Sequence[TeamConfig] | None = None, **update: object
+) -> ControlConfig:
+    """`config` under `tmp_path` (with `teams`, if given) with the privilege features' default,
+    no root jobs, then `update` (the privilege and team isolation tests' base)."""
+    state = str(tmp_path / "state")
+    base = config(state) if teams is None else config(state, teams=teams)
+    return base.model_copy(update={"allow_root_jobs": False, **update})

@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from tests.conftest import taken_port
+from tests.helpers.common import taken_port
 
 MINIMAL = """\
 name: hello

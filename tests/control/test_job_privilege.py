@@ -25,18 +25,11 @@ from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.store import queries
 from gpuplane.control.store.models import Deployment
-from tests.control.svc_helpers import config, job, make_service, wait_state
+from tests.control.svc_helpers import job, least_privilege, make_service, wait_state
 
 SECRET = "s3cr3t-from-the-service-env"
 UIDS = TeamUids(ControlConfig().team_uid_start, ControlConfig().team_uid_count)
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the service as root")
-
-
-def least_privilege(tmp_path: Path, **update: object) -> ControlConfig:
-    """The shared test config with this feature's defaults (no root jobs)."""
-    return config(str(tmp_path / "state")).model_copy(
-        update={"allow_root_jobs": False, "job_user": None, **update}
-    )
 
 
 @pytest.fixture

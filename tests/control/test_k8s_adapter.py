@@ -7,8 +7,7 @@ when GPUPLANE_TEST_KUBECONFIG names its kubeconfig (GPUPLANE_TEST_KUBE_IMAGE: an
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -30,18 +29,9 @@ from gpuplane.resources import LABEL_GPU_MODEL, LABEL_REGION, LABEL_VGPU
 from tests.control.k8s_fake import FakeKubeApi, hami_card
 from tests.control.k8s_fake.clusters import KubeCluster as Cluster
 from tests.control.k8s_fake.clusters import kube_cluster
+from tests.helpers.control import ended, wait_for
 
 T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(params=["fake", "real"])
@@ -81,14 +71,6 @@ def workload(
     )
 
 
-def ended(adapter: KubernetesAdapter, job_id: str) -> WorkloadStatus:
-    def probe() -> WorkloadStatus | None:
-        status = adapter.status([job_id])[job_id]
-        return status if status.state != WorkloadState.RUNNING else None
-
-    return wait_for(probe, f"{job_id} to end", timeout=120)
-
-
 def pods_of(fake: FakeKubeApi, job_id: str) -> list[dict[str, Any]]:
     items, _ = fake.state.select("pods", None, f"gpuplane.io/job-id={job_id}")
     return items
@@ -99,7 +81,7 @@ def uids_of(cluster: Cluster, job_id: str) -> list[str]:
     if cluster.fake is not None:
         return [p["metadata"]["uid"] for p in pods_of(cluster.fake, job_id)]
     adapter = cluster.made[0]
-    api = adapter._connect()
+    api = adapter.kube.connect()
     pods = api.core.list_pod_for_all_namespaces(label_selector=f"gpuplane.io/job-id={job_id}")
     return sorted(p.metadata.uid for p in pods.items)
 
@@ -244,15 +226,15 @@ def test_the_watch_names_the_nodes_it_changed_and_asks_for_everything_after_a_re
     wait_for(both, "the new node and the cordoned one")
     assert [d.uuid for d in nodes["gpu-c"].devices] == ["GPU-c0"]
     assert "gpu-b" not in {*nodes, *gone}  # untouched
-    assert adapter._nodes is not None
+    assert adapter.kube.nodes is not None
     api.unreachable = True  # the watch ends, and while it is down ...
     api.end_watches()
-    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
+    wait_for(lambda: adapter.kube.nodes.error if adapter.kube.nodes else None, "the watch to fail")
     api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
     api.compact()  # ... the server compacts past it: 410 Gone, a relist
     api.unreachable = False
     wait_for(lambda: adapter.changes() is None or None, "a relist to ask for everything")
-    assert adapter._nodes.relists == 1
+    assert adapter.kube.nodes.relists == 1
 
 
 def test_a_watch_from_a_compacted_resource_version_lists_again(
@@ -261,10 +243,10 @@ def test_a_watch_from_a_compacted_resource_version_lists_again(
     api, cluster = fake
     adapter = cluster.adapter()
     adapter.inventory()
-    assert adapter._nodes is not None
+    assert adapter.kube.nodes is not None
     api.unreachable = True  # the server restarts: the watch ends and cannot reopen ...
     api.end_watches()
-    wait_for(lambda: adapter._nodes.error if adapter._nodes else None, "the watch to fail")
+    wait_for(lambda: adapter.kube.nodes.error if adapter.kube.nodes else None, "the watch to fail")
     api.add_node("after-compaction", cards=[hami_card("GPU-x", index=0)])
     api.compact()  # ... and compacts past the watch's resourceVersion: 410 Gone when it does
     api.unreachable = False
@@ -272,7 +254,7 @@ def test_a_watch_from_a_compacted_resource_version_lists_again(
         lambda: any(n.name == "after-compaction" for n in adapter.inventory().nodes) or None,
         "the relisted node",
     )
-    assert adapter._nodes.relists >= 1
+    assert adapter.kube.nodes.relists >= 1
     assert ("GET", "/api/v1/nodes") in api.requests[api.requests.index(("GET", "/version")) + 1 :]
 
 
@@ -280,7 +262,7 @@ def test_bookmarks_move_a_quiet_watch_on(fake: tuple[FakeKubeApi, Cluster]) -> N
     api, cluster = fake
     adapter = cluster.adapter()
     adapter.inventory()
-    nodes = adapter._nodes
+    nodes = adapter.kube.nodes
     assert nodes is not None
     before = int(nodes.resource_version or 0)
     api.create_namespace("unrelated")  # moves the server's resourceVersion, not a node
@@ -511,8 +493,8 @@ def test_an_api_server_silent_for_a_sync_interval_is_unreachable_until_it_answer
         lambda: any(n.name == "while-down" for n in adapter.inventory().nodes) or None,
         "the change made while it was down",
     )
-    assert adapter._nodes is not None
-    assert adapter._nodes.relists == 0  # the watch resumed from its resourceVersion
+    assert adapter.kube.nodes is not None
+    assert adapter.kube.nodes.relists == 0  # the watch resumed from its resourceVersion
 
 
 @pytest.mark.parametrize("kind", ["pod", "job"])

@@ -28,15 +28,15 @@ from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig
 from gpuplane.serve.server import serving
-from tests.conftest import free_port
-from tests.control.adapters.test_kserve import check, needs_kserve
 from tests.control.api_server import serving_with_loop
 from tests.control.k8s_fake import FakeKubeApi
 from tests.control.k8s_fake.clusters import kube_cluster
 from tests.control.k8s_fake.kserve import cluster_url
 from tests.control.k8s_fake.state import Obj
 from tests.control.svc_helpers import admin_token, api_client, config, local_cluster, make_service
-from tests.e2e.test_deployments import watching
+from tests.helpers.common import free_port
+from tests.helpers.control import check, needs_kserve
+from tests.helpers.e2e import watching
 
 pytestmark = needs_kserve
 

@@ -18,7 +18,7 @@ from gpuplane.control.adapters.kubernetes import KubernetesAdapter
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from tests.control.k8s_fake import FakeKubeApi, hami_card
-from tests.control.test_k8s_adapter import ended, wait_for
+from tests.helpers.control import ended, wait_for
 
 KUBECTL = shutil.which("kubectl")
 

@@ -29,7 +29,7 @@ from gpuplane.control.adapters.procs import process_start
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.store import queries
-from tests.control.svc_helpers import config, job, make_service, wait_state
+from tests.control.svc_helpers import job, least_privilege, make_service, wait_state
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs the service as root")
 TEAMS = (TeamConfig(name="research"), TeamConfig(name="prod"))
@@ -41,10 +41,7 @@ NEEDS_CGROUP = pytest.mark.skipif(
 
 def settings(tmp_path: Path, **update: object) -> ControlConfig:
     """Two teams; this feature's defaults (no root jobs, no shared user) unless `update`."""
-    base = config(str(tmp_path / "state"), teams=TEAMS)
-    return base.model_copy(
-        update={"allow_root_jobs": False, "allow_shared_job_user": False, **update}
-    )
+    return least_privilege(tmp_path, TEAMS, **{"allow_shared_job_user": False, **update})
 
 
 @pytest.fixture

@@ -24,8 +24,6 @@ from gpuplane.batch.packing import declared_devices
 from gpuplane.batch.pipeline import load_pipeline
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
 from gpuplane.serve.settings import key_digest
-from tests.batch.conftest import TOY, write_clips
-from tests.conftest import free_port
 from tests.control.api_server import cli, serving
 from tests.control.svc_helpers import (
     SLEEP,
@@ -35,7 +33,9 @@ from tests.control.svc_helpers import (
     make_service,
     wait_state,
 )
-from tests.e2e.test_serve_cli import gateway_over_sim
+from tests.helpers.batch import TOY, write_clips
+from tests.helpers.common import free_port
+from tests.helpers.e2e import gateway_over_sim
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,13 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuplane.cli import deploy as deploy_cli
-from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.store.models import DeploymentEvent, Job
-from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
-from gpuplane.serve.settings import ServeSettings
-from tests.conftest import gateway_settings
 from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import admin_token, config, make_service
+from tests.helpers.e2e import wait_for, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -72,22 +68,6 @@ def cli_json(url: str, *args: str) -> Any:
     code, out = cli(url, *args, "-o", "json")
     assert code == 0, out
     return json.loads(out)
-
-
-def watching(url: str) -> tuple[Gateway, ServeSettings]:
-    """A gateway that takes its models from the control plane at `url` (as the service's local
-    admin, whose token `control` set; health probes every 0.2 s), and its settings for
-    `serving`."""
-    settings = parse_settings(gateway_settings([], health={"probe_interval_s": 0.2}))
-    return Gateway(settings, control=url, control_token=os.environ[TOKEN_ENV]), settings
-
-
-async def wait_for(what: str, check: object, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout_s} s")
-        await asyncio.sleep(0.1)
 
 
 async def chat(client: httpx.AsyncClient, url: str) -> tuple[int, str]:

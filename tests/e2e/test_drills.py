@@ -34,7 +34,7 @@ from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
 from tests.control.api_server import serving_with_loop
 from tests.control.svc_helpers import A100, admin_token, config, local_cluster, make_service
-from tests.e2e.test_deployments import wait_for, watching
+from tests.helpers.e2e import wait_for, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(600)]
 

@@ -8,11 +8,9 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,62 +20,9 @@ from sqlalchemy import select
 from gpuplane.control.statedir import exclusive
 from gpuplane.control.store.models import Deployment, Job
 from gpuplane.control.store.store import Store
-from tests.conftest import free_port, taken_port
-from tests.serve.test_crash_diagnosis import NO_ENGINE
-
-GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]
-
-
-def wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"{proc.args!r} exited early: {proc.stdout.read() if proc.stdout else ''}"
-            )
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} did not answer within {timeout_s} s")
-
-
-@contextmanager
-def gateway_over_sim(
-    tmp_path: Path, config: str = ""
-) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`gpuplane gateway` over one simulated engine (model smollm2, 2 slots), both as
-    subprocesses; `config` is YAML put beside the `models:` section. Yields the gateway's URL and
-    process; stops both with SIGINT (killed if they do not end within 30 s)."""
-    sim_port, gw_port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [*GPUPLANE, "engine", "sim", "--base-port", str(sim_port), "--instances", "1",
-         "--max-num-seqs", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    path = tmp_path / "gateway.yaml"
-    path.write_text(
-        config + "models:\n  - name: smollm2\n    engine: sim\n    instances:\n"
-        f'      - {{url: "http://127.0.0.1:{sim_port}", max_concurrency: 2}}\n'
-    )
-    gw = subprocess.Popen(
-        [*GPUPLANE, "gateway", "--config", str(path), "--port", str(gw_port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_http(f"http://127.0.0.1:{sim_port}/health", sim)
-        wait_http(f"http://127.0.0.1:{gw_port}/readyz", gw)
-        yield f"http://127.0.0.1:{gw_port}", gw
-    finally:
-        for p in (gw, sim):
-            p.send_signal(signal.SIGINT)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(30)
+from tests.helpers.common import alive, free_port, taken_port
+from tests.helpers.e2e import GPUPLANE, gateway_over_sim
+from tests.helpers.serve import NO_ENGINE
 
 
 @pytest.fixture
@@ -134,14 +79,6 @@ def descendants(pid: int) -> set[int]:
         frontier = {p for p, parent in parents.items() if parent in frontier} - out
         out |= frontier
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 BANNER_END = "Ctrl-C stops everything."

@@ -14,7 +14,7 @@ import httpx
 from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
 from gpuplane.serve.settings import EngineConfig
 from gpuplane.serve.supervisor import Supervisor
-from tests.conftest import free_port
+from tests.helpers.common import free_port
 
 
 @asynccontextmanager

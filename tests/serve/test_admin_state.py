@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve.conftest import SEGV, asgi_gateway, one_of_each_state
+from tests.helpers.serve import SEGV, asgi_gateway, one_of_each_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

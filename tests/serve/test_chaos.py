@@ -26,7 +26,7 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.engines.sim import SimFleet, start_sim
 from gpuplane.serve.server import serving
-from tests.serve.conftest import assert_released
+from tests.helpers.serve import assert_released
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,8 +16,8 @@ from gpuplane.serve.app import Gateway
 from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest
-from tests.conftest import gateway_settings
-from tests.serve.conftest import SEGV, one_of_each_state
+from tests.helpers.common import gateway_settings
+from tests.helpers.serve import SEGV, one_of_each_state
 
 
 async def status(*args: str) -> Result:

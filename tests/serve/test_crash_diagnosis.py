@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
 from gpuplane.serve.engines.diagnose import CPU_HINT, MEMORY_HINT, classify_exit, log_tail
-from tests.conftest import free_port
+from tests.helpers.common import free_port
+from tests.helpers.serve import NO_ENGINE
 
 GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]
-NO_ENGINE = "llama-cpp-python is not installed yet (make setup builds it)"
 SEGFAULT = (
     "import os, resource, signal; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
     "print('loading model'); os.kill(os.getpid(), signal.SIGSEGV)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve.test_gateway import CHAT, error_of, gateway
+from tests.helpers.serve import CHAT, error_of, gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from gpuplane.serve.router import ModelRouter
-from tests.serve.conftest import SLOW, SYSTEM, Clock, fleet_with_a_slow_card, make_router
+from tests.helpers.serve import SLOW, SYSTEM, Clock, fleet_with_a_slow_card, make_router
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

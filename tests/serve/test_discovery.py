@@ -14,7 +14,7 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.discovery import Discovery
 from gpuplane.serve.slots import InstanceState
-from tests.conftest import gateway_settings
+from tests.helpers.common import gateway_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

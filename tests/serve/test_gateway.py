@@ -4,58 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
 
-import httpx
 import pytest
 
-from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.proxy import WATCH_AFTER_S
-from gpuplane.serve.server import serving
-from tests.conftest import gateway_settings
-from tests.serve.conftest import assert_released
+from tests.helpers.serve import CHAT, error_of, gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
-
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-@asynccontextmanager
-async def gateway(
-    instances: int = 2,
-    capacity: int = 1,
-    tenants: list[dict[str, Any]] | None = None,
-    sim: dict[str, Any] | None = None,
-    wall: Callable[[], float] = time.time,
-    **config: Any,
-) -> AsyncIterator[tuple[str, httpx.AsyncClient, Any]]:
-    async with start_sim(instances, capacity, seed=1, **(sim or {})) as fleet:
-        models = [
-            {
-                "name": "m",
-                "engine": "sim",
-                "instances": [{"url": u, "max_concurrency": capacity} for u in fleet.urls],
-            }
-        ]
-        data = gateway_settings(models, **config)
-        data["tenants"] = tenants or []
-        settings = parse_settings(data)
-        gw = Gateway(settings, wall=wall)
-        async with serving(settings, gw) as base, httpx.AsyncClient(timeout=30) as client:
-            yield base, client, fleet
-            # while it still serves: a shutdown would free what a request still holds
-            await assert_released(gw.routers.values())
-
-
-def error_of(response: httpx.Response) -> dict[str, Any]:
-    body = response.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    return dict(body["error"])
 
 
 async def test_chat_and_completions_stream_and_not() -> None:

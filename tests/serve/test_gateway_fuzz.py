@@ -27,8 +27,8 @@ from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.openapi import document
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest
-from tests.conftest import gateway_settings
 from tests.fuzzing import CHECKS, bounded
+from tests.helpers.common import gateway_settings
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.supervisor import Supervisor
-from tests.conftest import gateway_settings
-from tests.serve.conftest import assert_released
+from tests.helpers.common import gateway_settings
+from tests.helpers.serve import assert_released
 from tests.serve.llama_harness import chat_body, llama_instances, stream_chat
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]

@@ -16,8 +16,7 @@ from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
 from gpuplane.serve.settings import key_digest
-from tests.serve.conftest import Clock
-from tests.serve.test_gateway import CHAT, error_of, gateway
+from tests.helpers.serve import CHAT, Clock, error_of, gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplane.config import parse_settings
 from gpuplane.serve.server import serving
-from tests.conftest import gateway_settings
-from tests.serve.test_gateway import CHAT, gateway
+from tests.helpers.common import gateway_settings
+from tests.helpers.serve import CHAT, gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

@@ -17,8 +17,8 @@ from gpuplane.serve.engines.sim import sim_process
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.proxy import Next, after_failure
 from gpuplane.serve.server import serving
-from tests.conftest import free_port, gateway_settings
-from tests.serve.conftest import assert_released
+from tests.helpers.common import free_port, gateway_settings
+from tests.helpers.serve import assert_released
 
 
 def test_a_failure_before_the_first_byte_is_retried_after_it_ends_the_stream() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serve.conftest import asgi_gateway
+from tests.helpers.serve import asgi_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

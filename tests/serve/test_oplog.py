@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.serve.errors import Rejection
 from gpuplane.serve.oplog import GatewayLog, RateLimit
-from tests.serve.test_gateway import CHAT, gateway
+from tests.helpers.serve import CHAT, gateway
 
 
 class Clock:

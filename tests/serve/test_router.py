@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.router import Admission
-from tests.serve.conftest import Clock, assert_released, make_router, prompt
+from tests.helpers.serve import Clock, assert_released, make_router, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

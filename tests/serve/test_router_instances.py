@@ -9,7 +9,7 @@ import pytest
 
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.slots import InstanceState
-from tests.serve.conftest import Clock, make_router
+from tests.helpers.serve import Clock, make_router
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

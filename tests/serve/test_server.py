@@ -11,7 +11,7 @@ import pytest
 from gpuplane.config import parse_settings
 from gpuplane.errors import ConfigError
 from gpuplane.serve.server import serving
-from tests.conftest import gateway_settings
+from tests.helpers.common import gateway_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.serve.limits import Usage
 from gpuplane.serve.speed import Answer, InstanceSpeeds
-from tests.serve.conftest import SLOW, SYSTEM, fleet_with_a_slow_card, make_router, prompt
+from tests.helpers.serve import SLOW, SYSTEM, fleet_with_a_slow_card, make_router, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

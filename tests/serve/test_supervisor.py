@@ -27,7 +27,7 @@ from gpuplane.serve.supervisor import (
     ManagedProcess,
     Supervisor,
 )
-from tests.conftest import free_port, gateway_settings
+from tests.helpers.common import free_port, gateway_settings
 
 
 def engine_reporter(router: ModelRouter) -> Callable[[EngineStatus], None]:

@@ -15,7 +15,7 @@ from gpuplane.serve.engines.sim import SimFleet, start_sim
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.settings import GatewayConfig
 from gpuplane.serve.upstream import Upstream, UpstreamFailure
-from tests.conftest import free_port
+from tests.helpers.common import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.versions import VersionPicker
-from tests.serve.conftest import make_router
+from tests.helpers.serve import make_router
 
 REQUESTS = 1000
 

@@ -1,7 +1,7 @@
 """The audited estate as the scheduler core sees it: nodes, cards and each workload's placement.
 
 Samples name cards by their collector's name (an index, a UUID); the scheduler numbers a node's
-cards 0..n-1. `Estate` keeps both directions, so findings and the plan speak the samples' names
+cards 0..n-1. `AuditEstate` keeps both directions, so findings and the plan speak the samples' names
 while the core (`control.scheduler`) computes on its own.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuplane.audit.stats import Card
+from gpuplane.audit.stats import SampledCard
 from gpuplane.control.scheduler import (
     MILLI_PER_GPU,
     DeviceGrant,
@@ -41,7 +41,7 @@ def _card_order(name: str) -> tuple[int, int | str]:
 
 
 @dataclass(frozen=True, slots=True)
-class Estate:
+class AuditEstate:
     """Nodes and cards of the audit, with the mapping between sample card names and indices."""
 
     nodes: tuple[NodeInfo, ...]
@@ -50,8 +50,8 @@ class Estate:
     card_mem: dict[tuple[str, str], int]
 
     @classmethod
-    def of(cls, cards: Iterable[Card]) -> Estate:
-        by_node: dict[tuple[str, str], list[Card]] = {}
+    def of(cls, cards: Iterable[SampledCard]) -> AuditEstate:
+        by_node: dict[tuple[str, str], list[SampledCard]] = {}
         for c in cards:
             by_node.setdefault((c.cluster, c.node), []).append(c)
         nodes, index, name, mem = [], {}, {}, {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from gpuplane.audit.estate import Estate, Held, request
+from gpuplane.audit.estate import AuditEstate, Held, request
 from gpuplane.audit.recommend import Recommendation
 from gpuplane.audit.settings import AuditSettings
 from gpuplane.audit.stats import FleetStats, WorkloadStat
@@ -172,7 +172,7 @@ def fragmented(stats: FleetStats, settings: AuditSettings) -> list[Finding]:
     held = held_now(stats)
     if not held:
         return []
-    estate = Estate.of(stats.cards)
+    estate = AuditEstate.of(stats.cards)
     snap = estate.snapshot(held)
     mix = WorkloadMix.from_requests(
         [request(h, estate.card_mem[(h.node, h.card)]) for h in held], popularity=0.95

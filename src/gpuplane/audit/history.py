@@ -89,7 +89,8 @@ def used(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import SAMPLE_SCHEMA
     from gpuplane.audit.stats import dataset
 
     lo, hi = starts[0], starts[-1] + width_s

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpuplane.audit.estate import Estate, Held, request
+from gpuplane.audit.estate import AuditEstate, Held, request
 from gpuplane.audit.findings import Finding, FindingKind, held_now
 from gpuplane.audit.recommend import Recommendation
 from gpuplane.audit.settings import AuditSettings
@@ -132,7 +132,7 @@ def make_plan(
     seed: int = 0,
 ) -> RepackPlan:
     """The re-pack plan for the estate `stats` describes (pure; `seed` feeds the policy's ties)."""
-    estate = Estate.of(stats.cards)
+    estate = AuditEstate.of(stats.cards)
     held = held_now(stats)
     flags: dict[str, set[FindingKind]] = {}
     for f in findings:
@@ -204,7 +204,7 @@ def make_plan(
     )
 
 
-def violations(estate: Estate, held: Sequence[Held]) -> int:
+def violations(estate: AuditEstate, held: Sequence[Held]) -> int:
     """Placements a fresh snapshot of the estate refuses, committed one by one: over-booked
     cards, unknown cards, or a GPU model other than the workload's."""
     snap = Snapshot(estate.nodes)

@@ -22,7 +22,7 @@ from gpuplane.audit.findings import FindingKind
 from gpuplane.audit.pipeline import Audit
 from gpuplane.audit.plan import RepackPlan
 from gpuplane.audit.recommend import Replay
-from gpuplane.audit.usage import Usage
+from gpuplane.audit.usage import UsageReport
 
 MAX_ROWS = 2000  # recommendations listed (largest savings first); the rest are counted
 
@@ -109,7 +109,7 @@ def _shares(card_map: Any, plan: RepackPlan, before: bool) -> dict[str, float]:
     return out
 
 
-def render(audit: Audit, usage: Usage, replay: Replay | None = None) -> str:
+def render(audit: Audit, usage: UsageReport, replay: Replay | None = None) -> str:
     """The report as one HTML string."""
     env = Environment(
         # every template here is HTML; its name ends .j2, which select_autoescape() leaves raw
@@ -149,7 +149,9 @@ def render(audit: Audit, usage: Usage, replay: Replay | None = None) -> str:
     )
 
 
-def write_report(audit: Audit, usage: Usage, path: Path, replay: Replay | None = None) -> Path:
+def write_report(
+    audit: Audit, usage: UsageReport, path: Path, replay: Replay | None = None
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(audit, usage, replay))
     return path

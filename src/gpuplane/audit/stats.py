@@ -21,7 +21,7 @@ import pyarrow.acero as ac
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from gpuplane.audit.samples import SampleStore
+from gpuplane.audit.sample_store import SampleStore
 
 Source: TypeAlias = "ds.Dataset | pa.Table | SampleStore"
 _KEYS = (
@@ -64,7 +64,7 @@ class WorkloadStat:
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class SampleWindow:
     """The span the samples cover and their step, in unix seconds."""
 
     start_s: int
@@ -84,7 +84,7 @@ class Timeline:
 
 
 @dataclass(frozen=True, slots=True)
-class Card:
+class SampledCard:
     """One card the samples name (held or free)."""
 
     cluster: str
@@ -98,10 +98,10 @@ class Card:
 class FleetStats:
     """What one pass over the store gives the audit."""
 
-    window: Window
+    window: SampleWindow
     timeline: Timeline
     workloads: list[WorkloadStat]
-    cards: list[Card]
+    cards: list[SampledCard]
 
 
 def fleet_stats(source: Source, idle_for_s: int, traffic: Source | None = None) -> FleetStats:
@@ -160,7 +160,7 @@ def share() -> pc.Expression:
     return pc.if_else(pc.field("workload") == "", 0.0, out)
 
 
-def timeline(source: Source) -> tuple[Window, Timeline]:
+def timeline(source: Source) -> tuple[SampleWindow, Timeline]:
     """The window and the fleet's allocated and used GPUs at every sample time."""
     project = ac.Declaration(
         "project",
@@ -191,7 +191,7 @@ def timeline(source: Source) -> tuple[Window, Timeline]:
         raise ValueError("the sample store holds no samples")
     times = t["time"].cast(pa.int64()).to_numpy()
     step = int(np.median(np.diff(times))) if len(times) > 1 else 60
-    window = Window(int(times[0]), int(times[-1]) + step, step)
+    window = SampleWindow(int(times[0]), int(times[-1]) + step, step)
     return window, Timeline(
         times,
         t["allocated"].to_numpy(),
@@ -202,8 +202,8 @@ def timeline(source: Source) -> tuple[Window, Timeline]:
 
 
 def workload_stats(
-    source: Source, window: Window, idle_for_s: int, traffic: Source | None = None
-) -> tuple[list[WorkloadStat], list[Card]]:
+    source: Source, window: SampleWindow, idle_for_s: int, traffic: Source | None = None
+) -> tuple[list[WorkloadStat], list[SampledCard]]:
     """Each allocated workload's statistics over `window`, and every card the samples name."""
     allocated = pc.field("workload") != ""
     attrs = ("team", "kind", "cluster", "node", "card", "gpu_model")
@@ -273,7 +273,7 @@ def workload_stats(
     return out, cards(source)
 
 
-def cards(source: Source) -> list[Card]:
+def cards(source: Source) -> list[SampledCard]:
     """Every card the samples name, held or free."""
     keys = ["cluster", "node", "card", "gpu_model"]
     t = run(
@@ -282,7 +282,7 @@ def cards(source: Source) -> list[Card]:
         plain([*keys, "card_mem_mib"]),
         aggregate([("card_mem_mib", "hash_max", None, "card_mem_mib")], keys),
     )
-    out = [Card(**r) for r in t.to_pylist()]
+    out = [SampledCard(**r) for r in t.to_pylist()]
     return sorted(out, key=lambda c: (c.cluster, c.node, c.card))
 
 

@@ -26,7 +26,7 @@ import pyarrow.acero as ac
 import pyarrow.compute as pc
 
 from gpuplane.audit.settings import AuditSettings
-from gpuplane.audit.stats import Source, Window, aggregate, dataset, plain, run, share
+from gpuplane.audit.stats import SampleWindow, Source, aggregate, dataset, plain, run, share
 
 TOLERANCE = 0.01
 _MEASURED = pa.schema([("time", pa.int64()), ("workload", pa.string()), ("compute", pa.float64())])
@@ -58,7 +58,7 @@ class TeamUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class UsageReport:
     teams: tuple[TeamUsage, ...]
     free_gpu_hours: float
     physical_gpu_hours: float  # cards x window
@@ -92,7 +92,7 @@ class Usage:
         }
 
 
-def usage(source: Source, window: Window, settings: AuditSettings) -> Usage:
+def usage(source: Source, window: SampleWindow, settings: AuditSettings) -> UsageReport:
     """GPU-hours per team and GPU model, free and physical GPU-hours, cost from `prices`."""
     hours = window.step_s / 3600
     project = ac.Declaration(
@@ -168,7 +168,7 @@ def usage(source: Source, window: Window, settings: AuditSettings) -> Usage:
         free += max(left, 0.0) * hours
         over += max(-left, 0.0) * hours
     physical = per_card.num_rows * (window.end_s - window.start_s) / 3600
-    return Usage(tuple(teams), free, physical, over, tuple(sorted(unpriced)))
+    return UsageReport(tuple(teams), free, physical, over, tuple(sorted(unpriced)))
 
 
 def measured(allocations: pa.Table, samples: Source, step_s: float) -> pa.Table:

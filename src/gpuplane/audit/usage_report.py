@@ -97,7 +97,7 @@ def report(
     """The usage report over `window` for `teams` (None: every team). Physical, free and the
     reconciliation are the whole pool's: they are about cards, not about a team."""
     from gpuplane.audit.collect.store import allocation_samples, window_of
-    from gpuplane.audit.samples import SampleStore
+    from gpuplane.audit.sample_store import SampleStore
     from gpuplane.audit.usage import measured, usage
 
     cards, held = holdings(window.since, window.until)

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpuplane.batch.cache import StageCache
     from gpuplane.batch.errors import BatchError
-    from gpuplane.batch.packing import Device, Plan, plan_packing
+    from gpuplane.batch.packing import BatchDevice, PackingPlan, plan_packing
     from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, Stage, stage
 
 _MODULES = {
     "CLIP": "pipeline",
     "BatchError": "errors",
     "CachePolicy": "pipeline",
-    "Device": "packing",
+    "BatchDevice": "packing",
     "Pipeline": "pipeline",
-    "Plan": "packing",
+    "PackingPlan": "packing",
     "Stage": "pipeline",
     "StageCache": "cache",
     "plan_packing": "packing",
@@ -31,11 +31,11 @@ _MODULES = {
 
 __all__ = [
     "CLIP",
+    "BatchDevice",
     "BatchError",
     "CachePolicy",
-    "Device",
+    "PackingPlan",
     "Pipeline",
-    "Plan",
     "Stage",
     "StageCache",
     "plan_packing",

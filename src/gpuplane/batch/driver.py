@@ -24,9 +24,9 @@ from gpuplane.batch.cache import CacheStats, StageCache
 from gpuplane.batch.clips import ClipReader, ClipRef, verified
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.flow import ClipState, Flow, Start
-from gpuplane.batch.journal import Journal
-from gpuplane.batch.metrics import StageMetrics, Timeline
-from gpuplane.batch.packing import CPU, Device, Plan
+from gpuplane.batch.journal import ResultsJournal
+from gpuplane.batch.metrics import BusyTimeline, StageMetrics
+from gpuplane.batch.packing import CPU, BatchDevice, PackingPlan
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.prefetch import Fetch, Prefetcher
 from gpuplane.batch.profile import expected_hits, plan_stages, resolve_profile
@@ -37,7 +37,7 @@ from gpuplane.batch.summary import JOURNAL, RunRecord, run_header
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     out_dir: Path
-    devices: tuple[Device, ...]
+    devices: tuple[BatchDevice, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     prefetch_items: int = 8  # clips held at once: downloading, waiting or computing
     prefetch_bytes: int = 1 << 30
@@ -54,7 +54,7 @@ PROBE_CLIPS = 8
 
 
 class Observer(Protocol):
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None: ...
+    def on_start(self, stages: list[str], total: int | None, plan: PackingPlan) -> None: ...
     def on_update(self, metrics: Mapping[str, StageMetrics], done: int) -> None: ...
 
 
@@ -65,9 +65,9 @@ class _Invocation:
     clips: Iterator[ClipRef]
     flow: Flow
     prefetcher: Prefetcher
-    journal: Journal
+    journal: ResultsJournal
     record: RunRecord
-    timeline: Timeline
+    timeline: BusyTimeline
     events: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
     pending: ClipRef | None = None  # the next clip, waiting for room in the prefetch budget
     exhausted: bool = False
@@ -110,7 +110,7 @@ class Driver:
 
     def plan(
         self, sample: ClipRef | None, probe: Sequence[ClipRef] = ()
-    ) -> tuple[Plan, dict[str, float]]:
+    ) -> tuple[PackingPlan, dict[str, float]]:
         """Seconds per clip (see `profile`), discounted by the expected cache hits, packed."""
         mem = self.opts.devices[0].mem_mib if self.opts.devices else 81920
         timer = None
@@ -137,7 +137,7 @@ class Driver:
         clip was done already: then nothing starts and the record's figures stay as they were)."""
         out = self.opts.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        journal = Journal(out / JOURNAL)
+        journal = ResultsJournal(out / JOURNAL)
         todo = journal.todo(clips)
         try:
             record = RunRecord(out, self.pipeline, self.cache is not None)

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from gpuplane.batch.driver import Observer
 from gpuplane.batch.metrics import StageMetrics
-from gpuplane.batch.packing import Plan
+from gpuplane.batch.packing import PackingPlan
 
 
 class BatchExporter(Collector):
@@ -36,7 +36,7 @@ class BatchExporter(Collector):
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None:
+    def on_start(self, stages: list[str], total: int | None, plan: PackingPlan) -> None:
         with self._lock:
             self._total = total
             self._stages = {s: StageMetrics() for s in stages}

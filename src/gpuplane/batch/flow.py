@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.batch.clips import ClipRef
-from gpuplane.batch.packing import Plan, Replica
+from gpuplane.batch.packing import PackingPlan, Replica
 from gpuplane.batch.pipeline import CLIP, CachePolicy, Pipeline, Stage
 
 
@@ -64,7 +64,7 @@ class Flow:
     result; `drop` once the clip is recorded or failed.
     """
 
-    def __init__(self, pipeline: Pipeline, plan: Plan, cache_used: bool) -> None:
+    def __init__(self, pipeline: Pipeline, plan: PackingPlan, cache_used: bool) -> None:
         self.pipeline = pipeline
         self.cache_used = cache_used
         self.clips: dict[str, ClipState | None] = {}  # None: its fetch still runs

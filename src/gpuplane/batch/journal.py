@@ -62,7 +62,7 @@ class IdSet:
         return len(self._old) + len(self._recent)
 
 
-class Journal:
+class ResultsJournal:
     """Append-only `results.jsonl` in a run directory."""
 
     def __init__(self, path: Path, fsync: bool = False) -> None:

@@ -46,7 +46,7 @@ class StageMetrics:
         return d
 
 
-class Timeline:
+class BusyTimeline:
     """Busy share-seconds per device in time bins; bins double in width to stay bounded."""
 
     def __init__(self, t0: float, bin_s: float = 0.25, max_bins: int = 400) -> None:
@@ -56,7 +56,7 @@ class Timeline:
         self.bins: dict[str, list[float]] = {}
 
     @classmethod
-    def resume(cls, doc: Mapping[str, Any] | None, t0: float) -> Timeline:
+    def resume(cls, doc: Mapping[str, Any] | None, t0: float) -> BusyTimeline:
         """Continue an earlier invocation's `to_dict()`: with `t0` set back by the time the run
         already ran, this invocation's work lands after the earlier work."""
         tl = cls(t0)

@@ -21,7 +21,7 @@ CPU = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
-class Device:
+class BatchDevice:
     """One (declared or real) GPU card."""
 
     id: str
@@ -53,7 +53,7 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class PackingPlan:
     replicas: tuple[Replica, ...]
     replica_counts: Mapping[str, int]
     rates: Mapping[str, float]  # clips per second per module
@@ -90,7 +90,7 @@ class Plan:
 
 @dataclass(slots=True)
 class _Devices:
-    devices: Sequence[Device]
+    devices: Sequence[BatchDevice]
     load: dict[str, float]
     mem: dict[str, int]
     exclusive: set[str]
@@ -125,13 +125,13 @@ class _Devices:
 
 def plan_packing(
     modules: Sequence[ModuleProfile],
-    devices: Sequence[Device],
+    devices: Sequence[BatchDevice],
     *,
     heavy_share: float = 0.5,
     max_replicas: int = 16,
     max_cpu_replicas: int = 4,
     enough_rate: float = 500.0,
-) -> Plan:
+) -> PackingPlan:
     """Place one replica of every module, then add replicas to the bottleneck while one fits.
 
     Past `enough_rate` clips per second the driver and the storage are the limit, so a faster
@@ -195,10 +195,10 @@ def plan_packing(
     rates = {m.name: rate(m) for m in modules}
     bottleneck = min(modules, key=rate).name
     load = {d: round(v, 6) for d, v in state.load.items()}
-    return Plan(tuple(made), dict(counts), rates, bottleneck, load, tuple(notes))
+    return PackingPlan(tuple(made), dict(counts), rates, bottleneck, load, tuple(notes))
 
 
-def _nominal_share(sl: Slice, devices: Sequence[Device]) -> float:
+def _nominal_share(sl: Slice, devices: Sequence[BatchDevice]) -> float:
     if not sl.is_gpu:
         return -1.0
     return sl.share(devices[0].mem_mib) if devices else float(sl.gpus)
@@ -212,8 +212,8 @@ def _describe(sl: Slice) -> str:
     return f"{sl.gpu_mem_mib} MiB, {sl.gpu_cores_pct}% cores"
 
 
-def declared_devices(count: int, mem_mib: int = 81920) -> tuple[Device, ...]:
+def declared_devices(count: int, mem_mib: int = 81920) -> tuple[BatchDevice, ...]:
     """A declared inventory for machines without GPUs (`--gpus N`)."""
     if count < 1:
         raise ResourceError(f"declare at least one device, got {count}")
-    return tuple(Device(f"gpu{i}", mem_mib) for i in range(count))
+    return tuple(BatchDevice(f"gpu{i}", mem_mib) for i in range(count))

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.clips import ClipRef
-from gpuplane.batch.packing import Device, ModuleProfile, Plan, plan_packing
+from gpuplane.batch.packing import BatchDevice, ModuleProfile, PackingPlan, plan_packing
 from gpuplane.batch.pipeline import BoundStage, Pipeline, cache_keys
 
 UNKNOWN_CPU_STAGE_S = 0.01
@@ -75,11 +75,11 @@ def plan_stages(
     pipeline: Pipeline,
     profile: Mapping[str, float],
     hits: Mapping[str, float],
-    devices: Sequence[Device],
+    devices: Sequence[BatchDevice],
     *,
     heavy_share: float,
     max_replicas: int,
-) -> Plan:
+) -> PackingPlan:
     """The packing plan of the stages, each at its seconds per clip less its expected hits."""
     mods = [
         ModuleProfile(s.name, s.slice, profile.get(s.name, 0.0) * (1 - hits.get(s.name, 0)))

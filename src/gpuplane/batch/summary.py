@@ -23,8 +23,8 @@ from typing import Any
 from gpuplane.batch.cache import CacheStats
 from gpuplane.batch.errors import BatchError
 from gpuplane.batch.journal import iter_records
-from gpuplane.batch.metrics import StageMetrics, Timeline
-from gpuplane.batch.packing import Device, Plan
+from gpuplane.batch.metrics import BusyTimeline, StageMetrics
+from gpuplane.batch.packing import BatchDevice, PackingPlan
 from gpuplane.batch.pipeline import Pipeline
 
 RUN = "run.json"
@@ -67,12 +67,12 @@ def finite(doc: Any, where: str = "") -> tuple[Any, dict[str, str]]:
 
 def run_header(
     pipeline: Pipeline,
-    plan: Plan,
+    plan: PackingPlan,
     profile: Mapping[str, float],
     *,
     runner: Mapping[str, Any],
     cache_url: str | None,
-    devices: Sequence[Device],
+    devices: Sequence[BatchDevice],
     profile_source: str,
     expected_hits: Mapping[str, float],
 ) -> dict[str, Any]:
@@ -223,7 +223,7 @@ class RunRecord:
             "prefetch": dict(prefetch),
         }
 
-    def begin(self, header: Mapping[str, Any], started: float) -> Timeline:
+    def begin(self, header: Mapping[str, Any], started: float) -> BusyTimeline:
         """Mark this invocation running in run.json; returns the run's timeline to extend."""
         self.header = dict(header)
         # what a kill leaves: the rest is known when the invocation ends
@@ -235,10 +235,10 @@ class RunRecord:
         running = {"status": "running", "invocations": [*self.invocations, entry]}
         write_json(self.out / RUN, self.prior | self.header | running)
         ran = sum(e["wall_s"] for e in self.invocations if e["wall_s"] is not None)
-        return Timeline.resume(self.prior.get("timeline"), started - ran)
+        return BusyTimeline.resume(self.prior.get("timeline"), started - ran)
 
     def close(
-        self, entry: Mapping[str, Any] | None, timeline: Timeline | None, failed: bool = False
+        self, entry: Mapping[str, Any] | None, timeline: BusyTimeline | None, failed: bool = False
     ) -> dict[str, Any]:
         """Fold the journal and the error log with the invocations into run.json and return it.
 

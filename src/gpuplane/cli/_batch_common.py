@@ -21,13 +21,13 @@ err = Console(stderr=True, soft_wrap=True)  # an error names paths: print them w
 T = TypeVar("T")
 
 
-class Output(StrEnum):
+class BatchOutput(StrEnum):
     table = "table"
     json = "json"
     yaml = "yaml"
 
 
-OUTPUT_OPTION = typer.Option(Output.table, "-o", "--output")
+OUTPUT_OPTION = typer.Option(BatchOutput.table, "-o", "--output")
 CONFIG_OPTION = typer.Option(
     None, "--config", "-c", help="gpuplane.yaml: its batch: section sets what a flag leaves unset"
 )
@@ -64,8 +64,8 @@ def guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(2) from None
 
 
-def emit(doc: Any, fmt: Output) -> None:
-    if fmt is Output.yaml:
+def emit(doc: Any, fmt: BatchOutput) -> None:
+    if fmt is BatchOutput.yaml:
         import yaml
 
         typer.echo(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))

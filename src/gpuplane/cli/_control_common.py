@@ -116,6 +116,28 @@ def emit(data: Any, output: Output, table: Callable[[Any], None]) -> None:
         table(data)
 
 
+def show(
+    server: str | None,
+    token: str | None,
+    output: Output,
+    fetch: Callable[[ControlClient], Any],
+    table: Callable[[Any], None],
+) -> None:
+    """The body every list, describe and change command shares: `fetch` one view from the
+    control plane (its errors exit non-zero, `client`), then print it (`emit`)."""
+    with client(server, token) as c:
+        data = fetch(c)
+    emit(data, output, table)
+
+
+def print_fields(rows: Iterable[tuple[str, Any]], width: int) -> None:
+    """A describe view's fields, one per line: the name bold and right-aligned in `width`
+    columns, the value after it (None as blank)."""
+    for key, value in rows:
+        value = "" if value is None else value
+        console.print(f"[bold]{key:>{width}}[/bold]  {value}", highlight=False)
+
+
 def iso(ts: float) -> str:
     """A Unix time as ISO-8601 in UTC: `2026-12-01T20:27:45Z`."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

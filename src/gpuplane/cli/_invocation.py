@@ -16,7 +16,7 @@ NAME = "gpuplane"
 
 
 @dataclass(frozen=True, slots=True)
-class Invocation:
+class CliInvocation:
     """`command`: what to type for `gpuplane` (`gpuplane`, `.venv/bin/gpuplane`, or an absolute
     path); `hint`: how to make the bare name work, when it does not (None when it does)."""
 
@@ -24,15 +24,15 @@ class Invocation:
     hint: str | None = None
 
 
-def invocation_of(script: Path | None, on_path: Path | None, cwd: Path) -> Invocation:
+def invocation_of(script: Path | None, on_path: Path | None, cwd: Path) -> CliInvocation:
     """Pure: the invocation of the installed `script` (None: no script, run as a module), given
     what PATH finds for `gpuplane` (`on_path`, None: nothing) and the working directory. The bare
     name only when PATH finds this very script; else its path, relative when under `cwd`, with
     the venv's `activate` as the hint when there is one beside it."""
     if script is None:
-        return Invocation(f"{shlex.quote(sys.executable)} -m gpuplane.cli.main")
+        return CliInvocation(f"{shlex.quote(sys.executable)} -m gpuplane.cli.main")
     if on_path is not None and _same(on_path, script):
-        return Invocation(NAME)
+        return CliInvocation(NAME)
     absolute = script if script.is_absolute() else cwd / script
     try:
         shown = str(absolute.relative_to(cwd))
@@ -44,7 +44,7 @@ def invocation_of(script: Path | None, on_path: Path | None, cwd: Path) -> Invoc
         hint = f"`source {shlex.quote(activate)}` puts `{NAME}` on your PATH"
     else:
         hint = f"add {shlex.quote(str(absolute.parent))} to your PATH to type `{NAME}`"
-    return Invocation(shlex.quote(shown), hint)
+    return CliInvocation(shlex.quote(shown), hint)
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -64,7 +64,7 @@ def installed_script() -> Path | None:
     return beside if beside.is_file() else None
 
 
-def invocation() -> Invocation:
+def invocation() -> CliInvocation:
     """The invocation of this process's `gpuplane` from the user's shell (this PATH, this
     working directory)."""
     found = shutil.which(NAME)

@@ -4,10 +4,13 @@ host reads it in /proc/PID/cmdline and `ps`."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import typer
+from typer import BadParameter
+
+from gpuplane.secrets import read_secret
 
 
 def secret_option(flag: str, envvar: str, help: str, **kwargs: Any) -> Any:
@@ -38,15 +41,8 @@ def _from_env_or_file(flag: str, envvar: str) -> Any:
                 f"(/proc/PID/cmdline); pass it in ${envvar}, or in a file: {flag} @FILE",
                 param_hint=flag,
             )
-        path = Path(value[1:])
-        try:
-            secret = path.read_text().removesuffix("\n")
-        except OSError as exc:
-            raise typer.BadParameter(
-                f"cannot read {path}: {exc.strerror}", param_hint=flag
-            ) from None
-        if not secret:
-            raise typer.BadParameter(f"{path} is empty; write the secret in it", param_hint=flag)
-        return secret
+        return read_secret(
+            value[1:], value[1:], partial(BadParameter, param_hint=flag), strip=False
+        )
 
     return read

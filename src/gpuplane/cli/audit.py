@@ -16,7 +16,8 @@ import pyarrow as pa
 import typer
 
 from gpuplane.audit.collect import CollectError
-from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError, SampleStore
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleError
 from gpuplane.cli._loop import run as run_loop
 from gpuplane.cli._secrets import secret_option
 from gpuplane.control.spec import parse_duration
@@ -116,43 +117,62 @@ def collect(
         _nvml(SampleStore(out), cluster, node, run_dir, record, interval)
         return
     if source is Source.prometheus:
-        if url is None:
-            _fail("--source prometheus needs --url, the Prometheus server (http://host:9090)")
-        from gpuplane.audit.collect import prometheus
+        _collect_prometheus(out, url, cluster, since, step, interval)
+    elif source is Source.gateway:
+        _collect_gateway(out, url, step, interval, admin_key)
+    elif source is Source.control:
+        _collect_control(out, db, since, step, interval)
 
-        client, step_s = prometheus.PromClient(url), _duration(step, "--step")
 
-        def window(lo: datetime, hi: datetime) -> pa.Table:
-            return prometheus.collect(client, cluster, lo, hi, step_s)
+def _collect_prometheus(
+    out: Path, url: str | None, cluster: str, since: str, step: str, interval: float | None
+) -> None:
+    """`collect --source prometheus`: a pass over each window, from the Prometheus server."""
+    if url is None:
+        _fail("--source prometheus needs --url, the Prometheus server (http://host:9090)")
+    from gpuplane.audit.collect import prometheus
 
-        try:
-            _loop(window, SampleStore(out), _duration(since, "--since"), interval)
-        finally:
-            client.close()
-        return
-    if source is Source.gateway:
-        if url is None:
-            _fail("--source gateway needs --url, the gateway (http://host:8000)")
-        window_s = interval if interval is not None else _duration(step, "--step")
-        try:
-            store = SampleStore(out, TRAFFIC_SCHEMA)
-            run_loop(_gateway(url, store, window_s, interval is None, admin_key))
-        except GpuplaneError as exc:
-            _fail(str(exc))
-        except KeyboardInterrupt:
-            typer.echo("interrupted; every finished pass is stored")
-        return
-    if source is Source.control:
-        if db is None:
-            _fail("--source control needs --db, the control plane's database URL")
-        from gpuplane.audit.collect import store as control_store
+    client, step_s = prometheus.PromClient(url), _duration(step, "--step")
 
-        url, step_s = str(db), _duration(step, "--step")
+    def window(lo: datetime, hi: datetime) -> pa.Table:
+        return prometheus.collect(client, cluster, lo, hi, step_s)
 
-        def one(lo: datetime, hi: datetime) -> pa.Table:
-            return control_store.collect(url, lo, hi, step_s)
+    try:
+        _loop(window, SampleStore(out), _duration(since, "--since"), interval)
+    finally:
+        client.close()
 
-        _loop(one, SampleStore(out), _duration(since, "--since"), interval)
+
+def _collect_gateway(
+    out: Path, url: str | None, step: str, interval: float | None, admin_key: str | None
+) -> None:
+    """`collect --source gateway`: the gateway's traffic, observed a window at a time."""
+    if url is None:
+        _fail("--source gateway needs --url, the gateway (http://host:8000)")
+    window_s = interval if interval is not None else _duration(step, "--step")
+    try:
+        store = SampleStore(out, TRAFFIC_SCHEMA)
+        run_loop(_gateway(url, store, window_s, interval is None, admin_key))
+    except GpuplaneError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo("interrupted; every finished pass is stored")
+
+
+def _collect_control(
+    out: Path, db: str | None, since: str, step: str, interval: float | None
+) -> None:
+    """`collect --source control`: the allocations the control plane's store recorded."""
+    if db is None:
+        _fail("--source control needs --db, the control plane's database URL")
+    from gpuplane.audit.collect import store as control_store
+
+    url, step_s = str(db), _duration(step, "--step")
+
+    def one(lo: datetime, hi: datetime) -> pa.Table:
+        return control_store.collect(url, lo, hi, step_s)
+
+    _loop(one, SampleStore(out), _duration(since, "--since"), interval)
 
 
 def _nvml(

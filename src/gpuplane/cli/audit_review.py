@@ -29,7 +29,7 @@ from gpuplane.cli._control_common import (
     print_table,
 )
 from gpuplane.cli.usage import print_usage
-from gpuplane.control.client import ClientError
+from gpuplane.control.client import ClientError, ControlClient
 from gpuplane.errors import GpuplaneError
 
 STORE = typer.Option(None, "--store", help="the sample store (a directory `audit collect` wrote)")
@@ -47,7 +47,8 @@ def _settings(config: Path | None) -> AuditSettings:
 
 def _inputs(store: Path | None, traffic: Path | None, fleet: int | None) -> tuple[Any, Any]:
     """The samples and traffic to audit: the stores, or the generated fleet's tables."""
-    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA
 
     if (store is None) == (fleet is None):
         fail("give --store DIR (a sample store) or --fleet SEED (the seed-like fleet), not both")
@@ -203,16 +204,7 @@ def apply(
         raise  # unreachable: fail exits
     moves = job_moves(data)
     with client(server, token) as c:
-        live: dict[str, LiveJob | None] = {}
-        for w in sorted({*data["placements"], *moves}):
-            try:
-                view = c.job(w)
-            except ClientError as exc:
-                if exc.status != 404:
-                    raise
-                view = None
-            # not a control-plane job (the API also finds a job by name): a deployment
-            live[w] = LiveJob.of(view) if view is not None and view["id"] == w else None
+        live = _live_jobs(c, sorted({*data["placements"], *moves}))
         held = {j["id"] for s in ("admitted", "running") for j in c.jobs(state=s)}
         state = plan_state(data, live, sorted(held - set(data["placements"])))
         if state.changed:
@@ -266,6 +258,21 @@ def apply(
         typer.echo(f"plan {plan_id}: {len(state.todo)} jobs moved, {len(state.done)} already done")
 
 
+def _live_jobs(c: ControlClient, workloads: list[str]) -> dict[str, LiveJob | None]:
+    """Each workload's job as the control plane has it now; None for one it does not know."""
+    live: dict[str, LiveJob | None] = {}
+    for w in workloads:
+        try:
+            view = c.job(w)
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+            view = None
+        # not a control-plane job (the API also finds a job by name): a deployment
+        live[w] = LiveJob.of(view) if view is not None and view["id"] == w else None
+    return live
+
+
 def usage(
     store: Path | None = STORE,
     traffic: Path | None = TRAFFIC,
@@ -312,7 +319,8 @@ def fleet(
     """Write a seed-like fleet's samples into stores. Its samples (and traffic), to audit like real
     ones."""
     from gpuplane.audit.fleet import generate
-    from gpuplane.audit.samples import TRAFFIC_SCHEMA, SampleStore
+    from gpuplane.audit.sample_store import SampleStore
+    from gpuplane.audit.samples import TRAFFIC_SCHEMA
 
     f = generate(seed)
     SampleStore(out).append(f.samples())

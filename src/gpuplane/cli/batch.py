@@ -13,27 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
-from rich.text import Text
 
-from gpuplane.batch.cache import parse_size
 from gpuplane.batch.clips import ClipRef, list_clips
-from gpuplane.batch.driver import PROBE_CLIPS, Driver, Observer, RunOptions
+from gpuplane.batch.driver import PROBE_CLIPS, Driver, RunOptions
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.exporter import BatchExporter
-from gpuplane.batch.metrics import StageMetrics
-from gpuplane.batch.packing import Device, Plan, declared_devices
+from gpuplane.batch.packing import BatchDevice, PackingPlan, declared_devices
 from gpuplane.batch.pipeline import Pipeline, load_pipeline
 from gpuplane.batch.report import STAGE_HEAD, compare_runs, stage_rows, write_report
 from gpuplane.batch.runners.base import WorkerSpec, make_runner
@@ -43,7 +28,7 @@ from gpuplane.cli._batch_common import (
     CACHE_OPTION,
     CONFIG_OPTION,
     OUTPUT_OPTION,
-    Output,
+    BatchOutput,
     batch_settings,
     emit,
     err,
@@ -51,6 +36,7 @@ from gpuplane.cli._batch_common import (
     key_help,
     stdout,
 )
+from gpuplane.cli.batch_drive import observed, run_options, runner_options
 
 app = typer.Typer(help="Offline batch evaluation: prefetch, stage cache, packing.")
 app.add_typer(batch_cache.app, name="cache")
@@ -75,7 +61,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def _plan_table(plan: Plan) -> Table:
+def _plan_table(plan: PackingPlan) -> Table:
     t = Table(title=f"packing plan (bottleneck: {plan.bottleneck})")
     for col in ("module", "replicas", "devices", "share", "clips/s"):
         t.add_column(col)
@@ -85,49 +71,7 @@ def _plan_table(plan: Plan) -> Table:
     return t
 
 
-class RateColumn(ProgressColumn):
-    """Clips per second over Rich's recent window; '-' until there are two samples."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("- clips/s" if speed is None else f"{speed:.1f} clips/s")
-
-
-class RichObserver:
-    """Progress per stage (computed + served from cache) and overall clips: rate and ETA."""
-
-    def __init__(self, console: Console, enabled: bool) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description:<20}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
-            RateColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            console=console,
-            disable=not enabled,
-        )
-        self.tasks: dict[str, Any] = {}
-
-    def on_start(self, stages: list[str], total: int | None, plan: Plan) -> None:
-        self.progress.start()
-        self.tasks["clips"] = self.progress.add_task("clips", total=total, detail="")
-        for s in stages:
-            self.tasks[s] = self.progress.add_task(s, total=total, detail="")
-
-    def on_update(self, metrics: Mapping[str, StageMetrics], done: int) -> None:
-        self.progress.update(self.tasks["clips"], completed=done)
-        for name, m in metrics.items():
-            detail = f"cached {m.cached}" + (f" errors {m.errors}" if m.errors else "")
-            self.progress.update(self.tasks[name], completed=m.done, detail=detail)
-
-    def stop(self) -> None:
-        self.progress.stop()
-
-
-def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[Device, ...], bool]:
+def _devices(gpus: int | None, mem_mib: int) -> tuple[tuple[BatchDevice, ...], bool]:
     """(devices, whether they are real cards): --gpus declares; else detect; else 2 declared."""
     if gpus is None:
         real = detect_gpus()
@@ -172,7 +116,7 @@ def run(
         None, help="serve the run's Prometheus metrics at 127.0.0.1:PORT/metrics while it runs"
     ),
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Run PIPELINE over the clips. A re-run of the same command resumes where it stopped, and the
     run directory's run.json and report cover every clip of the run."""
@@ -198,52 +142,27 @@ def run(
             versions,
             cfg.cache_url or None,
         )
-        options: dict[str, Any] = {}
-        if cfg.runner == "local":
-            options = {"cpu_slots": cfg.cpu_slots, "threads": cfg.threads, "pin_devices": real}
-        elif cfg.runner == "ray":
-            options = {"address": cfg.ray_address, "token_file": cfg.ray_token_file}
-        run_opts = RunOptions(
-            out_dir=out_dir,
-            devices=devices,
-            storage_options=opts_fs,
-            prefetch_items=cfg.prefetch_items,
-            prefetch_bytes=parse_size(cfg.prefetch_bytes),
-            io_workers=cfg.io_workers,
-            calibrate=cfg.calibrate,
-            verify_clips=cfg.verify_clips,
+        run_opts = run_options(cfg, out_dir, devices, opts_fs)
+        summary = observed(
+            lambda obs: Driver(
+                pipe, spec, make_runner(cfg.runner, **runner_options(cfg, real)), run_opts, obs
+            ),
+            pipe.name,
+            refs,
+            cfg.progress and output is BatchOutput.table,
+            metrics_port,
         )
-        console = Console(stderr=True)
-        shown = cfg.progress and output is Output.table and console.is_terminal
-        bars = RichObserver(console, shown)
-        obs: Observer = bars
-        if metrics_port is not None:
-            exporter = BatchExporter(pipe.name, bars)
-            try:
-                server, thread = exporter.serve(metrics_port)
-            except OSError as exc:
-                raise BatchError(
-                    f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1 ({exc}); "
-                    "pick a free port"
-                ) from None
-            obs = exporter
-        try:
-            summary = Driver(pipe, spec, make_runner(cfg.runner, **options), run_opts, obs).run(
-                refs, total=len(refs)
-            )
-        finally:
-            bars.stop()
-            if metrics_port is not None:
-                server.shutdown()
-                server.server_close()
-                thread.join()
         if cfg.report:
             summary["report"] = str(write_report(summary, out_dir))
         summary["out_dir"] = str(out_dir)
         return summary
 
-    summary = guard(go)
-    if output is not Output.table:
+    _show_run(guard(go), output)
+
+
+def _show_run(summary: dict[str, Any], output: BatchOutput) -> None:
+    """Print a run's summary; exit non-zero when clips failed, saying how to retry them."""
+    if output is not BatchOutput.table:
         emit(summary, output)
     else:
         _print_run(summary)
@@ -299,14 +218,14 @@ def plan(
     storage_option: list[str] = STORAGE_OPTION,
     verify_clips: bool | None = VERIFY_OPTION,
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Plan which modules share which device, as `batch run` will. The same options and config
     give the same plan: the stages' seconds per clip come from an earlier run's measurements, else
     from timing one clip with --calibrate (batch.calibrate), else from their declared slices;
     expected cache hits (on the first clips) lighten a stage. It says which it used."""
 
-    def go() -> tuple[Plan, dict[str, Any]]:
+    def go() -> tuple[PackingPlan, dict[str, Any]]:
         cfg = batch_settings(
             config, pattern=pattern, gpus=gpus, gpu_mem_mib=gpu_mem_mib, cache_url=cache,
             calibrate=calibrate, verify_clips=verify_clips,
@@ -332,7 +251,7 @@ def plan(
         return plan, basis
 
     p, basis = guard(go)
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(p.to_dict() | basis, output)
         return
     stdout().print(_plan_table(p))
@@ -347,11 +266,11 @@ def plan(
 def compare(
     run_a: Path = typer.Argument(..., help="run directory (the baseline)"),
     run_b: Path = typer.Argument(..., help="run directory (the candidate)"),
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Compare two runs. Totals, per-stage compute and cache hits, clips whose results changed."""
     doc = guard(lambda: compare_runs(run_a, run_b))
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(doc, output)
         return
     t = Table(title=f"{run_a} → {run_b}")

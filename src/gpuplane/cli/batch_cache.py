@@ -20,7 +20,7 @@ from gpuplane.cli._batch_common import (
     CACHE_OPTION,
     CONFIG_OPTION,
     OUTPUT_OPTION,
-    Output,
+    BatchOutput,
     batch_settings,
     emit,
     guard,
@@ -44,11 +44,11 @@ def cache_ls(
     cache: str | None = CACHE_OPTION,
     stage: str | None = typer.Option(None, help="only this stage"),
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """List cache entries."""
     entries = [e for e in _entries(config, cache) if stage in (None, e.stage)]
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit([dataclasses.asdict(e) for e in entries], output)
         return
     t = Table()
@@ -68,7 +68,7 @@ def _version(e: Entry) -> str:
 def cache_du(
     cache: str | None = CACHE_OPTION,
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Entries and bytes per stage and per stage version."""
     usage: dict[str, dict[str, Any]] = {}
@@ -78,7 +78,7 @@ def cache_du(
         for counts in (u, v):
             counts["entries"] += 1
             counts["bytes"] += e.size
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(usage, output)
         return
     t = Table()
@@ -107,7 +107,7 @@ def cache_gc(
     ),
     dry_run: bool = typer.Option(False, help="say what would go, remove nothing"),
     config: Path | None = CONFIG_OPTION,
-    output: Output = OUTPUT_OPTION,
+    output: BatchOutput = OUTPUT_OPTION,
 ) -> None:
     """Evict entries of superseded stage versions. By age and by total size (oldest first)."""
 
@@ -134,7 +134,7 @@ def cache_gc(
                 "kept_bytes": gc.keep_bytes, "dry_run": dry_run}  # fmt: skip
 
     doc = guard(go)
-    if output is not Output.table:
+    if output is not BatchOutput.table:
         emit(doc, output)
     else:
         verb = "would remove" if dry_run else "removed"

@@ -21,8 +21,10 @@ from gpuplane.cli._control_common import (
     emit,
     fail,
     mib,
+    print_fields,
     print_table,
     relative,
+    show,
 )
 from gpuplane.control.settings import ADAPTER_KINDS, ClusterConfig
 from gpuplane.errors import explain
@@ -111,8 +113,6 @@ def list_(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """List clusters with their health, GPUs and what is free."""
-    with client(server, token) as c:
-        clusters = c.clusters()
 
     def table(data: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -140,7 +140,7 @@ def list_(
             drop=("SYNCED", "REGION", "VERSION", "SLICES", "FREE MILLI", "ADAPTER", "NODES"),
         )
 
-    emit(clusters, output, table)
+    show(server, token, output, lambda c: c.clusters(), table)
 
 
 @app.command()
@@ -152,9 +152,7 @@ def describe(
 ) -> None:
     """Show a cluster, its nodes and their cards. Adapter, version, health, last sync, cordon and
     drain, its stored settings, and each node's cards with their free memory and compute."""
-    with client(server, token) as c:
-        cluster = c.cluster(name)
-    emit(cluster, output, _describe)
+    show(server, token, output, lambda c: c.cluster(name), _describe)
 
 
 def _describe(x: dict[str, Any]) -> None:
@@ -177,8 +175,7 @@ def _describe(x: dict[str, Any]) -> None:
     ]
     rows += [(k, v) for k, v in x.get("settings", {}).items() if k not in ("name", "adapter")]
     console.print(f"[bold]{x['name']}[/bold]", highlight=False)
-    for key, value in rows:
-        console.print(f"[bold]{key:>10}[/bold]  {value}", highlight=False)
+    print_fields(rows, 10)
     table = []
     for node in x["node_list"]:
         for d in node["devices"] or [{}]:
@@ -228,8 +225,6 @@ def drain(
 ) -> None:
     """Cordon a cluster and move its waiting binds elsewhere. Its running jobs finish there
     (`--requeue`: they are preempted and requeued). Then `cluster remove` it."""
-    with client(server, token) as c:
-        done = c.cluster_action(name, "drain", requeue=str(requeue).lower())
 
     def table(d: dict[str, Any]) -> None:
         left = f"{len(d['running'])} running job(s) left to finish" if d["running"] else "empty"
@@ -238,7 +233,13 @@ def drain(
             highlight=False,
         )
 
-    emit(done, output, table)
+    show(
+        server,
+        token,
+        output,
+        lambda c: c.cluster_action(name, "drain", requeue=str(requeue).lower()),
+        table,
+    )
 
 
 @app.command()

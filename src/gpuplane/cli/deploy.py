@@ -17,12 +17,12 @@ from gpuplane.cli._control_common import (
     Output,
     client,
     console,
-    emit,
     fail,
     load_spec,
     print_reasons,
     print_table,
     relative,
+    show,
 )
 from gpuplane.control.adapters import kserve
 from gpuplane.control.deployments.spec import parse_deployment
@@ -49,8 +49,6 @@ def apply(
     spec = load_spec(
         file, "deployment", "name, model, engine, replicas, slice, ...", "examples/deploy/sim.yaml"
     )
-    with client(server, token) as c:
-        out = c.apply_deployment(spec, dry_run=dry_run)
 
     def table(data: dict[str, Any]) -> None:
         p = data["placement"]
@@ -68,17 +66,17 @@ def apply(
             console.print("an instance would wait now; per cluster:")
             print_reasons(p["reasons"])
 
-    emit(out, output, table)
+    show(server, token, output, lambda c: c.apply_deployment(spec, dry_run=dry_run), table)
 
 
-class Target(StrEnum):
+class DeployTarget(StrEnum):
     kserve = "kserve"
 
 
 @app.command()
 def render(
     file: Path = typer.Argument(..., help="deployment spec (YAML)"),
-    target: Target = typer.Option(..., "--target", help="what to render it as"),
+    target: DeployTarget = typer.Option(..., "--target", help="what to render it as"),
     image: str = typer.Option(
         ..., "--image", help="the container image holding the engine (e.g. vllm/vllm-openai)"
     ),
@@ -107,8 +105,6 @@ def list_(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Deployments with their instances: running, pending, draining."""
-    with client(server, token) as c:
-        out = c.deployments()
 
     def table(rows: list[dict[str, Any]]) -> None:
         print_table(
@@ -141,7 +137,7 @@ def list_(
             ],
         )
 
-    emit(out, output, table)
+    show(server, token, output, lambda c: c.deployments(), table)
 
 
 @app.command()
@@ -153,9 +149,7 @@ def describe(
 ) -> None:
     """Show a deployment: spec, instances and events. Instances with their state, cluster/node/cards
     and URL."""
-    with client(server, token) as c:
-        out = c.deployment(name)
-    emit(out, output, _describe_table)
+    show(server, token, output, lambda c: c.deployment(name), _describe_table)
 
 
 def _describe_table(d: dict[str, Any]) -> None:
@@ -200,9 +194,7 @@ def scale(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Set a deployment's replicas. Surplus instances drain before they stop."""
-    with client(server, token) as c:
-        out = c.scale_deployment(name, replicas)
-    emit(out, output, _describe_table)
+    show(server, token, output, lambda c: c.scale_deployment(name, replicas), _describe_table)
 
 
 rollout_app = typer.Typer(
@@ -222,9 +214,7 @@ def rollout_status(
 ) -> None:
     """Show each version's share of requests. Per version: its share of requests and its instances
     (wanted, running, ready, draining)."""
-    with client(server, token) as c:
-        out = c.rollout(name)
-    emit(out, output, _rollout_table)
+    show(server, token, output, lambda c: c.rollout(name), _rollout_table)
 
 
 @rollout_app.command()
@@ -239,9 +229,7 @@ def promote(
 ) -> None:
     """Make the canary the deployment's version. Its instances stay; the old version's drain once it
     serves the deployment's replicas."""
-    with client(server, token) as c:
-        out = c.rollout(name, "promote", version)
-    emit(out, output, _rollout_table)
+    show(server, token, output, lambda c: c.rollout(name, "promote", version), _rollout_table)
 
 
 @rollout_app.command()
@@ -252,9 +240,7 @@ def rollback(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Drop the canaries. Their instances drain; the version serves every request."""
-    with client(server, token) as c:
-        out = c.rollout(name, "rollback")
-    emit(out, output, _rollout_table)
+    show(server, token, output, lambda c: c.rollout(name, "rollback"), _rollout_table)
 
 
 def _rollout_table(d: dict[str, Any]) -> None:

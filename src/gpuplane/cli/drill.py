@@ -66,7 +66,7 @@ def _table(r: DrillResult) -> None:
         console.print("[red]not recovered within the drill's timeout[/red]")
 
 
-class Fault(StrEnum):
+class DrillFault(StrEnum):
     """What a drill breaks."""
 
     crash = "crash"
@@ -85,7 +85,7 @@ FAULT = typer.Argument(
 
 
 def drill(
-    fault: Fault = FAULT,
+    fault: DrillFault = FAULT,
     deployment: str = NAME,
     server: str | None = SERVER_OPTION,
     token: str | None = TOKEN_OPTION,
@@ -110,7 +110,7 @@ def drill(
         "max_tokens": max_tokens,
         "timeout_s": timeout_s,
     }
-    if fault is not Fault.crash:
+    if fault is not DrillFault.crash:
         opts["lost_for_s"] = lost_for_s
     try:
         result = run(run_drill(fault.value, deployment, **opts))

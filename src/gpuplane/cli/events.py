@@ -13,12 +13,11 @@ from gpuplane.cli._control_common import (
     SERVER_OPTION,
     TOKEN_OPTION,
     Output,
-    client,
     complete_teams,
-    emit,
     iso,
     print_table,
     relative,
+    show,
 )
 
 
@@ -37,8 +36,6 @@ def events(
     started, preempted, moved, finished), cluster changes and every call that changed something
     (kind api: who, from where, the HTTP status); `--kind api` shows only the calls."""
     params: dict[str, Any] = {"team": team, "since": since, "limit": limit, "kind": kind or None}
-    with client(server, token) as c:
-        rows = c.events({k: v for k, v in params.items() if v is not None})
 
     def table(data: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -61,7 +58,13 @@ def events(
             drop=("FROM", "TIME", "WHO", "STATUS", "TEAM"),
         )
 
-    emit(rows, output, table)
+    show(
+        server,
+        token,
+        output,
+        lambda c: c.events({k: v for k, v in params.items() if v is not None}),
+        table,
+    )
 
 
 def timeline_rows(events: list[dict[str, Any]], now: float) -> list[str]:

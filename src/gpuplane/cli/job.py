@@ -24,9 +24,11 @@ from gpuplane.cli._control_common import (
     iso_times,
     load_spec,
     mib,
+    print_fields,
     print_reasons,
     print_table,
     relative,
+    show,
 )
 from gpuplane.cli.events import timeline_rows
 from gpuplane.control.client import ControlClient
@@ -229,8 +231,6 @@ def describe(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show a job: spec, state, where it runs, and why it waits."""
-    with client(server, token) as c:
-        job = c.job(ref)
 
     def table(j: dict[str, Any]) -> None:
         now = time.time()
@@ -254,10 +254,7 @@ def describe(
             ("exit code", j.get("exit_code")),
             ("message", j.get("message") or ""),
         ]
-        for key, value in rows:
-            console.print(
-                f"[bold]{key:>14}[/bold]  {'' if value is None else value}", highlight=False
-            )
+        print_fields(rows, 14)
         if j.get("reason"):
             console.print("[bold]       waiting[/bold]  " + _reason(j["reason"]), highlight=False)
             console.print("[bold]   per cluster[/bold]")
@@ -267,7 +264,7 @@ def describe(
             for line in timeline_rows(j["timeline"], now):
                 console.print(f"  {line}", highlight=False)
 
-    emit(job, output, table)
+    show(server, token, output, lambda c: c.job(ref), table)
 
 
 @app.command()

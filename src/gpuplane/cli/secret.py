@@ -18,10 +18,10 @@ from gpuplane.cli._control_common import (
     client,
     complete_teams,
     console,
-    emit,
     fail,
     print_table,
     relative,
+    show,
 )
 
 app = typer.Typer(help="A team's secrets for job specs (secretRef).", no_args_is_help=True)
@@ -62,8 +62,6 @@ def list_(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """List a team's secrets: names and when they were set, never values."""
-    with client(server, token) as c:
-        secrets = c.secrets(team)
 
     def table(data: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -72,7 +70,7 @@ def list_(
             [[s["name"], s["team"], relative(s["updated_at"], now)] for s in data],
         )
 
-    emit(secrets, output, table)
+    show(server, token, output, lambda c: c.secrets(team), table)
 
 
 @app.command()

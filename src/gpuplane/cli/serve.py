@@ -16,9 +16,10 @@ from rich.markup import escape
 
 from gpuplane import logs
 from gpuplane.cli import _loop
-from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit, print_table
+from gpuplane.cli._control_common import OUTPUT_OPTION, Output, emit
 from gpuplane.cli._invocation import invocation
 from gpuplane.cli._secrets import secret_option
+from gpuplane.cli.gateway_tables import state_tables, usage_table
 from gpuplane.config import Settings, load_settings
 from gpuplane.control.client import DEFAULT_SERVER
 from gpuplane.errors import GpuplaneError
@@ -290,7 +291,7 @@ def status(
     """Show the gateway's instances, queues and HA role. Its role in HA (mode, role, epoch), its
     instances (model, state, in flight, capacity, last error) and each model's queue, from its
     /admin/state."""
-    emit(admin_get(server, "/admin/state", admin_key), output, _state_tables)
+    emit(admin_get(server, "/admin/state", admin_key), output, state_tables)
 
 
 @gateway_app.command()
@@ -302,7 +303,7 @@ def usage(
     """Show what each tenant used since the gateway started. Requests, prompt and completion tokens,
     slot-seconds, requests refused by its limits, and its limits' current windows, from its
     /admin/usage."""
-    emit(admin_get(server, "/admin/usage", admin_key), output, _usage_table)
+    emit(admin_get(server, "/admin/usage", admin_key), output, usage_table)
 
 
 def admin_get(server: str, path: str, admin_key: str | None) -> Any:
@@ -323,44 +324,6 @@ def admin_get(server: str, path: str, admin_key: str | None) -> Any:
         ) from None
     except GpuplaneError as exc:
         raise _fail(exc) from None
-
-
-def _usage_table(usage: dict[str, Any]) -> None:
-    def limits(tenant: dict[str, Any]) -> str:
-        return (
-            ", ".join(
-                f"{w['kind']} {w['used'] + w['reserved']}/{w['limit']} per {w['window_s']:g} s "
-                f"(resets in {w['resets_in_s']:.0f} s)"
-                for w in tenant["limits"]
-            )
-            or "-"
-        )
-
-    print_table(
-        [
-            "TENANT",
-            "REQUESTS",
-            "PROMPT TOKENS",
-            "COMPLETION TOKENS",
-            "ESTIMATED",
-            "SLOT-S",
-            "LIMITED",
-            "LIMITS",
-        ],
-        [
-            (
-                t["tenant"],
-                t["requests"],
-                t["prompt_tokens"],
-                t["completion_tokens"],
-                t["estimated_prompt_tokens"] + t["estimated_completion_tokens"],
-                f"{t['slot_seconds']:.1f}",
-                ", ".join(f"{k}={n}" for k, n in t["limited"].items()) or "-",
-                limits(t),
-            )
-            for t in usage["tenants"]
-        ],
-    )
 
 
 key_app = typer.Typer(no_args_is_help=True, help="API keys of tenants and admins.")
@@ -391,56 +354,6 @@ def key_create(
         f"\n{lines}\n",
         highlight=False,
         markup=False,
-    )
-
-
-def _ha_row(ha: dict[str, Any]) -> tuple[object, ...]:
-    """This gateway's part in HA: its mode, role and epoch, and who else is there."""
-    if ha["mode"] == "shared":
-        others = f"gateways {', '.join(ha['gateways']) or '-'}"
-        return ha["mode"], ha["role"], ha["epoch"], f"{ha['gateway_id']}; {others}"
-    leader = ha["leader"] or "-"
-    at = f" at {ha['leader_url']}" if ha["leader_url"] else ""
-    return ha["mode"], ha["role"], ha["epoch"] or "-", f"{ha['holder']}; leader {leader}{at}"
-
-
-def _cache_cell(cache: dict[str, Any]) -> str:
-    """How many prompt blocks the gateway assumes the instance's cache keeps, and what it
-    learned that from (the engine's cached-token counts, or times to first token)."""
-    kept = "unbounded" if cache["blocks"] is None else f"{cache['blocks']} blocks"
-    return f"{kept} (by {cache['learned_from']})"
-
-
-def _state_tables(state: dict[str, Any]) -> None:
-    if "ha" in state:
-        print_table(["HA MODE", "ROLE", "EPOCH", "THIS GATEWAY; OTHERS"], [_ha_row(state["ha"])])
-    print_table(
-        ["MODEL", "INSTANCE", "STATE", "IN FLIGHT", "CAPACITY", "PREFIX CACHE", "LAST ERROR"],
-        [
-            (
-                i["model"],
-                i["id"],
-                i["state"],
-                i["in_flight"],
-                i["capacity"],
-                _cache_cell(i["prefix_cache"]),
-                i["last_error"] or "-",
-            )
-            for i in state["instances"]
-        ],
-        drop=("PREFIX CACHE", "CAPACITY", "IN FLIGHT"),
-    )
-    print_table(
-        ["MODEL", "QUEUED", "QUEUED BY TENANT", "STREAM USAGE"],
-        [
-            (
-                m["name"],
-                m["queued"],
-                ", ".join(f"{t}={n}" for t, n in m["queued_by_tenant"].items()) or "-",
-                m.get("stream_usage", "-"),
-            )
-            for m in state["models"]
-        ],
     )
 
 

@@ -18,6 +18,7 @@ from gpuplane.cli._control_common import (
     fail,
     print_table,
     relative,
+    show,
 )
 from gpuplane.control.identity.auth import Role
 from gpuplane.control.spec import parse_duration
@@ -61,8 +62,6 @@ def list_(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """List tokens (never their secrets)."""
-    with client(server, token) as c:
-        tokens = c.tokens()
 
     def table(data: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -82,7 +81,7 @@ def list_(
             ],
         )
 
-    emit(tokens, output, table)
+    show(server, token, output, lambda c: c.tokens(), table)
 
 
 @app.command()

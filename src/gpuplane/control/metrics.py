@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 PASS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-class _StateCollector(Collector):
+class _ServiceStateCollector(Collector):
     def __init__(self, state: Callable[[], dict[str, Any]]) -> None:
         self._state = state
 
@@ -104,7 +104,7 @@ class ControlMetrics:
     def watch(self, state: Callable[[], dict[str, Any]]) -> None:
         """Read gauges from `state()` at scrape time (the first source given wins)."""
         if not self._watching:
-            self.registry.register(_StateCollector(state))
+            self.registry.register(_ServiceStateCollector(state))
             self._watching = True
 
     def render(self) -> bytes:

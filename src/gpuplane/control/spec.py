@@ -105,11 +105,11 @@ class SpecError(ResourceError):
     """A job spec is malformed; the message names the field and what is expected."""
 
 
-class _Spec(BaseModel):
+class _StrictSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ResourcesSpec(_Spec):
+class ResourcesSpec(_StrictSpec):
     gpus: Annotated[int, bounded(0, MAX_GPUS_PER_NODE, "whole cards on one node")] = 0
     gpu_mem_mib: Annotated[int | None, bounded(1, MAX_CARD_MEM_MIB, "vGPU: memory on one card")] = (
         None
@@ -119,20 +119,20 @@ class ResourcesSpec(_Spec):
     memory_mib: Annotated[int, bounded(0, INT32_MAX, "memory")] = 0
 
 
-class SelectorSpec(_Spec):
+class SelectorSpec(_StrictSpec):
     match_labels: dict[str, str] = Field(default_factory=dict)
     gpu_models: list[str] = Field(default_factory=list, description="any of these GPU models")
     cluster: str | None = None
     region: str | None = None
 
 
-class SecretRef(_Spec):
+class SecretRef(_StrictSpec):
     """An env value from a secret of the job's team."""
 
     secretRef: str = Field(min_length=1, max_length=63)
 
 
-class FromEnv(_Spec):
+class FromEnv(_StrictSpec):
     """An env value from the service's environment (a name `control.auth.from_env` allows)."""
 
     fromEnv: str = Field(min_length=1, max_length=255)
@@ -141,7 +141,7 @@ class FromEnv(_Spec):
 EnvValue = str | SecretRef | FromEnv
 
 
-class ServeSpec(_Spec):
+class ServeSpec(_StrictSpec):
     """Marks a job as one instance of a deployment's version (the deployment controller sets it,
     `DeploymentSpec.to_job`): the version's deployment spec, from which an adapter that runs
     instances its own way builds them (Kubernetes: a KServe InferenceService), and the port the
@@ -153,7 +153,7 @@ class ServeSpec(_Spec):
     deployment: dict[str, Any] = Field(description="the version's deployment spec")
 
 
-class JobSpec(_Spec):
+class JobSpec(_StrictSpec):
     name: str
     team: str
     command: list[str] = Field(min_length=1)

@@ -7,11 +7,6 @@ Kubernetes OpenAPI schema (`kubernetes-validate`)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import re
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +19,9 @@ from gpuplane.cli import deploy as deploy_cli
 from gpuplane.control.adapters import kserve
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.spec import SpecError
+from tests.helpers.control import check, needs_kserve
 
-KSERVE = importlib.util.find_spec("kserve")
-# the schema checks need KServe's generated models (tests/control/test_k8s_deploy.py too)
-needs_kserve = pytestmark = pytest.mark.skipif(
-    KSERVE is None,
-    reason="the kserve package's models are missing: `pip install --no-deps kserve==0.21.0` "
-    "(make setup does)",
-)
+pytestmark = needs_kserve
 
 SPEC: dict[str, Any] = {
     "name": "chat",
@@ -55,60 +45,6 @@ CASES = {
     "the simulator, no GPU": {"name": "sim", "model": "sim", "engine": "sim", "team": "t"},
     "llama.cpp": {"name": "tiny", "model": "/m/tiny.gguf", "engine": "llamacpp", "team": "t"},
 }
-
-
-def _model_class(name: str) -> type[Any]:
-    """A generated model class by its OpenAPI name: KServe's (`V1beta1…`) or the Kubernetes
-    client's (`V1Container`, …). KServe's models are loaded without `kserve/__init__.py`, which
-    starts its model-server stack (grpc, cloudevents) that a schema check does not need."""
-    if name.startswith(("V1beta1", "V1alpha1")):
-        if "kserve" not in sys.modules:
-            pkg = types.ModuleType("kserve")
-            assert KSERVE is not None
-            assert KSERVE.submodule_search_locations is not None
-            pkg.__path__ = list(KSERVE.submodule_search_locations)
-            sys.modules["kserve"] = pkg
-        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-        module = importlib.import_module(f"kserve.models.{snake}")
-        return getattr(module, name)  # type: ignore[no-any-return]
-    import kubernetes.client
-
-    return getattr(kubernetes.client, name)  # type: ignore[no-any-return]
-
-
-_PRIMITIVES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "bool": (bool,),
-    "float": (float, int),
-    "object": (object,),
-}
-
-
-def check(value: Any, type_name: str, path: str = "") -> None:
-    """`value` (decoded YAML) is a valid `type_name`, strictly; fails naming the path."""
-    if type_name in _PRIMITIVES:
-        assert isinstance(value, _PRIMITIVES[type_name]), (path, value)
-        assert type_name != "int" or not isinstance(value, bool), (path, value)
-        return
-    if m := re.fullmatch(r"[lL]ist\[(.+)\]", type_name):
-        assert isinstance(value, list), (path, value)
-        for i, item in enumerate(value):
-            check(item, m.group(1), f"{path}[{i}]")
-        return
-    if m := re.fullmatch(r"dict\(str, (.+)\)|Dict\[str, (.+)\]", type_name):
-        assert isinstance(value, dict), (path, value)
-        for k, item in value.items():
-            check(item, m.group(1) or m.group(2), f"{path}.{k}")
-        return
-    cls = _model_class(type_name)
-    assert isinstance(value, dict), (path, type_name, value)
-    fields = {json_key: attr for attr, json_key in cls.attribute_map.items()}
-    unknown = set(value) - set(fields)
-    assert not unknown, f"{path}: {sorted(unknown)} are not fields of {type_name}"
-    for key, item in value.items():
-        check(item, cls.openapi_types[fields[key]], f"{path}.{key}")
-    cls(**{fields[k]: v for k, v in value.items()})  # its setters refuse a missing required field
 
 
 def rendered(data: dict[str, Any], **opts: Any) -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.control.adapters import AdapterError, Workload, WorkloadState, create_adapter
-from gpuplane.control.adapters.ray import RayAdapter, job_status, own_output, ray_request
+from gpuplane.control.adapters.ray import RayAdapter
+from gpuplane.control.adapters.ray_jobs import job_status, own_output, ray_request
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
 from gpuplane.errors import ConfigError

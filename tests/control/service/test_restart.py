@@ -37,7 +37,7 @@ from tests.control.svc_helpers import (
     state,
     wait_state,
 )
-from tests.control.test_cli import free_port
+from tests.helpers.common import free_port
 
 SERVICE_ID = "ctl"
 

@@ -33,7 +33,7 @@ from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.store.models import Job
 from tests.control.svc_helpers import A100, assert_no_device_over_allocated
-from tests.control.test_cli import free_port
+from tests.helpers.common import free_port
 
 KILLS = 50  # kills at least; more rounds until BUSY jobs were accepted (a slow machine's windows
 BUSY = 100  # take fewer), at most MAX_KILLS

@@ -10,9 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gpuplane.control.settings import ControlConfig, QuotaConfig, TeamConfig
+from gpuplane.control.settings import ControlConfig
 from tests.control.svc_helpers import (
-    A100,
     assert_no_device_over_allocated,
     assert_quota_respected,
     config,
@@ -20,15 +19,7 @@ from tests.control.svc_helpers import (
     make_service,
     submit_concurrently,
 )
-
-TEAMS = [
-    TeamConfig(
-        name="a", cohort="ml", quotas=[QuotaConfig(flavor=A100, gpus=3, borrowing_limit_gpus=1)]
-    ),
-    TeamConfig(name="b", cohort="ml", quotas=[QuotaConfig(flavor=A100, gpus=2)]),
-    TeamConfig(name="c"),  # declared without quotas: not limited
-]
-LIMITS = {"a": (3000, 1000), "b": (2000, None)}
+from tests.helpers.control import LIMITS, TEAMS, shapes
 
 
 def run(cfg: ControlConfig, specs: list[dict[str, Any]]) -> None:
@@ -63,16 +54,6 @@ def test_many_concurrent_submits_fill_the_cards_exactly_once(tmp_path: Path) -> 
         job(f"f{i}", team="ab"[i % 2], gpu_mem_mib=20480, gpu_cores_pct=20) for i in range(16)
     ]
     run(config(str(tmp_path), nodes=2, gpus=4, teams=TEAMS), specs)
-
-
-shapes = st.one_of(
-    st.builds(lambda n: {"gpus": n}, st.integers(1, 2)),
-    st.builds(
-        lambda m, c: {"gpu_mem_mib": m, "gpu_cores_pct": c},
-        st.integers(1024, 81920),
-        st.integers(1, 100),
-    ),
-)
 
 
 @settings(

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from gpuplane.control.store import queries
 from gpuplane.control.store.models import Base
 from gpuplane.control.store.store import Store
-from tests.control.service.test_service_concurrency import LIMITS, TEAMS, shapes
 from tests.control.svc_helpers import (
     assert_gpu_milli_columns_renamed_in_place,
     assert_no_device_over_allocated,
@@ -27,6 +26,7 @@ from tests.control.svc_helpers import (
     submit_concurrently,
     wait_state,
 )
+from tests.helpers.control import LIMITS, TEAMS, shapes
 
 pytestmark = pytest.mark.slow
 

@@ -14,14 +14,21 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import pytest
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
+from gpuplane.serve.ha.shared import load_scripts
 from tests.control.pg_server import postgres_server
+from tests.helpers.services import REDIS, require
+from tests.serve.ha.shared_helpers import (
+    INC,
+    prefix,
+)
 
-REDIS = "/usr/bin/redis-server"
 ETCD = "/usr/bin/etcd"
 
 
@@ -29,15 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def require(binary: str, package: str) -> None:
-    if os.path.exists(binary):
-        return
-    msg = f"{binary} not found; run .ci/services.sh (apt-get install {package})"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
@@ -122,3 +120,15 @@ def postgres_url() -> Iterator[str]:
     """A PostgreSQL server's libpq URL (postgresql://...)."""
     with postgres_server() as url:
         yield url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@pytest.fixture
+async def scripts(redis_server: str) -> AsyncIterator[tuple[dict[str, AsyncScript], str]]:
+    """The scripts on one client, and a key prefix whose incarnation is INC."""
+    client = aioredis.from_url(redis_server)
+    key = prefix()
+    await client.set(f"{key}:inc", INC)
+    try:
+        yield {n: client.register_script(s) for n, s in load_scripts().items()}, key
+    finally:
+        await client.aclose()

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from gpuplane.serve.engines.sim import SimProcess, sim_process
-from tests.serve.ha.conftest import free_port
+from tests.helpers.common import free_port
 
 CAPACITY = 4  # the gateway's slots per instance; the engines would run 16, so more would show
 

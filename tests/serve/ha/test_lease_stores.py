@@ -15,7 +15,7 @@ import pytest
 from gpuplane.serve.ha.lease import Change, Election, Fenced, StoreUnavailable
 from gpuplane.serve.ha.store import LeaseStore, make_store
 from gpuplane.serve.settings import HaConfig
-from tests.serve.ha.conftest import free_port
+from tests.helpers.common import free_port
 
 pytestmark = pytest.mark.anyio
 

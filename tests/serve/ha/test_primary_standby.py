@@ -27,7 +27,7 @@ from gpuplane.serve.engines.sim import SimFleet, start_sim
 from gpuplane.serve.ha.forward import sign
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest
-from tests.conftest import gateway_settings
+from tests.helpers.common import gateway_settings
 
 pytestmark = pytest.mark.anyio
 

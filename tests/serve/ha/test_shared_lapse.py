@@ -11,8 +11,19 @@ import pytest
 from gpuplane.serve.errors import Rejected
 from gpuplane.serve.ha.lapse import LeaseClock
 from gpuplane.serve.ha.shared import RedisSlotTable, Share
-from tests.serve.ha.shared_helpers import TTL_S, Engines, options, prefix, shared_router
-from tests.serve.ha.test_shared import engine_load, gateways, in_redis, stop, table, until
+from tests.serve.ha.shared_helpers import (
+    TTL_S,
+    Engines,
+    engine_load,
+    gateways,
+    in_redis,
+    options,
+    prefix,
+    shared_router,
+    stop,
+    table,
+    until,
+)
 
 
 def test_a_lapse_is_more_than_the_ttl_since_the_last_renewal_was_sent() -> None:

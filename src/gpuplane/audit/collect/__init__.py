@@ -2,7 +2,7 @@
 
 One module per source (`nvml`, `prometheus`, `gateway`, `store`, `files`); each is a pure parser
 of that source's recorded answer plus a thin I/O edge that fetches the answer. The store
-(`gpuplane.audit.samples.SampleStore`) is where they all write.
+(`gpuplane.audit.sample_store.SampleStore`) is where they all write.
 """
 
 from gpuplane.errors import GpuplaneError

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleError, SampleStore, coerce, validate
+from gpuplane.audit.sample_store import SampleStore
+from gpuplane.audit.samples import SAMPLE_SCHEMA, SampleError, coerce, validate
 
 
 def read(path: Path, schema: pa.Schema = SAMPLE_SCHEMA) -> pa.Table:

@@ -64,7 +64,7 @@ _LEGACY_LABELS = {
 
 
 @dataclass(frozen=True, slots=True)
-class Series:
+class PromSeries:
     """One series of a range query: its labels and (unix time, value) points."""
 
     labels: Mapping[str, str]
@@ -72,7 +72,7 @@ class Series:
 
 
 # metric key (of METRICS) -> its series
-Fetched = Mapping[str, Sequence[Series]]
+Fetched = Mapping[str, Sequence[PromSeries]]
 
 
 @dataclass(slots=True)
@@ -99,12 +99,9 @@ def _pod(labels: Mapping[str, str]) -> str | None:
     return f"{ns}/{pod}" if ns and pod else None
 
 
-def samples(fetched: Fetched, cluster: str) -> pa.Table:
-    """The sample rows of one window's series (all cards, all times)."""
+def _dcgm_cards(fetched: Fetched) -> dict[tuple[float, str], _Card]:
+    """DCGM's series by (time, card UUID): memory used, free and reserved, compute, pods."""
     cards: dict[tuple[float, str], _Card] = {}
-    slices: dict[tuple[float, str, str], _Slice] = {}
-    cores: dict[tuple[float, str, str], float] = {}
-    hami_nodes: dict[str, str] = {}
     for key in ("fb_used", "fb_free", "fb_reserved", "sm_active", "gr_active", "gpu_util"):
         for s in fetched.get(key, ()):
             uuid = s.labels.get("UUID") or s.labels.get("uuid")
@@ -125,6 +122,15 @@ def samples(fetched: Fetched, cluster: str) -> pa.Table:
                     card.reserved = v
                 else:
                     card.compute = (card.compute or {}) | {key: v}
+    return cards
+
+
+def _hami_slices(
+    fetched: Fetched,
+) -> tuple[dict[tuple[float, str, str], _Slice], dict[str, str]]:
+    """HAMi's per-pod series by (time, card UUID, pod), and the node of each card it names."""
+    slices: dict[tuple[float, str, str], _Slice] = {}
+    hami_nodes: dict[str, str] = {}
     for key in ("ctr_mem_used", "ctr_mem_limit", "ctr_util"):
         for s in fetched.get(key, ()):
             labels = {_LEGACY_LABELS.get(k, k): v for k, v in s.labels.items()}
@@ -142,6 +148,14 @@ def samples(fetched: Fetched, cluster: str) -> pa.Table:
                     sl.mem_limit = (sl.mem_limit or 0.0) + v / MIB
                 else:
                     sl.util = (sl.util or 0.0) + v / 100
+    return slices, hami_nodes
+
+
+def samples(fetched: Fetched, cluster: str) -> pa.Table:
+    """The sample rows of one window's series (all cards, all times)."""
+    cards = _dcgm_cards(fetched)
+    slices, hami_nodes = _hami_slices(fetched)
+    cores: dict[tuple[float, str, str], float] = {}
     for s in fetched.get("pod_cores", ()):
         labels = {_LEGACY_LABELS.get(k, k): v for k, v in s.labels.items()}
         uuid, pod = labels.get("device_uuid"), _pod(labels)
@@ -219,7 +233,7 @@ class PromClient:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
 
-    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[PromSeries]:
         """The series of `expr` at `start`, `start + step`, ... up to `end` (unix seconds)."""
         params = {
             "query": expr,
@@ -241,13 +255,13 @@ class PromClient:
         out = []
         for r in body["data"]["result"]:
             points = [(float(t), float(v)) for t, v in r.get("values", [])]
-            out.append(Series(dict(r.get("metric", {})), points))
+            out.append(PromSeries(dict(r.get("metric", {})), points))
         return out
 
-    def fetch(self, start: float, end: float, step_s: float) -> dict[str, list[Series]]:
+    def fetch(self, start: float, end: float, step_s: float) -> dict[str, list[PromSeries]]:
         """Every metric of `METRICS` over the window; for a metric under several names, the
         first name that has series."""
-        out: dict[str, list[Series]] = {}
+        out: dict[str, list[PromSeries]] = {}
         for key, names in METRICS.items():
             for name in names:
                 found = self.query_range(name, start, end, step_s)

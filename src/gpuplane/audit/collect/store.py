@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import SAMPLE_SCHEMA, coerce, validate
-from gpuplane.audit.stats import Window
+from gpuplane.audit.stats import SampleWindow
 from gpuplane.control.store.models import Device, Job, Node
 from gpuplane.control.store.store import Store
 
@@ -125,12 +125,12 @@ def _times(since: float, until: float, step_s: float) -> np.ndarray:
     return np.arange(math.ceil(since / step_s) * step_s, until, step_s, dtype=np.float64)
 
 
-def window_of(since: float, until: float, step_s: float) -> Window:
+def window_of(since: float, until: float, step_s: float) -> SampleWindow:
     """The window `allocation_samples` covers for the same arguments: its first sample time to
     its last plus one step, so physical GPU-hours count exactly the steps it samples."""
     times = _times(since, until, step_s)
     start = int(times[0]) if len(times) else int(since)
-    return Window(start, start + len(times) * int(step_s), int(step_s))
+    return SampleWindow(start, start + len(times) * int(step_s), int(step_s))
 
 
 def read_holdings(store: Store, since: float, until: float) -> tuple[list[Card], list[Holding]]:

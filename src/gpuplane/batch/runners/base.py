@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuplane.batch.cache import StageCache
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import Plan, Replica
+from gpuplane.batch.packing import PackingPlan, Replica
 from gpuplane.batch.pipeline import BoundStage, Pipeline, load_pipeline
 
 
@@ -100,7 +100,7 @@ class Runner(ABC):
         """How many tasks may be in flight at once (the driver never submits more)."""
 
     @abstractmethod
-    def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
+    def start(self, spec: WorkerSpec, plan: PackingPlan, pipeline: Pipeline) -> None:
         """Create pools or actors for every replica of `plan`."""
 
     @abstractmethod

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import CPU, Device, Plan, Replica
+from gpuplane.batch.packing import CPU, BatchDevice, PackingPlan, Replica
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
 
@@ -52,7 +52,7 @@ def _run_in_process(task: Task) -> TaskResult:
     return _WORKER.run(task)
 
 
-def detect_gpus(timeout_s: float = 10.0) -> tuple[Device, ...]:
+def detect_gpus(timeout_s: float = 10.0) -> tuple[BatchDevice, ...]:
     """The machine's NVIDIA cards as Devices (id gpuN, memory), or () when there are none."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -68,7 +68,7 @@ def detect_gpus(timeout_s: float = 10.0) -> tuple[Device, ...]:
     for line in out.splitlines():
         idx, _, mem = line.partition(",")
         if idx.strip().isdigit() and mem.strip().isdigit():
-            devices.append(Device(f"gpu{idx.strip()}", int(mem.strip())))
+            devices.append(BatchDevice(f"gpu{idx.strip()}", int(mem.strip())))
     return tuple(devices)
 
 
@@ -96,7 +96,7 @@ class LocalRunner(Runner):
     def capacity(self) -> int:
         return self._capacity
 
-    def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
+    def start(self, spec: WorkerSpec, plan: PackingPlan, pipeline: Pipeline) -> None:
         if self.threads or spec.pipeline_spec is None:
             self._worker = Worker(spec, pipeline)
             self._pool = ThreadPoolExecutor(self._slots, thread_name_prefix="stage")

@@ -19,14 +19,14 @@ import os
 import socket
 from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gpuplane.batch.errors import BatchError
-from gpuplane.batch.packing import CPU, Plan, Replica
+from gpuplane.batch.packing import CPU, PackingPlan, Replica
 from gpuplane.batch.pipeline import Pipeline
 from gpuplane.batch.runners.base import Runner, Task, TaskResult, Worker, WorkerSpec, register
+from gpuplane.secrets import read_secret
 
 GPU_MEM_RESOURCE = "gpu_mem_mib"
 CONNECT_TIMEOUT_S = 3.0
@@ -40,14 +40,9 @@ def auth_env(token_file: str | None, environ: Mapping[str, str]) -> dict[str, st
     token mode where the environment holds Ray's own token variables but no mode (a user who
     gave a token means it to be used; Ray sends none unless the mode says token)."""
     if token_file:
-        try:  # checked here: Ray aborts the whole process on an unreadable token file
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise BatchError(
-                f"the Ray token file {token_file} (batch.ray_token_file) cannot be read: {exc}"
-            ) from exc
-        if not token:
-            raise BatchError(f"the Ray token file {token_file} (batch.ray_token_file) is empty")
+        # checked here: Ray aborts the whole process on an unreadable token file
+        what = f"the Ray token file {token_file} (batch.ray_token_file)"
+        read_secret(token_file, what, BatchError)
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_file}
     given = environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH")
     return {"RAY_AUTH_MODE": "token"} if given and "RAY_AUTH_MODE" not in environ else {}
@@ -138,7 +133,7 @@ class RayRunner(Runner):
     def capacity(self) -> int:
         return max(1, len(self._actors))
 
-    def start(self, spec: WorkerSpec, plan: Plan, pipeline: Pipeline) -> None:
+    def start(self, spec: WorkerSpec, plan: PackingPlan, pipeline: Pipeline) -> None:
         if spec.pipeline_spec is None:
             raise BatchError("the ray runner needs a pipeline path or module:attr, not an object")
         address = self.address or os.environ.get("RAY_ADDRESS")  # ray.init's own fallback

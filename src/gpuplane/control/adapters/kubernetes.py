@@ -1,24 +1,23 @@
 """The `kubernetes` adapter: a cluster whose GPUs HAMi shares, through the official `kubernetes`
 client (extra `kubernetes`, imported at first use).
 
-Registration reads the server's `/version` and discovery documents and refuses a version outside
-the supported range (`k8s/versions.py`). Inventory is the Ready, schedulable nodes with their
-labels, allocatable CPU and memory and the healthy cards HAMi registered on them
-(`hami.io/node-nvidia-register`), kept current by a watch (`k8s/reflector.py`). A bound job is a
-Pod, or a batch/v1 Job (`bind_kind: job`), named after the job id in its team's namespace,
-pinned to its node and cards (`k8s/manifests.py`); a deployment instance (a job with `serve`)
-is a KServe InferenceService (raw deployment mode, one replica) whose predictor is pinned the same
-way, watched like Pods: Ready gives its URL to `status` (the controller's `instance_url`), a
-predictor KServe gave up on fails the job with KServe's reason; a cluster that does not serve
-serving.kserve.io/v1beta1 refuses such a job (`serving_refusal`). The name makes `bind`
-idempotent: a retry (after a timeout, or by a restarted service) finds the object by its name
-(409) and takes it back when it is this job's on the same placement. What runs is watched too
-(the objects labelled with this service process's `service_id`), so `status`, `workloads` and
-adoption after a restart need no records of their own: the cluster keeps the state. `release`
-keeps a copy of the Pod's log in the state dir (the Pod API forgets it with the Pod), then
-deletes with the cluster's grace period. Every client or transport error is mapped here into an
-AdapterError saying what to do.
-"""
+Registration reads the server's `/version` and discovery documents and refuses a version outside the
+supported range (`k8s/versions.py`). Inventory is the Ready, schedulable nodes with their labels,
+allocatable CPU and memory and the healthy cards HAMi registered on them (`hami.io/node-nvidia-
+register`), kept current by a watch (`k8s/reflector.py`; the connection and its watches:
+`k8s/watches.py`). A bound job is a Pod, or a batch/v1 Job (`bind_kind: job`), named after the job
+id in its team's namespace, pinned to its node and cards (`k8s/manifests.py`); a deployment instance
+(a job with `serve`) is a KServe InferenceService (raw deployment mode, one replica) whose predictor
+is pinned the same way, watched like Pods: Ready gives its URL to `status` (the controller's
+`instance_url`), a predictor KServe gave up on fails the job with KServe's reason; a cluster that
+does not serve serving.kserve.io/v1beta1 refuses such a job (`serving_refusal`). The name makes
+`bind` idempotent: a retry (after a timeout, or by a restarted service) finds the object by its name
+(409) and takes it back when it is this job's on the same placement. What runs is watched too (the
+objects labelled with this service process's `service_id`), so `status`, `workloads` and adoption
+after a restart need no records of their own: the cluster keeps the state. `release` keeps a copy of
+the Pod's log in the state dir (`k8s/podlogs.py`: the Pod API forgets it with the Pod), then deletes
+with the cluster's grace period. Every client or transport error is mapped into an AdapterError
+saying what to do."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from gpuplane.control.adapters.base import (
     AdapterError,
@@ -39,23 +38,18 @@ from gpuplane.control.adapters.base import (
     register,
 )
 from gpuplane.control.adapters.k8s import manifests
-from gpuplane.control.adapters.k8s.api import KSERVE_GROUP, KSERVE_VERSION, KubeApi
+from gpuplane.control.adapters.k8s.api import KubeApi
 from gpuplane.control.adapters.k8s.convert import (
-    NodeView,
-    ObjectView,
     job_status,
-    node_view,
     object_view,
 )
 from gpuplane.control.adapters.k8s.manifests import Binding
-from gpuplane.control.adapters.k8s.reflector import Reflector, describe_error
-from gpuplane.control.adapters.k8s.versions import ApiProfile, api_profile
+from gpuplane.control.adapters.k8s.podlogs import PodLogs
+from gpuplane.control.adapters.k8s.reflector import describe_error
+from gpuplane.control.adapters.k8s.watches import KSERVE, KubeWatches
 from gpuplane.control.logtail import read_log
-from gpuplane.control.statedir import private_dir
 
 log = logging.getLogger("gpuplane.control.kubernetes")
-T = TypeVar("T")
-KSERVE = f"{KSERVE_GROUP}/{KSERVE_VERSION}"
 
 
 @register
@@ -70,12 +64,8 @@ class KubernetesAdapter(ClusterAdapter):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.service_id = self.control.service_id or ""
-        self._api: KubeApi | None = None
-        self.profile: ApiProfile | None = None
-        self._nodes: Reflector[NodeView] | None = None
-        self._pods: Reflector[ObjectView] | None = None
-        self._jobs: Reflector[ObjectView] | None = None
-        self._services: Reflector[ObjectView] | None = None  # InferenceServices, with KServe
+        self.kube = KubeWatches(self.cluster, self.service_id, self.where, self._inventory_changed)
+        self.pod_logs = PodLogs(self.state_dir, self.where)
         self._listeners: list[Callable[[], None]] = []
         # the nodes the watch changed since `changes()` was last asked; None: it listed since
         self._changed: set[str] | None = None
@@ -84,7 +74,6 @@ class KubernetesAdapter(ClusterAdapter):
         self._bound: dict[str, tuple[Binding, str]] = {}
         self._released: set[str] = set()  # deleted here, perhaps still shown by the watch
         self._lock = threading.Lock()
-        self.timeout_s = min(10.0, self.cluster.sync_interval_s)
 
     @property
     def where(self) -> str:
@@ -92,110 +81,18 @@ class KubernetesAdapter(ClusterAdapter):
         config = self.cluster.kubeconfig or "the default kubeconfig"
         return f"cluster {self.cluster.name} ({config}{ctx})"
 
-    # -- connection --------------------------------------------------------------------------
-
-    def _connect(self) -> KubeApi:
-        """Load the kubeconfig, check the server's version and groups, start the watches.
-        Once; raises AdapterError saying what is wrong."""
-        with self._lock:
-            if self._api is not None:
-                return self._api
-            try:
-                from kubernetes import client, config
-            except ImportError:
-                raise AdapterError(
-                    f"{self.where}: the kubernetes adapter needs the official client: "
-                    "pip install 'gpuplane[kubernetes]'"
-                ) from None
-            try:
-                api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                    config_file=self.cluster.kubeconfig,
-                    context=self.cluster.context,
-                    persist_config=False,
-                )
-            except Exception as exc:  # ConfigException, a missing or malformed file
-                raise AdapterError(
-                    f"{self.where}: cannot load the kubeconfig: {exc}; check the path and the "
-                    "context (`kubectl config get-contexts`)"
-                ) from None
-            api = KubeApi(client, api_client, self.timeout_s)
-            documents = self._call("read its version and discovery documents", api.documents)
-            self.profile = api_profile(*documents, manifests.needs(self.cluster), self.where)
-            interval = self.cluster.sync_interval_s
-            self._nodes = Reflector(
-                api.core.list_node,
-                node_view,
-                what=f"{self.cluster.name} nodes",
-                interval_s=interval,
-                on_change=self._inventory_changed,
-            ).start()
-            mine = manifests.selector(self.service_id)
-            self._pods = Reflector(
-                api.core.list_pod_for_all_namespaces,
-                object_view,
-                what=f"{self.cluster.name} pods",
-                interval_s=interval,
-                label_selector=mine,
-            ).start()
-            if self.cluster.bind_kind == "job":
-                self._jobs = Reflector(
-                    api.batch.list_job_for_all_namespaces,
-                    object_view,
-                    what=f"{self.cluster.name} jobs",
-                    interval_s=interval,
-                    label_selector=mine,
-                ).start()
-            if KSERVE in self.profile.groups:
-                self._services = Reflector(
-                    api.list_inference_services,
-                    object_view,
-                    what=f"{self.cluster.name} inferenceservices",
-                    interval_s=interval,
-                    label_selector=mine,
-                ).start()
-            self._api = api
-            return api
-
-    def _synced(self, reflector: Reflector[T] | None) -> Reflector[T]:
-        """`reflector` once it has listed, or AdapterError with why it has not."""
-        assert reflector is not None
-        if not reflector.synced.wait(self.cluster.sync_interval_s):
-            why = reflector.error or "no answer"
-            raise AdapterError(
-                f"{self.where}: could not list {reflector.what} within "
-                f"{self.cluster.sync_interval_s:g}s ({why}); check that the API server is reachable"
-            )
-        return reflector
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """`fn()`, its client and transport errors mapped into AdapterError once, here."""
-        try:
-            return fn()
-        except AdapterError:
-            raise
-        except Exception as exc:
-            raise AdapterError(f"{self.where}: could not {what}: {describe_error(exc)}") from exc
-
     def reachable(self) -> tuple[bool, str]:
-        """Whether the API server answered (a watch event or bookmark, a list) within the last
-        sync interval, and if not, why: what placement on this cluster waits on."""
-        quiet = None if self._nodes is None else self._nodes.quiet_for()
-        if quiet is None:
-            return False, "not connected yet"
-        if quiet > self.cluster.sync_interval_s:
-            assert self._nodes is not None
-            return False, self._nodes.error or f"no answer for {quiet:.0f}s"
-        return True, ""
+        return self.kube.reachable()
 
     def version(self) -> str:
-        return self.profile.git_version if self.profile is not None else ""
+        return self.kube.profile.git_version if self.kube.profile is not None else ""
 
     def serving_refusal(self) -> str | None:
         """None when the cluster serves KServe's InferenceService (a deployment instance is
         one), else what to do; AdapterError when the cluster cannot be asked."""
-        self._connect()
-        assert self.profile is not None
-        if KSERVE in self.profile.groups:
+        self.kube.connect()
+        assert self.kube.profile is not None
+        if KSERVE in self.kube.profile.groups:
             return None
         return (
             f"{self.where} does not serve {KSERVE} (KServe's InferenceService), which runs "
@@ -221,25 +118,24 @@ class KubernetesAdapter(ClusterAdapter):
             callback()
 
     def inventory(self) -> Inventory:
-        self._connect()
-        views = sorted(self._synced(self._nodes).snapshot(), key=lambda v: v.node.name)
+        self.kube.connect()
+        views = sorted(self.kube.synced(self.kube.nodes).snapshot(), key=lambda v: v.node.name)
         for problem in (v.problem for v in views if v.problem):
             log.warning("%s: %s", self.where, problem)
         cards = sum(len(v.node.devices) for v in views)
         unhealthy = sum(v.unhealthy for v in views)
-        assert self.profile is not None
         left_out = f", {unhealthy} unhealthy left out" if unhealthy else ""
         return Inventory(
             tuple(v.node for v in views),
-            f"Kubernetes {self.profile.git_version} ({self.where}): {len(views)} Ready node(s), "
+            f"Kubernetes {self.version()} ({self.where}): {len(views)} Ready node(s), "
             f"{cards} HAMi card(s){left_out}",
         )
 
     def changes(self) -> InventoryChange | None:
         """The nodes the watch changed since the last call, as `inventory()` now reports them;
         None the first time and after a relist (a 410 Gone)."""
-        self._connect()
-        nodes = self._synced(self._nodes)
+        self.kube.connect()
+        nodes = self.kube.synced(self.kube.nodes)
         with self._lock:
             changed, self._changed = self._changed, set()
         if changed is None:
@@ -252,31 +148,12 @@ class KubernetesAdapter(ClusterAdapter):
 
     # -- workloads ---------------------------------------------------------------------------
 
-    def _views(self) -> tuple[dict[str, ObjectView], dict[str, list[ObjectView]]]:
-        """This instance's workloads by job id, and the Pods of each (of a Job, those of the
-        Job object the watch shows, not of an earlier one of the same name). A deployment
-        instance's workload is its InferenceService (KServe gives its Pods our labels too)."""
-        self._connect()
-        pods: dict[str, list[ObjectView]] = {}
-        for view in self._synced(self._pods).snapshot():
-            pods.setdefault(view.job_id, []).append(view)
-        services = {}
-        if self._services is not None:
-            services = {v.job_id: v for v in self._synced(self._services).snapshot()}
-        if self._jobs is None:
-            bare = {j: max(ps, key=lambda p: p.created) for j, ps in pods.items()}
-            return bare | services, pods
-        jobs = {v.job_id: v for v in self._synced(self._jobs).snapshot()}
-        return jobs | services, {
-            j: [p for p in ps if p.owner == jobs[j].uid] for j, ps in pods.items() if j in jobs
-        }
-
     def _kind(self) -> str:
         return "Job" if self.cluster.bind_kind == "job" else "Pod"
 
     def _binding(self, workload: Workload) -> Binding:
-        assert self._nodes is not None
-        view = self._synced(self._nodes).view.get(("", workload.node))
+        assert self.kube.nodes is not None
+        view = self.kube.synced(self.kube.nodes).view.get(("", workload.node))
         if view is None:
             raise AdapterError(
                 f"{self.where}: node {workload.node} is not a Ready, schedulable node there "
@@ -304,9 +181,9 @@ class KubernetesAdapter(ClusterAdapter):
                 raise AdapterError(refusal)
             return manifests.inference_service(workload, binding, self.cluster, self.service_id)
         if self.cluster.bind_kind == "job":
-            assert self.profile is not None
+            assert self.kube.profile is not None
             return manifests.job_manifest(
-                workload, binding, self.cluster, self.service_id, self.profile
+                workload, binding, self.cluster, self.service_id, self.kube.profile
             )
         return manifests.pod_manifest(workload, binding, self.cluster, self.service_id)
 
@@ -317,7 +194,7 @@ class KubernetesAdapter(ClusterAdapter):
         anyone else's is an error."""
         if not workload.command:
             raise AdapterError(f"job {workload.job_id} has an empty command")
-        api = self._connect()
+        api = self.kube.connect()
         binding = self._binding(workload)
         body = self._manifest(workload, binding)
         kind = body["kind"]
@@ -359,13 +236,13 @@ class KubernetesAdapter(ClusterAdapter):
             self._released.discard(workload.job_id)
 
     def _read(self, api: KubeApi, binding: Binding, kind: str) -> dict[str, Any]:
-        return self._call(
+        return self.kube.call(
             f"read {kind} {binding.namespace}/{binding.name}", lambda: api.read(binding, kind)
         )
 
     def status(self, job_ids: Iterable[str]) -> dict[str, WorkloadStatus]:
-        api = self._connect()
-        views, pods = self._views()
+        api = self.kube.connect()
+        views, pods = self.kube.views()
         with self._lock:
             bound, released = dict(self._bound), set(self._released)
         out = {}
@@ -412,8 +289,8 @@ class KubernetesAdapter(ClusterAdapter):
             made = self._bound.get(job_id)
         binding = None if made is None else made[0]
         try:
-            api = self._connect()
-            view = self._views()[0].get(job_id)
+            api = self.kube.connect()
+            view = self.kube.views()[0].get(job_id)
         except AdapterError as exc:
             if binding is None:
                 log.warning("releasing job %s: %s", job_id, exc)
@@ -423,7 +300,9 @@ class KubernetesAdapter(ClusterAdapter):
             binding = Binding(view.namespace, view.name, view.uuids, view.kind)
         if binding is not None:
             kind = binding.kind
-            self._keep_log(api, job_id)
+            pod = self._pod_of(job_id)
+            if pod is not None:
+                self.pod_logs.keep(api, job_id, pod)
             try:
                 api.delete(binding, kind, self.cluster.grace_period_s)
             except Exception as exc:  # never raises: the reconciler deletes it again
@@ -445,7 +324,7 @@ class KubernetesAdapter(ClusterAdapter):
     def workloads(self) -> list[str]:
         """What the watch shows of this instance's, less what is on its way out, and what was
         bound here since (the watch may not have shown it yet)."""
-        views, _ = self._views()
+        views, _ = self.kube.views()
         held = {job_id for job_id, view in views.items() if not view.terminating}
         with self._lock:
             self._released &= set(views)  # forgotten once the watch shows it gone
@@ -454,18 +333,18 @@ class KubernetesAdapter(ClusterAdapter):
         return sorted(held)
 
     def logs(self, job_id: str, tail: int | None = None, since: int = 0) -> Iterator[bytes]:
-        api = self._connect()
+        api = self.kube.connect()
         with self._lock:
             released = job_id in self._released
         pod = None if released else self._pod_of(job_id)
         if pod is None:  # released: what was kept when its Pod was deleted, if anything
             return read_log(self.log_path(job_id), tail, since=since)
-        return self._stream_log(api, *pod, tail, since)
+        return self.pod_logs.stream(api, *pod, tail, since)
 
     def _pod_of(self, job_id: str) -> tuple[str, str] | None:
         """The namespace and name of the job's latest Pod: as the watch shows it, or, for a
         bare Pod the watch has not shown yet, the one bound here."""
-        _, pods = self._views()
+        _, pods = self.kube.views()
         latest = max(pods.get(job_id, []), key=lambda p: p.created, default=None)
         if latest is not None:
             return latest.namespace, latest.name
@@ -476,42 +355,10 @@ class KubernetesAdapter(ClusterAdapter):
         return made[0].namespace, made[0].name
 
     def log_path(self, job_id: str) -> Path:
-        return self.state_dir / "logs" / f"{job_id}.log"
-
-    def _keep_log(self, api: KubeApi, job_id: str) -> None:
-        """Copy the output of the job's latest Pod into the state dir before it is deleted, so
-        `job logs` still answers for an ended or cancelled job (as the Pod API no longer will).
-        A failure only loses the copy: it is logged, never raised."""
-        pod = self._pod_of(job_id)
-        if pod is None:
-            return
-        path = self.log_path(job_id)
-        tmp = path.with_suffix(".tmp")
-        try:
-            private_dir(path.parent)  # 0700: jobs cannot read the state dir
-            with tmp.open("wb") as f:
-                for block in self._stream_log(api, *pod, None, 0):
-                    f.write(block)
-            tmp.replace(path)
-        except Exception as exc:
-            log.warning("%s: could not keep the log of job %s: %s", self.where, job_id, exc)
-            tmp.unlink(missing_ok=True)
-
-    def _stream_log(
-        self, api: KubeApi, namespace: str, name: str, tail: int | None, since: int
-    ) -> Iterator[bytes]:
-        try:
-            yield from api.pod_log(namespace, name, tail, since)
-        except api.exception as exc:
-            raise AdapterError(
-                f"{self.where}: could not read the log of Pod {namespace}/{name}: "
-                f"{describe_error(exc)}"
-            ) from exc
+        return self.pod_logs.path(job_id)
 
     def close(self) -> None:
-        if self._api is not None:
+        if self.kube.api is not None:
             for job_id in self.workloads():
                 self.release(job_id)
-        for reflector in (self._nodes, self._pods, self._jobs, self._services):
-            if reflector is not None:
-                reflector.stop()
+        self.kube.stop()

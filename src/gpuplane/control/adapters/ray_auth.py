@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuplane.control.adapters.base import AdapterError
+from gpuplane.secrets import read_secret
 
 HOW = (
     "set the cluster's `token_file` to a file holding its token (`ray get-auth-token` prints it "
@@ -43,12 +44,7 @@ def find_token(token_file: str | None) -> RayToken | None:
 
 
 def _read(path: Path, via: str) -> RayToken:
-    try:
-        value = path.read_text().strip()
-    except OSError as exc:
-        raise AdapterError(f"the Ray token file {path} ({via}) cannot be read: {exc}") from exc
-    if not value:
-        raise AdapterError(f"the Ray token file {path} ({via}) is empty")
+    value = read_secret(path, f"the Ray token file {path} ({via})", AdapterError)
     return RayToken(value, f"{via} ({path})")
 
 

@@ -18,12 +18,11 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gpuplane.errors import ConfigError
+from gpuplane.secrets import read_secret
 from gpuplane.serve.errors import Rejection, error_response
 
 FORWARDED = "x-gpuplane-forwarded"
@@ -38,15 +37,7 @@ def load_secret(path: str | None) -> bytes | None:
     """The gateways' shared secret: the file's content (`forward_secret_file`), else
     $GPUPLANE_GATEWAY_SECRET; None without either."""
     if path is not None:
-        try:
-            secret = Path(path).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"gateway.ha.forward_secret_file: cannot read {path} ({exc.strerror})"
-            ) from None
-        if not secret:
-            raise ConfigError(f"gateway.ha.forward_secret_file: {path} is empty")
-        return secret.encode()
+        return read_secret(path, f"gateway.ha.forward_secret_file {path}").encode()
     secret = os.environ.get(SECRET_ENV, "").strip()
     return secret.encode() or None
 

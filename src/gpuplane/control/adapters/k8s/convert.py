@@ -42,7 +42,7 @@ def _quantity(text: str | None) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class KubeNodeView:
     """A node as the inventory reports it, its cards' UUIDs by index (to pin a Pod to them),
     and what was wrong with its HAMi registration, if anything."""
 
@@ -52,7 +52,7 @@ class NodeView:
     problem: str | None = None
 
 
-def node_view(obj: Obj) -> NodeView | None:
+def node_view(obj: Obj) -> KubeNodeView | None:
     """The node, or None when nothing may be placed there (cordoned, or not Ready)."""
     meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status", {})
     ready = any(
@@ -80,7 +80,9 @@ def node_view(obj: Obj) -> NodeView | None:
         labels=labels,
         devices=tuple(DiscoveredDevice(c.index, c.model, c.mem_mib, c.uuid) for c in healthy),
     )
-    return NodeView(node, {c.index: c.uuid for c in healthy}, len(cards) - len(healthy), problem)
+    return KubeNodeView(
+        node, {c.index: c.uuid for c in healthy}, len(cards) - len(healthy), problem
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ import numpy as np
 
 from gpuplane.control.scheduler.base import Candidates, Policy, Scores
 from gpuplane.control.scheduler.decision import FloatArray, Request
-from gpuplane.control.scheduler.fragmentation import DeltaCache, OnlineWorkloadMix, WorkloadMix
+from gpuplane.control.scheduler.delta_cache import DeltaCache
+from gpuplane.control.scheduler.fragmentation import OnlineWorkloadMix, WorkloadMix
 from gpuplane.control.scheduler.registry import register
 
 

@@ -1,0 +1,2 @@
+"""Helpers the tests share (no fixtures: those live in conftest.py files); a test imports
+these, never a conftest or another test module."""
