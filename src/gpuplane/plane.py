@@ -37,10 +37,10 @@ from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import exclusive
+from gpuplane.engines.diagnose import TAIL_LINES, classify_exit, tail_of
+from gpuplane.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.errors import ConfigError, EngineError
 from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of
-from gpuplane.serve.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
 from gpuplane.serve.settings import EngineConfig
 

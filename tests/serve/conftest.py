@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.engines.sim import start_sim
 from gpuplane.serve.app import Gateway, create_app
-from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
+from gpuplane.engines.llamacpp import LlamaCpp, embedded_launches
 from gpuplane.serve.settings import EngineConfig
 from gpuplane.serve.supervisor import Supervisor
 from tests.conftest import free_port

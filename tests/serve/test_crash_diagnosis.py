@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from gpuplane.serve.engines.diagnose import CPU_HINT, MEMORY_HINT, classify_exit, log_tail
+from gpuplane.engines.diagnose import CPU_HINT, MEMORY_HINT, classify_exit, log_tail
 from tests.conftest import free_port
 
 GPUPLANE = [sys.executable, "-m", "gpuplane.cli.main"]

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.engines.sim import start_sim
 from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.proxy import WATCH_AFTER_S
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.engines.sim import sim_process
 from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import sim_process
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.proxy import Next, after_failure
 from gpuplane.serve.server import serving

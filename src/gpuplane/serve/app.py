@@ -31,8 +31,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpuplane.engines import EngineAdapter, get_adapter
 from gpuplane.serve.discovery import Discovery
-from gpuplane.serve.engines import EngineAdapter, get_adapter
 from gpuplane.serve.errors import Rejection, error_response
 from gpuplane.serve.ha.forward import FORWARDED
 from gpuplane.serve.limits import OverLimit, asked_tokens

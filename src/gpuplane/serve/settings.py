@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, IPvAnyNetwork, SecretStr, field_validator, model_validator
 
+from gpuplane.engines.base import adapter_class
 from gpuplane.sections import Section, passes
-from gpuplane.serve.engines.base import adapter_class
 
 PlacementPolicy = Literal[
     "slots_prefix", "slots", "round_robin", "least_connections", "power_of_two"

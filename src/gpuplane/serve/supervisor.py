@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
+from gpuplane.engines.base import EngineAdapter, LaunchSpec
+from gpuplane.engines.diagnose import ExitDiagnosis, classify_exit, log_tail
 from gpuplane.errors import EngineError
-from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec
-from gpuplane.serve.engines.diagnose import ExitDiagnosis, classify_exit, log_tail
 
 log = logging.getLogger("gpuplane.engine")
 

@@ -53,8 +53,8 @@ from gpuplane.control.oplog import log
 from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.store import Store
+from gpuplane.engines.base import adapter_class
 from gpuplane.errors import ConfigError, unknown_name
-from gpuplane.serve.engines.base import adapter_class
 from gpuplane.serve.supervisor import Backoff
 
 RESTART_BACKOFF_S = 1.0  # the first pause before a crashed instance's replacement; doubles

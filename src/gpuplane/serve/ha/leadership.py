@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from gpuplane.engines.base import EngineAdapter
 from gpuplane.errors import ConfigError
-from gpuplane.serve.engines.base import EngineAdapter
 from gpuplane.serve.errors import Rejection
 from gpuplane.serve.ha.forward import (
     FORWARDED,
