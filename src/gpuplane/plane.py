@@ -37,12 +37,12 @@ from gpuplane.control.models import Job
 from gpuplane.control.service import ControlService
 from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import exclusive
+from gpuplane.engines.config import EngineConfig
 from gpuplane.engines.diagnose import TAIL_LINES, classify_exit, tail_of
 from gpuplane.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.errors import ConfigError, EngineError
 from gpuplane.serve.app import Gateway
 from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
-from gpuplane.serve.settings import EngineConfig
 
 UP_TEAM = "default"  # the default deployment's team when the config declares none
 READY_POLL_S = 0.2

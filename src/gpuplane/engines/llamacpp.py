@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuplane.engines.base import EngineAdapter, LaunchSpec, register
+from gpuplane.engines.config import EngineConfig
 from gpuplane.errors import EngineError
 from gpuplane.resources import Slice
-from gpuplane.serve.settings import EngineConfig
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # SmolLM2-135M keeps 30 layers x (K + V) x 3 KV heads x 64 dims x 2 bytes per token in its KV
