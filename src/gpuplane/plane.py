@@ -41,7 +41,7 @@ from gpuplane.engines.config import EngineConfig
 from gpuplane.engines.diagnose import TAIL_LINES, classify_exit, tail_of
 from gpuplane.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.errors import ConfigError, EngineError
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
 
 UP_TEAM = "default"  # the default deployment's team when the config declares none

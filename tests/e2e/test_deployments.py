@@ -23,7 +23,7 @@ from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
 from gpuplane.control.models import DeploymentEvent, Job
 from gpuplane.control.service import ControlService
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
 from tests.conftest import gateway_settings

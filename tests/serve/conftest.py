@@ -16,8 +16,9 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.engines.sim import start_sim
-from gpuplane.serve.app import Gateway, create_app
+from gpuplane.serve.app import create_app
 from gpuplane.serve.errors import FailureKind
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES
 from tests.conftest import gateway_settings

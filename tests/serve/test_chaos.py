@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplane.config import parse_settings
 from gpuplane.engines.sim import SimFleet, start_sim
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from tests.serve.conftest import assert_released
 

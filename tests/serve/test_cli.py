@@ -13,7 +13,7 @@ from typer.testing import CliRunner, Result
 from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
 from gpuplane.engines.sim import start_sim
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest
 from tests.conftest import gateway_settings

@@ -14,7 +14,7 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.engines.sim import start_sim
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.proxy import WATCH_AFTER_S
 from gpuplane.serve.server import serving
 from tests.conftest import gateway_settings

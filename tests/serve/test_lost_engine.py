@@ -13,8 +13,8 @@ import pytest
 
 from gpuplane.config import parse_settings
 from gpuplane.engines.sim import sim_process
-from gpuplane.serve.app import Gateway
 from gpuplane.serve.errors import FailureKind
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.proxy import Next, after_failure
 from gpuplane.serve.server import serving
 from tests.conftest import free_port, gateway_settings

@@ -19,7 +19,8 @@ from gpuplane.config import parse_settings
 from gpuplane.engines.backoff import Backoff
 from gpuplane.engines.base import EngineAdapter, LaunchSpec
 from gpuplane.errors import EngineError
-from gpuplane.serve.app import Gateway, create_app
+from gpuplane.serve.app import create_app
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.supervisor import (
     EngineState,
