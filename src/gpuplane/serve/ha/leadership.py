@@ -44,9 +44,9 @@ from gpuplane.serve.ha.rebuild import (
     encode_journal,
     inherited,
 )
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import LeaseStore, make_store
 from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import HaConfig
 
 log = logging.getLogger("gpuplane.gateway.ha")
 
