@@ -7,13 +7,12 @@ import random
 
 import pytest
 
+from gpuplane.engines.sim.cache import PrefixCache, block_hashes
 from gpuplane.engines.sim.model import (
     CHARS_PER_TOKEN,
     Fault,
     InstanceCore,
-    PrefixCache,
     SimParams,
-    block_hashes,
     count_tokens,
 )
 
