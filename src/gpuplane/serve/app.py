@@ -8,6 +8,8 @@ admin key once any key is configured.
 
 The two completion routes are the hot path: `GatewayApp` dispatches them itself, straight from
 the ASGI scope, and hands every other request to a Starlette app (admin, metrics, health).
+The wiring behind the routes (routers, discovery, HA, background tasks) is `gateway.py`'s
+`Gateway`, which this module reads and drives but does not build beyond `create_app`'s default.
 """
 
 from __future__ import annotations
