@@ -81,7 +81,7 @@ with optional_imports():
     )
     from gpuplane.errors import unknown_name
     from gpuplane.plane import control_app
-    from gpuplane.serve.app import Gateway
+    from gpuplane.serve.gateway import Gateway
     from gpuplane.serve.server import serving
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deployments.json"

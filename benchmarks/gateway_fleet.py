@@ -52,7 +52,7 @@ import yaml
 
 from _extras import require_programs
 from _results import save
-from gpuplane.serve.engines.sim import SimProcess, sim_process
+from gpuplane.engines.sim import SimProcess, sim_process
 
 ROOT = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

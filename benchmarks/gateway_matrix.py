@@ -67,14 +67,14 @@ from gateway_fleet import (
 from gateway_real_engine import api_key, one_request, system_prompt
 from gateway_virtual_time import Engine, VirtualLoop
 from gpuplane.config import parse_settings
-from gpuplane.serve.engines.base import get_adapter
-from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
-from gpuplane.serve.engines.sim import fleet_params, sim_process
-from gpuplane.serve.engines.sim.model import CHARS_PER_TOKEN, InstanceCore, SimParams
+from gpuplane.engines.base import get_adapter
+from gpuplane.engines.config import EngineConfig
+from gpuplane.engines.llamacpp import LlamaCpp, embedded_launches
+from gpuplane.engines.sim import fleet_params, sim_process
+from gpuplane.engines.sim.model import CHARS_PER_TOKEN, InstanceCore, SimParams
 from gpuplane.serve.prefix import prompt_text
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.server import serving
-from gpuplane.serve.settings import EngineConfig
 from gpuplane.serve.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent

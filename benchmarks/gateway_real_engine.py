@@ -29,9 +29,9 @@ import httpx
 
 from _results import save
 from gpuplane.config import parse_settings
-from gpuplane.serve.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
+from gpuplane.engines.config import EngineConfig
+from gpuplane.engines.llamacpp import LlamaCpp, cached_prefix_chars, embedded_launches
 from gpuplane.serve.server import serving
-from gpuplane.serve.settings import EngineConfig
 from gpuplane.serve.supervisor import Supervisor
 
 Request = tuple[int, dict[str, Any]]  # (tenant, chat body)

@@ -44,9 +44,9 @@ from gateway_fleet import (
 )
 from gateway_fleet import workload as make_workload
 from gpuplane.config import Settings, parse_settings
-from gpuplane.serve.engines.base import get_adapter
-from gpuplane.serve.engines.sim import fleet_params
-from gpuplane.serve.engines.sim.model import InstanceCore
+from gpuplane.engines.base import get_adapter
+from gpuplane.engines.sim import fleet_params
+from gpuplane.engines.sim.model import InstanceCore
 from gpuplane.serve.prefix import prompt_text
 from gpuplane.serve.router import ModelRouter
 

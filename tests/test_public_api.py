@@ -7,6 +7,7 @@ def test_public_surface_is_exactly_all() -> None:
         "errors",
         "resources",
         "serve",
+        "engines",
         "batch",
         "control",
         "cli",

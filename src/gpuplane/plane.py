@@ -47,12 +47,12 @@ from gpuplane.control.settings import ControlConfig, TeamConfig
 from gpuplane.control.statedir import exclusive
 from gpuplane.control.store import queries
 from gpuplane.control.store.models import Job
+from gpuplane.engines.config import EngineConfig
+from gpuplane.engines.diagnose import TAIL_LINES, classify_exit, tail_of
+from gpuplane.engines.llamacpp import LlamaCpp, check_installed
 from gpuplane.errors import ConfigError, EngineError
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.diagnose import TAIL_LINES, classify_exit, tail_of
-from gpuplane.serve.engines.llamacpp import LlamaCpp, check_installed
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import check_free, serving, stop_on_signal, uvicorn_serving
-from gpuplane.serve.settings import EngineConfig
 
 if TYPE_CHECKING:
     from gpuplane.audit.collect.store import Card, Holding

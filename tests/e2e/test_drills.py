@@ -29,7 +29,7 @@ from gpuplane.control.settings import (
     TeamConfig,
 )
 from gpuplane.control.store.models import Job
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import ServeSettings
 from tests.control.api_server import serving_with_loop

@@ -17,7 +17,7 @@ import httpx
 
 from gpuplane.config import parse_settings
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.settings import ServeSettings
 from tests.helpers.common import free_port, gateway_settings
 

@@ -13,9 +13,10 @@ from typing import Any
 import httpx
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway, create_app
-from gpuplane.serve.engines.sim import start_sim
+from gpuplane.engines.sim import start_sim
+from gpuplane.serve.app import create_app
 from gpuplane.serve.errors import FailureKind
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.router import ModelRouter, RouterEvents
 from gpuplane.serve.server import serving
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES

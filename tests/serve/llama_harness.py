@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from gpuplane.serve.engines.llamacpp import LlamaCpp, embedded_launches
-from gpuplane.serve.settings import EngineConfig
+from gpuplane.engines.config import EngineConfig
+from gpuplane.engines.llamacpp import LlamaCpp, embedded_launches
 from gpuplane.serve.supervisor import Supervisor
 from tests.helpers.common import free_port
 

@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.engines.sim import SimFleet, start_sim
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from tests.helpers.serve import assert_released
 

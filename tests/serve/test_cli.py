@@ -12,8 +12,8 @@ from typer.testing import CliRunner, Result
 
 from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import start_sim
+from gpuplane.engines.sim import start_sim
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest
 from tests.helpers.common import gateway_settings

@@ -1,12 +1,11 @@
-"""What an engine's exit means to the user: the classifier, `gpuplane engine smoke`, and the
-diagnoses `gpuplane up` and `gpuplane chat` print."""
+"""What an engine's exit means to the user: `gpuplane engine smoke`, and the diagnoses
+`gpuplane up` and `gpuplane chat` print (the classifier is tests/engines/test_diagnose.py's)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
-from gpuplane.serve.engines.diagnose import CPU_HINT, MEMORY_HINT, classify_exit, log_tail
 from tests.helpers.common import free_port
 from tests.helpers.serve import NO_ENGINE
 
@@ -27,50 +25,6 @@ SEGFAULT = (
     "import os, resource, signal; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
     "print('loading model'); os.kill(os.getpid(), signal.SIGSEGV)"
 )
-
-
-# -- the classifier ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGILL], ids=lambda s: s.name)
-def test_a_crash_in_machine_code_says_to_rebuild_the_engine_portably(sig: signal.Signals) -> None:
-    diagnosis = classify_exit(-sig, ["some log line"])
-    assert diagnosis.signal == sig.name
-    assert diagnosis.cause.startswith(f"was killed by {sig.name} (")
-    assert diagnosis.hint == CPU_HINT
-    assert "`make engine-rebuild`" in diagnosis.explain()
-
-
-def test_sigkill_points_at_memory() -> None:
-    diagnosis = classify_exit(-signal.SIGKILL)
-    assert diagnosis.signal == "SIGKILL"
-    assert diagnosis.hint == MEMORY_HINT
-    assert "out-of-memory" in diagnosis.explain()
-
-
-def test_an_abort_or_an_exit_code_quotes_the_end_of_the_log() -> None:
-    tail = ["Traceback (most recent call last):", "ValueError: Failed to load model"]
-    aborted = classify_exit(-signal.SIGABRT, tail)
-    assert aborted.signal == "SIGABRT"
-    assert aborted.hint == (
-        "its log ends with: Traceback (most recent call last): | ValueError: Failed to load model"
-    )
-    exited = classify_exit(1, tail)
-    assert exited.signal is None
-    assert exited.cause == "exited with code 1"
-    assert exited.hint == aborted.hint
-    assert "run the engine's command by hand" in classify_exit(2).hint
-
-
-def test_an_unknown_signal_number_is_named_by_number() -> None:
-    assert classify_exit(-200).cause == "was killed by signal 200"
-
-
-def test_log_tail_keeps_the_last_non_empty_lines(tmp_path: Path) -> None:
-    log = tmp_path / "engine.log"
-    log.write_text("".join(f"line {i}\n\n" for i in range(100)) + "x" * 500 + "\n")
-    assert log_tail(log, 3) == ["line 98", "line 99", "x" * 200]
-    assert log_tail(tmp_path / "missing.log") == []
 
 
 # -- gpuplane engine smoke ------------------------------------------------------------------

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
 from gpuplane.serve.discovery import Discovery
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.slots import InstanceState
 from tests.helpers.common import gateway_settings
 

@@ -22,8 +22,8 @@ from hypothesis import given
 from schemathesis import GenerationMode
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import start_sim
+from gpuplane.engines.sim import start_sim
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.openapi import document
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest

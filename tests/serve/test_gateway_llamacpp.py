@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.server import serving
 from gpuplane.serve.supervisor import Supervisor
 from tests.helpers.common import gateway_settings

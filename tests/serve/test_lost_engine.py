@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
-from gpuplane.serve.app import Gateway
-from gpuplane.serve.engines.sim import sim_process
+from gpuplane.engines.sim import sim_process
 from gpuplane.serve.errors import FailureKind
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.proxy import Next, after_failure
 from gpuplane.serve.server import serving
 from tests.helpers.common import free_port, gateway_settings

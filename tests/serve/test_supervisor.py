@@ -1,6 +1,7 @@
 """The engine supervisor: classified exits, restart backoff, crash loops and what the gateway
-makes of them. Engines are `fake_engine.py` processes that kill themselves with SIGSEGV; the
-supervisor's clock and sleep are injected, so no test waits out a restart pause."""
+makes of them (the pause itself, `Backoff`, is tests/engines/test_backoff.py's). Engines are
+`fake_engine.py` processes that kill themselves with SIGSEGV; the supervisor's clock and sleep
+are injected, so no test waits out a restart pause."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ import httpx
 import pytest
 
 from gpuplane.config import parse_settings
+from gpuplane.engines.base import EngineAdapter, LaunchSpec
 from gpuplane.errors import EngineError
-from gpuplane.serve.app import Gateway, create_app
-from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec
+from gpuplane.serve.app import create_app
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.supervisor import (
-    Backoff,
     EngineState,
     EngineStatus,
     ManagedProcess,
@@ -103,33 +104,6 @@ def crash_looping_supervisor(
         clock=time.clock,
         sleep=time.sleep,
     )
-
-
-# -- the pure backoff --------------------------------------------------------------------------
-
-
-def test_pause_doubles_per_quick_crash_up_to_the_cap() -> None:
-    backoff = Backoff(initial_s=1.0, max_s=60.0, stable_after_s=30.0, crash_loop_after=5)
-    pauses = [backoff.after_exit(uptime_s=2.0) for _ in range(9)]
-    assert pauses == [1, 2, 4, 8, 16, 32, 60, 60, 60]
-
-
-def test_crash_looping_after_n_quick_crashes_and_reset_by_a_stable_run() -> None:
-    backoff = Backoff(initial_s=1.0, max_s=60.0, stable_after_s=30.0, crash_loop_after=3)
-    backoff.after_exit(uptime_s=1.0)
-    backoff.after_exit(uptime_s=1.0)
-    assert not backoff.crash_looping
-    backoff.after_exit(uptime_s=1.0)
-    assert backoff.crash_looping
-    # up for longer than stable_after_s: the crash loop is over and the pause starts afresh
-    assert backoff.after_exit(uptime_s=30.0) == 1.0
-    assert not backoff.crash_looping
-    assert backoff.after_exit(uptime_s=1.0) == 1.0
-
-
-def test_a_pause_longer_than_the_cap_is_kept() -> None:
-    backoff = Backoff(initial_s=90.0, max_s=60.0)
-    assert [backoff.after_exit(0.0) for _ in range(3)] == [90.0, 90.0, 90.0]
 
 
 # -- real processes --------------------------------------------------------------------------

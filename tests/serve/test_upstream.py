@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.engines.sim import SimFleet, start_sim
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.settings import GatewayConfig
 from gpuplane.serve.upstream import Upstream, UpstreamFailure

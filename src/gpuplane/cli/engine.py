@@ -15,15 +15,15 @@ import yaml
 
 from gpuplane.cli import _loop
 from gpuplane.cli._control_common import Output
-from gpuplane.errors import EngineError
-from gpuplane.serve.engines.diagnose import classify_exit, tail_of
-from gpuplane.serve.engines.llamacpp import (
+from gpuplane.engines.diagnose import classify_exit, tail_of
+from gpuplane.engines.llamacpp import (
     SMOKE_CHILD,
     check_installed,
     default_model_path,
     smoke_argv,
 )
-from gpuplane.serve.engines.sim import SimFleet, fleet_params
+from gpuplane.engines.sim import SimFleet, fleet_params
+from gpuplane.errors import EngineError
 
 app = typer.Typer(name="engine", help="Run inference engines by hand.", no_args_is_help=True)
 

@@ -106,7 +106,7 @@ def gateway(
 ) -> None:
     """Serve the OpenAI-compatible gateway. In front of the configured engine instances, and
     (--control URL) the deployments of a control plane."""
-    from gpuplane.serve.app import Gateway
+    from gpuplane.serve.gateway import Gateway
     from gpuplane.serve.server import serve_until_signal
 
     logs.configure()

@@ -8,20 +8,15 @@ admin key once any key is configured.
 
 The two completion routes are the hot path: `GatewayApp` dispatches them itself, straight from
 the ASGI scope, and hands every other request to a Starlette app (admin, metrics, health).
+The wiring behind the routes (routers, discovery, HA, background tasks) is `gateway.py`'s
+`Gateway`, which this module reads and drives but does not build beyond `create_app`'s default.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
-import os
-import random
-import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.applications import Starlette
@@ -31,192 +26,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuplane.serve.discovery import Discovery
-from gpuplane.serve.engines import EngineAdapter, get_adapter
 from gpuplane.serve.errors import Rejection, error_response
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.ha.forward import FORWARDED
 from gpuplane.serve.limits import OverLimit, asked_tokens
-from gpuplane.serve.metrics import UNKNOWN_MODEL, GatewayMetrics
+from gpuplane.serve.metrics import UNKNOWN_MODEL
 from gpuplane.serve.openapi import document
-from gpuplane.serve.oplog import GatewayLog
 from gpuplane.serve.proxy import ProxyCall
-from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import GatewayConfig, ModelConfig, ServeSettings
+from gpuplane.serve.settings import ServeSettings
 from gpuplane.serve.tenants import Identity, Tenant, presented_key
-from gpuplane.serve.upstream import Upstream
 from gpuplane.serve.validation import invalid
 
 if TYPE_CHECKING:
     from gpuplane.serve.ha.forward import ForwardToLeader
-    from gpuplane.serve.ha.leadership import Leadership
-    from gpuplane.serve.ha.shared import RedisSlotTable
-
-log = logging.getLogger("gpuplane.gateway")
-
-
-class Gateway:
-    """Routers for every configured model, the callers' identities and accounts, the upstream
-    client, metrics and background tasks. `wall` is the clock of the tenants' limit windows."""
-
-    def __init__(
-        self,
-        settings: ServeSettings,
-        *,
-        rng: random.Random | None = None,
-        wall: Callable[[], float] = time.time,
-        control: str | None = None,
-        control_token: str | None = None,
-    ) -> None:
-        """`control`: a control plane's URL, whose deployments add models and instances while
-        the gateway runs (`discovery.py`), called with `control_token` (its API routes need one)."""
-        self.settings = settings
-        self.cfg = settings.gateway
-        self.wall = wall
-        self.identity = Identity(settings)
-        self.routers: dict[str, ModelRouter] = {}
-        self.metrics = GatewayMetrics(lambda: self.routers.values(), self.identity.accounts)
-        self.oplog = GatewayLog()
-        self._events = replace(
-            self.metrics.router_events(), health_changed=self.oplog.health_changed
-        )
-        self.health_paths: dict[str, str] = {}
-        self._rng = rng or random.Random()
-        self.adapters: dict[str, EngineAdapter] = {}  # filled by add_model, read by HA lazily
-        self.shared = shared_slots(self.cfg, self.adapters)
-        self.upstream_names: dict[str, str | None] = {}
-        for model in settings.models:
-            self.add_model(model)
-        self.upstream = Upstream(self.cfg)
-        self._tasks: list[asyncio.Task[None]] = []
-        self.leadership = leadership(self.cfg, self.routers, self.adapters)
-        self.discovery = None if control is None else Discovery(self, control, token=control_token)
-        if self.leadership is not None or self.shared is not None:
-            from gpuplane.serve.ha import metrics as ha_metrics
-
-            ha_metrics.register(self.metrics.registry, self.leadership, self.shared)
-
-    def add_model(self, model: ModelConfig) -> ModelRouter:
-        """Route `model` from now on: its configured instances, and any added later."""
-        adapter = self.adapters[model.name] = get_adapter(model.engine)
-        capacities = [i.max_concurrency or adapter.default_capacity for i in model.instances]
-        router = self.routers[model.name] = ModelRouter(
-            model,
-            self.cfg,
-            capacities,
-            events=self._events,
-            locality_wait_s=adapter.locality_wait_s,
-            per_request_cache=adapter.prefix_cache_per_request,
-            rng=random.Random(self._rng.random()),
-            shared=self.shared,
-        )
-        self.health_paths[model.name] = adapter.health_path
-        self.upstream_names[model.name] = model.upstream_model
-        return router
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        if self.shared is not None:
-            await self.shared.start()
-        self._tasks = [
-            asyncio.create_task(self._reaper(), name="gpuplane-reaper"),
-            asyncio.create_task(self._prober(), name="gpuplane-prober"),
-        ]
-        if self.discovery is not None:
-            self._tasks.append(asyncio.create_task(self.discovery.run(), name="gpuplane-discovery"))
-        if self.leadership is not None:
-            self.leadership.start()
-
-    async def step_down(self) -> None:
-        """Hand the leader lease over now (primary/standby), first thing on shutdown: a
-        standby takes over while requests admitted here finish. Idempotent."""
-        if self.leadership is not None:
-            await self.leadership.step_down()
-
-    async def stop(self) -> None:
-        if self.leadership is not None:
-            await self.leadership.aclose()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.upstream.aclose()
-        if self.discovery is not None:
-            await self.discovery.aclose()
-        if self.shared is not None:
-            await self.shared.stop()
-
-    async def _reaper(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.reaper_interval_s)
-            for router in self.routers.values():
-                if reaped := router.reap():
-                    log.error("reaped %d leaked lease(s) on model %s", reaped, router.name)
-
-    async def _prober(self) -> None:
-        while True:
-            await self.probe_once()
-            await asyncio.sleep(self.cfg.health.probe_interval_s)
-
-    async def probe_once(self) -> None:
-        """Probe every instance once; mark it healthy or count a failure (a refused
-        connection marks it down at once: its engine is gone)."""
-        checks = []
-        for name, router in self.routers.items():
-            for inst in router.instances:
-                url = inst.url + self.health_paths[name]
-                checks.append(
-                    (router, inst.id, self.upstream.probe(url, self.cfg.health.probe_timeout_s))
-                )
-        results = await asyncio.gather(*(c[2] for c in checks))
-        for (router, iid, _), failure in zip(checks, results, strict=True):
-            if failure is None:
-                router.health.report_success(iid)
-            else:
-                router.health.report_failure(iid, failure.kind, str(failure))
-
-    # -- state ----------------------------------------------------------------------------
-
-    def state(self) -> dict[str, Any]:
-        """`/admin/state`: every instance once (with its model), and each model's queue."""
-        instances = [
-            {
-                "model": router.name,
-                "id": i.id,
-                "url": i.url,
-                "state": i.state.value,
-                "in_flight": i.in_flight,
-                "capacity": i.capacity,
-                "last_error": i.last_error,
-                "prefix_cache": router.cache_state(i.id),
-            }
-            for router in self.routers.values()
-            for i in router.instances
-        ]
-        models = [
-            {
-                "name": router.name,
-                "queued": len(router.queue),
-                "queued_by_tenant": router.queue.depth_by_tenant(),
-                # where a stream's token counts come from when its client asks for `usage`
-                "stream_usage": "engine"
-                if self.adapters[router.name].stream_usage
-                else "estimated",
-            }
-            for router in self.routers.values()
-        ]
-        state: dict[str, Any] = {"instances": instances, "models": models}
-        if self.leadership is not None:
-            state["ha"] = self.leadership.state()
-        elif self.shared is not None:
-            state["ha"] = self.shared.report()
-        return state
-
-    def usage(self) -> dict[str, Any]:
-        """`/admin/usage`: each tenant's usage since start, and its limits' current windows."""
-        now = self.wall()
-        return {"tenants": [account.state(now) for account in self.identity.accounts]}
 
 
 class GatewayApp:
@@ -244,82 +66,56 @@ class GatewayApp:
         await response(scope, receive, send)
 
 
-def leadership(
-    cfg: GatewayConfig, routers: Mapping[str, ModelRouter], adapters: Mapping[str, EngineAdapter]
-) -> Leadership | None:
-    """The lease loop when `gateway.ha.mode` is primary_standby (its store is imported then)."""
-    if cfg.ha.mode != "primary_standby":
-        return None
-    import httpx
+class _Routes:
+    """Every route but the completions, over one gateway: the model list, health, readiness,
+    the OpenAPI document, and the admin-only state, usage and metrics."""
 
-    from gpuplane.serve.ha.leadership import Leadership
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.openapi_document = document()
 
-    timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
-    return Leadership(cfg.ha, routers, adapters, forward_timeout=timeout)
-
-
-def shared_slots(
-    cfg: GatewayConfig, adapters: Mapping[str, EngineAdapter]
-) -> RedisSlotTable | None:
-    """The slot table in Redis when `gateway.ha.mode` is shared (redis is imported only then),
-    reading the engines' loads while Redis is out."""
-    ha = cfg.ha
-    if ha.mode != "shared":
-        return None
-    from gpuplane.serve.ha.loads import EngineLoads
-    from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
-
-    assert ha.url is not None  # the settings require it in mode shared
-    options = SharedOptions(
-        url=ha.url,
-        gateway_id=ha.gateway_id or f"{socket.gethostname()}-{os.getpid()}",
-        ttl_s=ha.lease_ttl_s,
-        renew_s=ha.renew_s,
-        sync_s=ha.shared_sync_s,
-        timeout_s=ha.shared_timeout_s,
-        prefix=ha.key,
-        deadline_s=cfg.request_timeout_s,
-    )
-    return RedisSlotTable(options, loads=EngineLoads(adapters, ha.shared_timeout_s))
-
-
-def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:
-    """The ASGI app of the gateway (lifespan starts and stops its background tasks)."""
-    gw = gateway or Gateway(settings)
-
-    async def models(request: Request) -> Response:
-        client = request.client.host if request.client else None
-        if gw.identity.tenant(request.headers, client) is None:
-            return _unauthorized(request.headers)
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "gpuplane"}
-            for name in gw.routers
+    def table(self) -> list[Route]:
+        return [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/metrics", self._admin_only(self.metrics), methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/admin/state", self._admin_only(self.admin_state), methods=["GET"]),
+            Route("/admin/usage", self._admin_only(self.admin_usage), methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
-        return JSONResponse({"object": "list", "data": data})
 
-    def admin_only(
-        handler: Callable[[Request], Awaitable[Response]],
+    def _admin_only(
+        self, handler: Callable[[Request], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
-            if not gw.identity.is_admin(request.headers):
-                return _not_admin(gw.identity, request)
+            if not self.gw.identity.is_admin(request.headers):
+                return _not_admin(self.gw.identity, request)
             return await handler(request)
 
         return guarded
 
-    @admin_only
-    async def metrics(request: Request) -> Response:
-        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def models(self, request: Request) -> Response:
+        client = request.client.host if request.client else None
+        if self.gw.identity.tenant(request.headers, client) is None:
+            return _unauthorized(request.headers)
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "gpuplane"}
+            for name in self.gw.routers
+        ]
+        return JSONResponse({"object": "list", "data": data})
 
-    async def healthz(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    openapi_document = document()
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.openapi_document)
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document)
-
-    async def readyz(request: Request) -> Response:
+    async def readyz(self, request: Request) -> Response:
+        gw = self.gw
         if gw.leadership is not None and (why := gw.leadership.refusal()) is not None:
             ha = gw.leadership.state()
             return JSONResponse(
@@ -330,13 +126,16 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
             return JSONResponse({"status": "unready", "models_without_healthy_instance": down}, 503)
         return JSONResponse({"status": "ready"})
 
-    @admin_only
-    async def admin_state(request: Request) -> Response:
-        return JSONResponse(gw.state())
+    async def admin_state(self, request: Request) -> Response:
+        return JSONResponse(self.gw.state())
 
-    @admin_only
-    async def admin_usage(request: Request) -> Response:
-        return JSONResponse(gw.usage())
+    async def admin_usage(self, request: Request) -> Response:
+        return JSONResponse(self.gw.usage())
+
+
+def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> GatewayApp:
+    """The ASGI app of the gateway (lifespan starts and stops its background tasks)."""
+    gw = gateway or Gateway(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -346,15 +145,7 @@ def create_app(settings: ServeSettings, *, gateway: Gateway | None = None) -> Ga
         finally:
             await gw.stop()
 
-    routes = [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/admin/state", admin_state, methods=["GET"]),
-        Route("/admin/usage", admin_usage, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-    ]
+    routes = _Routes(gw).table()
     served = ["POST /v1/chat/completions", "POST /v1/completions"] + [
         f"{method} {route.path}"
         for route in routes
@@ -576,4 +367,4 @@ def _too_large(limit: int) -> Response:
     )
 
 
-__all__ = ["Gateway", "GatewayApp", "create_app"]
+__all__ = ["GatewayApp", "create_app"]

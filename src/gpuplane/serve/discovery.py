@@ -29,14 +29,12 @@ import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.settings import ModelConfig
-
-if TYPE_CHECKING:
-    from gpuplane.serve.app import Gateway
 
 log = logging.getLogger("gpuplane.gateway")
 
@@ -45,10 +43,20 @@ MAX_RETRY_S = 10.0
 REPORT_S = 1.0  # how often the discovered models' slot use goes to the control plane
 
 
+class Routers(Protocol):
+    """What discovery needs of the gateway: its routers by model name, to add instances to and
+    drain them from, and a way to route a model it discovers (`Gateway` is one)."""
+
+    @property
+    def routers(self) -> Mapping[str, ModelRouter]: ...
+
+    def add_model(self, model: ModelConfig) -> ModelRouter: ...
+
+
 class Discovery:
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: Routers,
         control: str,
         *,
         watch_timeout_s: float = WATCH_TIMEOUT_S,

@@ -22,8 +22,9 @@ from typing import cast
 import uvicorn
 
 from gpuplane.errors import ConfigError
-from gpuplane.serve.app import Gateway, create_app
+from gpuplane.serve.app import create_app
 from gpuplane.serve.edge import ClientConnections, Edge, EdgeProtocol
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.settings import ServeSettings
 
 log = logging.getLogger("gpuplane.gateway")

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from gpuplane.serve.engines.sim import SimProcess, sim_process
+from gpuplane.engines.sim import SimProcess, sim_process
 from tests.helpers.common import free_port
 
 CAPACITY = 4  # the gateway's slots per instance; the engines would run 16, so more would show

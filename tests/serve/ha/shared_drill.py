@@ -29,7 +29,7 @@ import httpx
 import redis.asyncio as aioredis
 import yaml
 
-from gpuplane.serve.engines.sim import sim_process
+from gpuplane.engines.sim import sim_process
 
 REDIS = "/usr/bin/redis-server"
 GPUPLANE = Path(sys.executable).parent / "gpuplane"

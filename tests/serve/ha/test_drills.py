@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import make_store
-from gpuplane.serve.settings import HaConfig
 from tests.serve.ha.drill import CAPACITY, Drill, drill
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -27,7 +27,7 @@ from gpuplane.serve.ha.lease import (
     check_epoch,
     take,
 )
-from gpuplane.serve.settings import HaConfig
+from gpuplane.serve.ha.settings import HaConfig
 
 CFG = HaConfig()  # the defaults: ttl 1.5 s, renew 0.25 s, stop margin 0.25 s
 

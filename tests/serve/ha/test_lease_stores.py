@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpuplane.serve.ha.lease import Change, Election, Fenced, StoreUnavailable
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import LeaseStore, make_store
-from gpuplane.serve.settings import HaConfig
 from tests.helpers.common import free_port
 
 pytestmark = pytest.mark.anyio

@@ -21,9 +21,10 @@ from typer.testing import CliRunner
 
 from gpuplane.cli.main import app
 from gpuplane.config import parse_settings
+from gpuplane.engines.sim import SimFleet, start_sim
 from gpuplane.errors import ConfigError
-from gpuplane.serve.app import Gateway, create_app
-from gpuplane.serve.engines.sim import SimFleet, start_sim
+from gpuplane.serve.app import create_app
+from gpuplane.serve.gateway import Gateway
 from gpuplane.serve.ha.forward import sign
 from gpuplane.serve.server import serving
 from gpuplane.serve.settings import key_digest

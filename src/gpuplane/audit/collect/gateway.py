@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplane.audit.collect import CollectError
 from gpuplane.audit.samples import TRAFFIC_SCHEMA, Traffic, to_table
-from gpuplane.serve.engines.base import prometheus_samples
+from gpuplane.engines.base import prometheus_samples
 
 REQUESTS = "gpuplane_instance_requests_total"
 TOKEN_COUNTERS = {

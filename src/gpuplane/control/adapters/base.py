@@ -30,8 +30,8 @@ from typing import ClassVar
 
 from gpuplane.control.scheduler import DeviceGrant
 from gpuplane.control.settings import ClusterConfig, ControlConfig
+from gpuplane.engines.base import LaunchSpec
 from gpuplane.errors import GpuplaneError
-from gpuplane.serve.engines.base import LaunchSpec
 
 
 class AdapterError(GpuplaneError):

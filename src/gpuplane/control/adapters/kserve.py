@@ -29,8 +29,8 @@ from typing import Any
 from gpuplane.control.adapters.base import Serving
 from gpuplane.control.deployments.spec import EMBEDDED_MODELS, DeploymentSpec
 from gpuplane.control.spec import SpecError
+from gpuplane.engines.base import adapter_class
 from gpuplane.resources import LABEL_GPU_MODEL
-from gpuplane.serve.engines.base import adapter_class
 
 API_VERSION = "serving.kserve.io/v1beta1"
 PORT = 8080  # KServe's default container port

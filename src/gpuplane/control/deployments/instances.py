@@ -33,9 +33,9 @@ from gpuplane.control.settings import ControlConfig
 from gpuplane.control.spec import SpecError
 from gpuplane.control.store.models import Cluster, DeploymentEvent, DeploymentInstance, Job
 from gpuplane.control.store.store import Store
+from gpuplane.engines.backoff import Backoff
+from gpuplane.engines.base import adapter_class
 from gpuplane.errors import unknown_name
-from gpuplane.serve.engines.base import adapter_class
-from gpuplane.serve.supervisor import Backoff
 
 RESTART_BACKOFF_S = 1.0  # the first pause before a crashed instance's replacement; doubles
 CAPACITY_TIMEOUT_S = 2.0  # an engine that does not answer its info route within this: next tick

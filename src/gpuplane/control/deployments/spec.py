@@ -34,9 +34,9 @@ from gpuplane.control.adapters.base import Serving
 from gpuplane.control.bounds import MAX_SECONDS, bounded
 from gpuplane.control.deployments.autoscale import Rules
 from gpuplane.control.spec import ResourcesSpec, SelectorSpec, SpecError, parse_spec
+from gpuplane.engines.base import LaunchSpec, adapter_class
 from gpuplane.errors import ConfigError, GpuplaneError, explain
 from gpuplane.resources import Slice
-from gpuplane.serve.engines.base import LaunchSpec, adapter_class
 
 ENGINES = ("llamacpp", "vllm", "sglang", "lmdeploy", "trtllm", "sim")
 # leaves room for "-<version>" in the instance's job name (63 characters at most)
@@ -284,7 +284,7 @@ class DeploymentSpec(_Spec):
 
     def model_path(self) -> str:
         if self.engine == "llamacpp" and self.model in EMBEDDED_MODELS:
-            from gpuplane.serve.engines.llamacpp import default_model_path
+            from gpuplane.engines.llamacpp import default_model_path
 
             return default_model_path()
         return self.model

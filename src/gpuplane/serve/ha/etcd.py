@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from gpuplane.serve.ha.lease import Fenced, LeaderLease
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import Journal, LeaseStore, register
-from gpuplane.serve.settings import HaConfig
 
 
 def _b64(text: str | bytes) -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuplane.serve.ha.lease import LeaderLease, LeaseRecord, answer, check_epoch, released, take
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import Journal, LeaseStore, register
-from gpuplane.serve.settings import HaConfig
 
 T = TypeVar("T")
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from gpuplane.engines.base import EngineAdapter
 from gpuplane.errors import ConfigError
-from gpuplane.serve.engines.base import EngineAdapter
 from gpuplane.serve.errors import Rejection
 from gpuplane.serve.ha.forward import (
     FORWARDED,
@@ -44,9 +44,9 @@ from gpuplane.serve.ha.rebuild import (
     encode_journal,
     inherited,
 )
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import LeaseStore, make_store
 from gpuplane.serve.router import ModelRouter
-from gpuplane.serve.settings import HaConfig
 
 log = logging.getLogger("gpuplane.gateway.ha")
 

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import httpx
 
-from gpuplane.serve.engines.base import EngineAdapter
+from gpuplane.engines.base import EngineAdapter
 
 Key = tuple[str, str]  # (model, instance id)
 Instance = tuple[str, str, str]  # (model, instance id, url)

@@ -18,8 +18,8 @@ from gpuplane.serve.ha.lease import (
     released,
     take,
 )
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import Journal, LeaseStore, register
-from gpuplane.serve.settings import HaConfig
 
 TABLE = "gpuplane_gateway_lease"
 _CREATE = f"""

@@ -16,8 +16,8 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gpuplane.serve.ha.lease import LeaderLease, check_epoch
+from gpuplane.serve.ha.settings import HaConfig
 from gpuplane.serve.ha.store import Journal, LeaseStore, register
-from gpuplane.serve.settings import HaConfig
 
 # KEYS: lease, epoch. ARGV: holder, url, ttl_ms. Returns holder, epoch, remaining ms, url.
 _CLAIM = """

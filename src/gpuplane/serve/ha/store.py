@@ -20,7 +20,7 @@ from typing import ClassVar, TypeVar
 
 from gpuplane.errors import ConfigError, unknown_name
 from gpuplane.serve.ha.lease import Fenced, LeaderLease, StoreUnavailable
-from gpuplane.serve.settings import HaConfig
+from gpuplane.serve.ha.settings import HaConfig
 
 log = logging.getLogger("gpuplane.gateway.ha")
 T = TypeVar("T")

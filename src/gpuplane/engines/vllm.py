@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from gpuplane.serve.engines.base import (
+from gpuplane.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
     LaunchTemplate,

@@ -1,4 +1,4 @@
-"""The simulator's `/metrics` text (`serve/engines/sim/metrics.py`), rendered from a model alone."""
+"""The simulator's `/metrics` text (`engines/sim/metrics.py`), rendered from a model alone."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.engines.sim.metrics import render_metrics
-from gpuplane.serve.engines.sim.model import InstanceCore, SimParams
+from gpuplane.engines import get_adapter
+from gpuplane.engines.sim.metrics import render_metrics
+from gpuplane.engines.sim.model import InstanceCore, SimParams
 
 
 def test_metrics_use_vllms_names_old_and_new_and_read_back_as_its_load() -> None:

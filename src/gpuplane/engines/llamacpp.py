@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuplane.engines.base import EngineAdapter, LaunchSpec, register
+from gpuplane.engines.config import EngineConfig
 from gpuplane.errors import EngineError
 from gpuplane.resources import Slice
-from gpuplane.serve.engines.base import EngineAdapter, LaunchSpec, register
-from gpuplane.serve.settings import EngineConfig
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # SmolLM2-135M keeps 30 layers x (K + V) x 3 KV heads x 64 dims x 2 bytes per token in its KV
@@ -109,7 +109,7 @@ def default_model_path() -> str:
 
 # What the smoke check's child runs: in a child, a crash of the engine's code is an exit code.
 SMOKE_CHILD = (
-    "import sys; from gpuplane.serve.engines.llamacpp import generate_one_token; "
+    "import sys; from gpuplane.engines.llamacpp import generate_one_token; "
     "generate_one_token(sys.argv[1])"
 )
 

@@ -187,7 +187,7 @@ def adapter_class(name: str) -> Callable[[], EngineAdapter]:
     would refuse."""
     if name not in _REGISTRY and name in _BUILTIN:
         with contextlib.suppress(ModuleNotFoundError):
-            importlib.import_module(f"gpuplane.serve.engines.{name}")
+            importlib.import_module(f"gpuplane.engines.{name}")
     if name not in _REGISTRY:
         raise ConfigError(unknown_name("engine", name, set(_REGISTRY) | set(_BUILTIN)))
     return _REGISTRY[name]

@@ -15,8 +15,8 @@ from typing import Any
 
 from uvicorn.server import ServerState
 
-from gpuplane.serve.engines.sim import wire
-from gpuplane.serve.engines.sim.asgi import (
+from gpuplane.engines.sim import wire
+from gpuplane.engines.sim.asgi import (
     Receive,
     Send,
     drop,
@@ -25,7 +25,7 @@ from gpuplane.serve.engines.sim.asgi import (
     send_json,
     wait_disconnect,
 )
-from gpuplane.serve.engines.sim.model import Fault, InstanceCore, SimRequest
+from gpuplane.engines.sim.model import Fault, InstanceCore, SimRequest
 
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

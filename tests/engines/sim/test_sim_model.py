@@ -1,4 +1,4 @@
-"""The simulator's pure model (`serve/engines/sim/model.py`): admission, FIFO waiting, prefix cache,
+"""The simulator's pure model (`engines/sim/model.py`): admission, FIFO waiting, prefix cache,
 faults, determinism."""
 
 from __future__ import annotations
@@ -7,13 +7,12 @@ import random
 
 import pytest
 
-from gpuplane.serve.engines.sim.model import (
+from gpuplane.engines.sim.cache import PrefixCache, block_hashes
+from gpuplane.engines.sim.model import (
     CHARS_PER_TOKEN,
     Fault,
     InstanceCore,
-    PrefixCache,
     SimParams,
-    block_hashes,
     count_tokens,
 )
 

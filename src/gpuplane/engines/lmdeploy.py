@@ -7,7 +7,7 @@ config as the Prometheus info metric `lmdeploy:backend_config_info`, whose label
 
 from __future__ import annotations
 
-from gpuplane.serve.engines.base import (
+from gpuplane.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
     LaunchTemplate,

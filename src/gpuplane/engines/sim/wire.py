@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.serve.engines.sim.model import SimRequest
+from gpuplane.engines.sim.model import SimRequest
 
 DONE = b"data: [DONE]\n\n"
 

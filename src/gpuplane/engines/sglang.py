@@ -7,7 +7,7 @@ in newer versions, in `internal_states[0]`.
 
 from __future__ import annotations
 
-from gpuplane.serve.engines.base import (
+from gpuplane.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
     LaunchTemplate,

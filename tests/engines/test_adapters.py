@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.engines import get_adapter
+from gpuplane.engines.base import EngineLoad, GpuEngineAdapter
+from gpuplane.engines.lmdeploy import LmdeployAdapter, backend_config_labels
+from gpuplane.engines.sglang import SglangAdapter
+from gpuplane.engines.trtllm import TrtllmAdapter
+from gpuplane.engines.vllm import VllmAdapter
 from gpuplane.errors import ConfigError
 from gpuplane.resources import Slice
-from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.engines.base import EngineLoad, GpuEngineAdapter
-from gpuplane.serve.engines.lmdeploy import LmdeployAdapter, backend_config_labels
-from gpuplane.serve.engines.sglang import SglangAdapter
-from gpuplane.serve.engines.trtllm import TrtllmAdapter
-from gpuplane.serve.engines.vllm import VllmAdapter
 
 SAMPLES = Path(__file__).parent / "samples"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuplane.serve.engines.base import (
+from gpuplane.engines.base import (
     EngineLoad,
     GpuEngineAdapter,
     LaunchTemplate,

@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 
+from gpuplane.engines.base import EngineAdapter, EngineLoad, LaunchSpec, register
+from gpuplane.engines.sim.model import SimParams
+from gpuplane.engines.sim.server import SimFleet
+from gpuplane.engines.vllm import parse_vllm_load
 from gpuplane.resources import Slice
-from gpuplane.serve.engines.base import EngineAdapter, EngineLoad, LaunchSpec, register
-from gpuplane.serve.engines.sim.model import SimParams
-from gpuplane.serve.engines.sim.server import SimFleet
-from gpuplane.serve.engines.vllm import parse_vllm_load
 
 __all__ = ["SimAdapter", "SimFleet", "SimProcess", "fleet_params", "sim_process", "start_sim"]
 

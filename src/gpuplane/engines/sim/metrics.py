@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuplane.serve.engines.sim.model import InstanceCore
+from gpuplane.engines.sim.model import InstanceCore
 
 
 def render_metrics(core: InstanceCore, model: str) -> bytes:

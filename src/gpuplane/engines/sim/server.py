@@ -29,8 +29,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gpuplane.serve.engines.sim import wire
-from gpuplane.serve.engines.sim.asgi import (
+from gpuplane.engines.sim import wire
+from gpuplane.engines.sim.asgi import (
     Receive,
     Scope,
     Send,
@@ -39,9 +39,9 @@ from gpuplane.serve.engines.sim.asgi import (
     send_json,
     wait_disconnect,
 )
-from gpuplane.serve.engines.sim.instance import SimInstance
-from gpuplane.serve.engines.sim.metrics import render_metrics
-from gpuplane.serve.engines.sim.model import InstanceCore, SimParams
+from gpuplane.engines.sim.instance import SimInstance
+from gpuplane.engines.sim.metrics import render_metrics
+from gpuplane.engines.sim.model import InstanceCore, SimParams
 
 _TEXT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 

@@ -1,4 +1,4 @@
-"""The engine simulator over real HTTP (`serve/engines/sim/server.py`, `instance.py`): admission,
+"""The engine simulator over real HTTP (`engines/sim/server.py`, `instance.py`): admission,
 waiting, prefix cache, faults, kill, metrics, the `gpuplane engine sim` child."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplane.serve.engines import get_adapter
-from gpuplane.serve.engines.sim import SimFleet, sim_process, start_sim
+from gpuplane.engines import get_adapter
+from gpuplane.engines.sim import SimFleet, sim_process, start_sim
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -1,6 +1,6 @@
 """Any OpenAI-compatible server gpuplane does not launch: health on /health, no load metrics."""
 
-from gpuplane.serve.engines.base import EngineAdapter, register
+from gpuplane.engines.base import EngineAdapter, register
 
 
 @register
