@@ -33,10 +33,10 @@ from gpuplane.serve.prefix import (
     prompt_text,
 )
 from gpuplane.serve.queue import FairQueue, Ticket
+from gpuplane.serve.rollout import Rollout
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
 from gpuplane.serve.speed import Answer, InstanceSpeeds
-from gpuplane.serve.versions import VersionPicker
 
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
@@ -143,10 +143,7 @@ class ModelRouter:
         self.events = events or RouterEvents()
         self._clock = clock
         self._rng = rng or random.Random()
-        # a rollout (discovery): each instance's version, and the versions' weights in percent
-        self.versions: dict[str, str] = {}
-        self.weights: dict[str, float] = {}
-        self._picker = VersionPicker(self._rng)
+        self.rollout = Rollout(self.slots, self._rng)  # versions and weights (discovery)
         # a deployment (discovery): while no instance is ready, a request waits in the queue
         # up to this long for the ones the control plane starts or replaces (None: refused)
         self.hold_s: float | None = None
@@ -166,8 +163,7 @@ class ModelRouter:
     ) -> None:
         """A new instance (of `version`, in a rollout): it takes requests once it first
         answers its health probe (or a request), like one that recovers."""
-        if version is not None:
-            self.versions[instance_id] = version
+        self.rollout.add(instance_id, version)
         self.slots.add(instance_id, url.rstrip("/"), capacity)
         self.health.add(instance_id)
         self.speeds.add(instance_id)
@@ -180,26 +176,11 @@ class ModelRouter:
             self._remove(instance_id)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        """The rollout's version weights in percent (empty: every instance serves any
-        request). Queued requests keep the version they picked."""
-        self.weights = dict(weights)
-
-    def pick_version(self) -> str | None:
-        """A request's version (`VersionPicker`) among those with a ready instance;
-        None when there is no rollout (one version or none)."""
-        if len(self.weights) < 2:
-            return None
-        return self._picker.pick(self.weights, self._ready_versions())
-
-    def _ready_versions(self) -> set[str]:
-        """The rollout's versions with a ready (healthy, not draining) instance."""
-        ready = {
-            self.versions.get(i.id) for i in self.slots.instances if i.healthy and not i.draining
-        }
-        return {v for v in ready if v in self.weights}
+        """The rollout's version weights in percent (`Rollout.set_weights`)."""
+        self.rollout.set_weights(weights)
 
     def _remove(self, instance_id: str) -> None:
-        self.versions.pop(instance_id, None)
+        self.rollout.remove(instance_id)
         self.slots.remove(instance_id)
         self.health.remove(instance_id)
         self.speeds.remove(instance_id)
@@ -240,14 +221,14 @@ class ModelRouter:
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         With shared slots, a slot the view granted but another gateway holds sends the request
         back to placement (or the queue's tail) with what is left of its timeout.
-        In a rollout the request picks a version by weight (`pick_version`), or keeps
+        In a rollout the request picks a version by weight (`Rollout.pick`), or keeps
         `version` (a retry), and is placed only on that version's instances.
         """
         self._last_active = self._clock()
         held = not self.slots.healthy_count
         if held and self.hold_s is None:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
-        version = version or self.pick_version()
+        version = version or self.rollout.pick()
         blocks = self._blocks(body)
         affinity = self._affinity(blocks)
         # delay scheduling waits for busy instances of any version: not in a rollout
@@ -478,10 +459,7 @@ class ModelRouter:
 
     def _available(self, version: str | None) -> Sequence[InstanceSlots]:
         """Instances with a free slot (of `version` only, when given)."""
-        free = self.slots.available()
-        if version is None:
-            return free
-        return [i for i in free if self.versions.get(i.id) == version]
+        return self.rollout.of(self.slots.available(), version)
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
@@ -526,8 +504,8 @@ class ModelRouter:
         """May this waiter take a free slot now? Not while it waits for busy instances, nor
         when no instance of its version has one (a waiter whose version has no ready instance
         left, rolled back or down, picks a version again)."""
-        if waiter.version is not None and waiter.version not in self._ready_versions():
-            waiter.version = self.pick_version()  # its version lost every ready instance
+        if waiter.version is not None and waiter.version not in self.rollout.ready():
+            waiter.version = self.rollout.pick()  # its version lost every ready instance
         if waiter.version is not None and not self._available(waiter.version):
             return False
         return not waiter.preferred or not self.delay.still_full(waiter.preferred)
