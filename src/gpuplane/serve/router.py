@@ -25,13 +25,8 @@ from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.health import InstanceHealth
 from gpuplane.serve.limits import Usage
 from gpuplane.serve.placement import Choice, make_policy
-from gpuplane.serve.prefix import (
-    LOCALITY_MIN_SHARE,
-    PrefixIndex,
-    block_hashes,
-    is_hit,
-    prompt_text,
-)
+from gpuplane.serve.placer import Admission, Placer
+from gpuplane.serve.prefix import LOCALITY_MIN_SHARE, PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
 from gpuplane.serve.rollout import Rollout
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
@@ -41,25 +36,6 @@ from gpuplane.serve.speed import Answer, InstanceSpeeds
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
 _LEFT_RUNNING = frozenset({FailureKind.TIMEOUT, FailureKind.PROTOCOL})
-
-
-@dataclass(slots=True)
-class Admission:
-    """A granted slot and how it was placed; `finish` it once."""
-
-    lease: Lease
-    url: str
-    choice: Choice
-    blocks: Sequence[int] = ()
-    finished: bool = False
-    version: str | None = None  # the rollout's version it was placed on (None: no rollout)
-    # placed as cached: the blocks the instance served since it last served this prefix
-    distance: int | None = None
-
-    @property
-    def cached(self) -> bool:
-        """Placed where most of its prompt's prefix is (as far as the index knows)."""
-        return is_hit(self.choice.matched_blocks, self.blocks)
 
 
 @dataclass(slots=True)
@@ -130,10 +106,9 @@ class ModelRouter:
             blocks_per_instance=cached // cfg.placement.prefix_block_chars if cached else None,
             per_request_cache=per_request_cache,
         )
-        self.policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
-        self._by_prefix = self.policy.uses_prefix  # else prompts are not hashed: no affinity
+        policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
         ids = [i.id for i in self.slots.instances]
-        self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=self.policy.uses_speed)
+        self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=policy.uses_speed)
         # instances whose engine counts the prompt tokens its cache served (`observe_usage`)
         self._counts_cached: set[str] = set()
         self.delay = DelayScheduler(
@@ -144,6 +119,17 @@ class ModelRouter:
         self._clock = clock
         self._rng = rng or random.Random()
         self.rollout = Rollout(self.slots, self._rng)  # versions and weights (discovery)
+        self.placer = Placer(
+            self.slots,
+            self.index,
+            self.speeds,
+            self.rollout,
+            policy,
+            block_chars=cfg.placement.prefix_block_chars,
+            rng=self._rng,
+            clock=clock,
+            placed=lambda choice: self.events.placed(self.name, choice),
+        )
         # a deployment (discovery): while no instance is ready, a request waits in the queue
         # up to this long for the ones the control plane starts or replaces (None: refused)
         self.hold_s: float | None = None
@@ -229,13 +215,13 @@ class ModelRouter:
         if held and self.hold_s is None:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
         version = version or self.rollout.pick()
-        blocks = self._blocks(body)
-        affinity = self._affinity(blocks)
+        blocks = self.placer.blocks(body)
+        affinity = self.placer.affinity(blocks)
         # delay scheduling waits for busy instances of any version: not in a rollout
         wait = None if avoid or version else self.delay.wait_for(blocks, affinity)
         if not len(self.queue) and wait is None:
-            admission = self._place(blocks, affinity, avoid, version) or (
-                self._place(blocks, affinity, version=version) if avoid else None
+            admission = self.placer.place(blocks, affinity, avoid, version) or (
+                self.placer.place(blocks, affinity, version=version) if avoid else None
             )
             if admission is not None:
                 if self.shared is None:
@@ -420,46 +406,7 @@ class ModelRouter:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
         self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now
 
-    # -- placement and dispatch -------------------------------------------------------------
-
-    def _blocks(self, body: Mapping[str, Any]) -> Sequence[int]:
-        """The prompt's chained block hashes, for a policy that places by prefix (else none)."""
-        if not self._by_prefix:
-            return ()
-        return block_hashes(prompt_text(body), self.cfg.placement.prefix_block_chars)
-
-    def _affinity(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Matched leading blocks per instance, best first; empty without blocks."""
-        return self.index.match(blocks) if blocks else {}
-
-    def _place(
-        self,
-        blocks: Sequence[int],
-        affinity: dict[str, int],
-        avoid: frozenset[str] = frozenset(),
-        version: str | None = None,
-    ) -> Admission | None:
-        candidates = self._available(version)
-        if avoid:
-            candidates = [c for c in candidates if c.id not in avoid]
-        candidates = self.speeds.quick_enough(candidates, blocks, affinity)
-        choice = self.policy.choose(candidates, affinity, self._rng)
-        if choice is None:
-            return None
-        lease = self.slots.acquire(choice.instance_id, self._clock())
-        distance = None
-        if blocks:
-            if is_hit(choice.matched_blocks, blocks):
-                matched = blocks[: choice.matched_blocks]
-                distance = self.index.reuse_distance(matched, choice.instance_id)
-            self.index.record(blocks, choice.instance_id)
-        self.events.placed(self.name, choice)
-        url = self.slots.get(choice.instance_id).url
-        return Admission(lease, url, choice, blocks, distance=distance, version=version)
-
-    def _available(self, version: str | None) -> Sequence[InstanceSlots]:
-        """Instances with a free slot (of `version` only, when given)."""
-        return self.rollout.of(self.slots.available(), version)
+    # -- dispatch -------------------------------------------------------------------------
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
@@ -480,7 +427,7 @@ class ModelRouter:
         quicker busy instances is skipped."""
         while len(self.queue) and self.slots.available():
             prefer = None
-            if freed is not None and self._by_prefix:
+            if freed is not None and self.placer.by_prefix:
                 prefer = functools.partial(self._hits_on, freed)
             waiter = self.queue.pop(prefer, self._eligible)
             freed = None
@@ -488,8 +435,8 @@ class ModelRouter:
                 return
             if waiter.future.done():
                 continue
-            admission = self._place(
-                waiter.blocks, self._affinity(waiter.blocks), version=waiter.version
+            admission = self.placer.place(
+                waiter.blocks, self.placer.affinity(waiter.blocks), version=waiter.version
             )
             if admission is None:
                 return
@@ -498,7 +445,7 @@ class ModelRouter:
 
     def _hits_on(self, instance_id: str, waiter: _Waiter) -> float:
         """1 when the instance holds enough of the waiter's prefix for a hit, else 0."""
-        return float(is_hit(self.index.depth_on(waiter.blocks, instance_id), waiter.blocks))
+        return float(self.placer.hits_on(instance_id, waiter.blocks))
 
     def _eligible(self, waiter: _Waiter) -> bool:
         """May this waiter take a free slot now? Not while it waits for busy instances, nor
@@ -506,7 +453,7 @@ class ModelRouter:
         left, rolled back or down, picks a version again)."""
         if waiter.version is not None and waiter.version not in self.rollout.ready():
             waiter.version = self.rollout.pick()  # its version lost every ready instance
-        if waiter.version is not None and not self._available(waiter.version):
+        if waiter.version is not None and not self.placer.available(waiter.version):
             return False
         return not waiter.preferred or not self.delay.still_full(waiter.preferred)
 
