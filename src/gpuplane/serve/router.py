@@ -22,16 +22,17 @@ from typing import Any, NoReturn, Protocol
 
 from gpuplane.serve.delay import DelayScheduler
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
+from gpuplane.serve.feedback import Feedback
 from gpuplane.serve.health import InstanceHealth
 from gpuplane.serve.limits import Usage
 from gpuplane.serve.placement import Choice, make_policy
 from gpuplane.serve.placer import Admission, Placer
-from gpuplane.serve.prefix import LOCALITY_MIN_SHARE, PrefixIndex
+from gpuplane.serve.prefix import PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
 from gpuplane.serve.rollout import Rollout
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
-from gpuplane.serve.speed import Answer, InstanceSpeeds
+from gpuplane.serve.speed import InstanceSpeeds
 
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
@@ -109,8 +110,7 @@ class ModelRouter:
         policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
         ids = [i.id for i in self.slots.instances]
         self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=policy.uses_speed)
-        # instances whose engine counts the prompt tokens its cache served (`observe_usage`)
-        self._counts_cached: set[str] = set()
+        self.feedback = Feedback(self.index, self.speeds)
         self.delay = DelayScheduler(
             self.slots, self.speeds, cfg.placement.locality_wait_s, cfg.queue.timeout_s
         )
@@ -172,7 +172,7 @@ class ModelRouter:
         self.speeds.remove(instance_id)
         self.delay.remove(instance_id)
         self.index.forget(instance_id)
-        self._counts_cached.discard(instance_id)
+        self.feedback.forget(instance_id)
 
     def oldest_wait_s(self) -> float:
         """How long the longest-waiting queued request has waited (0 with none)."""
@@ -281,47 +281,16 @@ class ModelRouter:
         return await self._commit(admission, again)
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
-        """A streamed answer's first byte came `seconds` after it was sent: learn the speeds
-        from it, and what the engine's cache keeps, unless the engine counts its cached tokens
-        itself (`observe_usage`). A prefix placed as cached that came back at uncached speed
-        was evicted; one placed as uncached that came back at cached speed was held."""
-        iid = admission.lease.instance_id
-        answer = self.speeds.observe(iid, admission.cached, seconds)
-        if answer is not Answer.LEARNED and iid not in self._counts_cached:
-            self._learn_cache(admission, held=answer is Answer.HELD)
+        """A streamed answer's first byte came `seconds` after it was sent (`Feedback`)."""
+        self.feedback.first_byte(admission, seconds)
 
     def observe_usage(self, admission: Admission, usage: Usage) -> None:
-        """The engine said what the request used. Where it counts the prompt tokens its prefix
-        cache served (`usage.cached`), that count decides whether the placement hit, not the
-        time to first byte: from then on the instance's cache is learned from its counts."""
-        if usage.cached is None or usage.prompt <= 0:
-            return
-        iid = admission.lease.instance_id
-        self._counts_cached.add(iid)
-        hit = usage.cached >= LOCALITY_MIN_SHARE * usage.prompt
-        if hit != admission.cached:
-            self._learn_cache(admission, held=hit)
+        """The engine said what the request used (`Feedback`)."""
+        self.feedback.usage(admission, usage)
 
     def cache_state(self, instance_id: str) -> dict[str, Any]:
-        """What the index assumes of the instance's prefix cache: the blocks it keeps warm
-        (None: no bound learned) and whether that was learned from the engine's counts of
-        cached tokens or from times to first token."""
-        learned_from = "engine" if instance_id in self._counts_cached else "latency"
-        return {"blocks": self.index.capacity(instance_id), "learned_from": learned_from}
-
-    def _learn_cache(self, admission: Admission, *, held: bool) -> None:
-        """The engine's cache differed from the index: it `held` a prefix placed as uncached
-        (the instance keeps more than the index thought: `PrefixIndex.held`), or evicted one
-        placed as cached (it keeps fewer blocks than it served since that prefix:
-        `PrefixIndex.evicted`; without that distance the prefix, and what it used less
-        recently, are forgotten)."""
-        iid = admission.lease.instance_id
-        if held:
-            self.index.held(admission.blocks, iid)
-        elif admission.distance is not None:
-            self.index.evicted(iid, admission.distance)
-        else:
-            self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
+        """What the index assumes of the instance's prefix cache (`Feedback.cache_state`)."""
+        return self.feedback.cache_state(instance_id)
 
     def finish(
         self,
