@@ -18,7 +18,8 @@ from gpuplane.config import parse_settings
 from gpuplane.serve.app import Gateway, create_app
 from gpuplane.serve.engines.sim import start_sim
 from gpuplane.serve.errors import FailureKind
-from gpuplane.serve.router import ModelRouter, RouterEvents
+from gpuplane.serve.hooks import RouterEvents
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES
 from tests.conftest import gateway_settings
 

@@ -18,14 +18,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from gpuplane.serve.delay import DelayScheduler
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.feedback import Feedback
 from gpuplane.serve.health import InstanceHealth
+from gpuplane.serve.hooks import RouterEvents, SharedSlots
 from gpuplane.serve.limits import Usage
-from gpuplane.serve.placement import Choice, make_policy
+from gpuplane.serve.placement import make_policy
 from gpuplane.serve.placer import Admission, Placer
 from gpuplane.serve.prefix import PrefixIndex
 from gpuplane.serve.queue import FairQueue, Ticket
@@ -49,33 +50,6 @@ class _Waiter:
     patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
     since: float = 0.0  # when it joined the queue (the router's clock)
     version: str | None = None  # placed only on this version's instances (a rollout)
-
-
-class SharedSlots(Protocol):
-    """Slots shared with other gateways (`gateway.ha.mode: shared`; `serve/ha/shared.py`: in
-    Redis). The router's own `SlotTable` is then this gateway's view of them: a placement it
-    grants is committed here before the request proceeds."""
-
-    def attach(self, router: ModelRouter) -> None:
-        """Count the router's instances; the router calls it once, when made."""
-
-    async def commit(self, model: str, lease: Lease) -> bool:
-        """Is the slot the view granted free here too? False: the router's view was stale
-        (the table has told it, through `set_others`, that the instance is full)."""
-
-    def release(self, model: str, lease: Lease) -> None:
-        """Free a lease `commit` granted; idempotent, never fails, never waits."""
-
-
-@dataclass(slots=True)
-class RouterEvents:
-    """Callbacks the metrics layer hooks into; the defaults do nothing."""
-
-    placed: Callable[[str, Choice], None] = lambda model, choice: None
-    rejected: Callable[[str, Rejection], None] = lambda model, reason: None
-    reaped: Callable[[str, Lease], None] = lambda model, lease: None
-    # (model, instance, healthy, why)
-    health_changed: Callable[[str, str, bool, str], None] = lambda model, iid, ok, why: None
 
 
 class ModelRouter:
