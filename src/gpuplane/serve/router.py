@@ -12,15 +12,16 @@ freed slot straight to the next waiter.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from gpuplane.serve.delay import DelayScheduler
+from gpuplane.serve.delay import DelayScheduler, Wait
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
 from gpuplane.serve.feedback import Feedback
 from gpuplane.serve.health import InstanceHealth
@@ -38,6 +39,19 @@ from gpuplane.serve.speed import InstanceSpeeds
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
 _LEFT_RUNNING = frozenset({FailureKind.TIMEOUT, FailureKind.PROTOCOL})
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What one request asks of `acquire`; a shared-slot retry asks again with what is left."""
+
+    body: Mapping[str, Any]
+    tenant: str
+    weight: float
+    priority: int
+    timeout_s: float | None
+    avoid: frozenset[str]
+    version: str | None
 
 
 @dataclass(slots=True)
@@ -184,33 +198,48 @@ class ModelRouter:
         In a rollout the request picks a version by weight (`Rollout.pick`), or keeps
         `version` (a retry), and is placed only on that version's instances.
         """
+        ask = _Ask(body, tenant, weight, priority, timeout_s, avoid, version)
+        while True:
+            admission, ask = await self._admit(ask)
+            if self.shared is None or await self._commit(admission):
+                return admission
+
+    async def _admit(self, ask: _Ask) -> tuple[Admission, _Ask]:
+        """A slot in this gateway's view, placed now or after a wait in the queue, and what a
+        retry then asks (the version kept; after a wait, what is left of the timeout, and any
+        instance: waiters are placed without `avoid`)."""
         self._last_active = self._clock()
         held = not self.slots.healthy_count
         if held and self.hold_s is None:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
-        version = version or self.rollout.pick()
-        blocks = self.placer.blocks(body)
+        version = ask.version or self.rollout.pick()
+        blocks = self.placer.blocks(ask.body)
         affinity = self.placer.affinity(blocks)
         # delay scheduling waits for busy instances of any version: not in a rollout
-        wait = None if avoid or version else self.delay.wait_for(blocks, affinity)
+        wait = None if ask.avoid or version else self.delay.wait_for(blocks, affinity)
         if not len(self.queue) and wait is None:
-            admission = self.placer.place(blocks, affinity, avoid, version) or (
-                self.placer.place(blocks, affinity, version=version) if avoid else None
+            admission = self.placer.place(blocks, affinity, ask.avoid, version) or (
+                self.placer.place(blocks, affinity, version=version) if ask.avoid else None
             )
             if admission is not None:
-                if self.shared is None:
-                    return admission
-                again = functools.partial(
-                    self.acquire,
-                    body,
-                    tenant=tenant,
-                    weight=weight,
-                    priority=priority,
-                    timeout_s=timeout_s,
-                    avoid=avoid,
-                    version=version,
-                )
-                return await self._commit(admission, again)
+                return admission, dataclasses.replace(ask, version=version)
+        timeout = ask.timeout_s if ask.timeout_s is not None else self.cfg.queue.timeout_s
+        if held and self.hold_s is not None and ask.timeout_s is None:
+            timeout = self.hold_s
+        admission, left = await self._wait(ask, blocks, version, timeout, wait)
+        return admission, dataclasses.replace(
+            ask, timeout_s=left, avoid=frozenset(), version=version
+        )
+
+    async def _wait(
+        self,
+        ask: _Ask,
+        blocks: Sequence[int],
+        version: str | None,
+        limit_s: float,
+        wait: Wait | None,
+    ) -> tuple[Admission, float]:
+        """A slot handed over in the fair queue, and what is left of `limit_s` then."""
         if self.queue.is_full():
             self._reject(
                 Rejection.QUEUE_FULL,
@@ -219,11 +248,8 @@ class ModelRouter:
             )
         loop = asyncio.get_running_loop()
         waiter = _Waiter(blocks, loop.create_future(), since=self._clock(), version=version)
-        waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
-        timeout = timeout_s if timeout_s is not None else self.cfg.queue.timeout_s
-        if held and self.hold_s is not None and timeout_s is None:
-            timeout = self.hold_s
-        waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
+        waiter.ticket = self.queue.push(waiter, ask.tenant, ask.weight, ask.priority)
+        waiter.timer = loop.call_later(limit_s, self._expire, waiter, limit_s)
         if wait is not None:
             waiter.preferred = wait.instances
             self.delay.add_waiter(waiter.preferred)
@@ -240,19 +266,7 @@ class ModelRouter:
             if waiter.patience is not None:
                 waiter.patience.cancel()
             self._stop_preferring(waiter)
-        if self.shared is None:
-            return admission
-        left = max(0.0, timeout - (self._clock() - started))
-        again = functools.partial(
-            self.acquire,
-            body,
-            tenant=tenant,
-            weight=weight,
-            priority=priority,
-            timeout_s=left,
-            version=version,
-        )
-        return await self._commit(admission, again)
+        return admission, max(0.0, limit_s - (self._clock() - started))
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
         """A streamed answer's first byte came `seconds` after it was sent (`Feedback`)."""
@@ -299,11 +313,9 @@ class ModelRouter:
         if failure is not None:
             self.health.report_failure(iid, failure, detail)
 
-    async def _commit(
-        self, admission: Admission, again: Callable[[], Awaitable[Admission]]
-    ) -> Admission:
-        """Keep the admission if the shared slots grant it too; else ask `again` (the view
-        now shows the instance full)."""
+    async def _commit(self, admission: Admission) -> bool:
+        """Do the shared slots grant the admission too? False: its slot is freed in the view
+        (which now shows the instance full) and the request asks again."""
         assert self.shared is not None
         lease = admission.lease
         try:
@@ -312,10 +324,10 @@ class ModelRouter:
             self._release(lease)  # the caller left while it asked
             raise
         if granted:
-            return admission
+            return True
         if self.slots.release(lease):  # not held: nothing to learn from, but it frees the view
             self._dispatch(lease.instance_id)
-        return await again()
+        return False
 
     def set_others(self, instance_id: str, n: int) -> None:
         """`n` of the instance's slots are held beyond this gateway (told by the shared
