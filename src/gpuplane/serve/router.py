@@ -1,8 +1,9 @@
 """One model's router: admit (slot) → place → queue when full → finish (release, learn, health).
 
-The async shell around the pure cores: the slot table, the fair queue, the prefix index, a
-placement policy, learned instance speeds (`speed.py`), delay scheduling (`delay.py`) and
-instance health (`health.py`).
+The async shell around the pure cores: the slot table, the prefix index, a placement policy
+(`placer.py`), the fair queue of waiters (`waiting.py`), the rollout's versions (`rollout.py`),
+what answers teach (`feedback.py`: learned instance speeds and prefix caches), delay scheduling
+(`delay.py`) and instance health (`health.py`).
 Everything here runs on one event loop and never awaits while it mutates, so each method is
 atomic with respect to the others. A request calls `acquire`, then (streams only)
 `observe_first_byte`, then `finish` once on every path; `finish` is idempotent and hands the
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,11 +29,12 @@ from gpuplane.serve.limits import Usage
 from gpuplane.serve.placement import make_policy
 from gpuplane.serve.placer import Admission, Placer
 from gpuplane.serve.prefix import PrefixIndex
-from gpuplane.serve.queue import FairQueue, Ticket
+from gpuplane.serve.queue import FairQueue
 from gpuplane.serve.rollout import Rollout
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
 from gpuplane.serve.speed import InstanceSpeeds
+from gpuplane.serve.waiting import Waiter, Waiters
 
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
@@ -52,18 +52,6 @@ class _Ask:
     timeout_s: float | None
     avoid: frozenset[str]
     version: str | None
-
-
-@dataclass(slots=True)
-class _Waiter:
-    blocks: Sequence[int]
-    future: asyncio.Future[Admission]
-    ticket: Ticket[_Waiter] | None = None
-    timer: asyncio.TimerHandle | None = None
-    preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
-    patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
-    since: float = 0.0  # when it joined the queue (the router's clock)
-    version: str | None = None  # placed only on this version's instances (a rollout)
 
 
 class ModelRouter:
@@ -85,9 +73,6 @@ class ModelRouter:
         self.slots = SlotTable(
             (inst.id, inst.url.rstrip("/"), cap)
             for inst, cap in zip(model.instances, capacities, strict=True)
-        )
-        self.queue: FairQueue[_Waiter] = FairQueue(
-            cfg.queue.max_size, cfg.queue.fairness_slack, cfg.queue.max_passes
         )
         cached = model.cached_prefix_chars  # the engine cache's size, in blocks per instance
         self.index = PrefixIndex(
@@ -118,6 +103,10 @@ class ModelRouter:
             clock=clock,
             placed=lambda choice: self.events.placed(self.name, choice),
         )
+        queue: FairQueue[Waiter] = FairQueue(
+            cfg.queue.max_size, cfg.queue.fairness_slack, cfg.queue.max_passes
+        )
+        self.waiters = Waiters(queue, self.slots, self.placer, self.rollout, self.delay, clock)
         # a deployment (discovery): while no instance is ready, a request waits in the queue
         # up to this long for the ones the control plane starts or replaces (None: refused)
         self.hold_s: float | None = None
@@ -129,6 +118,11 @@ class ModelRouter:
     @property
     def instances(self) -> list[InstanceSlots]:
         return self.slots.instances
+
+    @property
+    def queue(self) -> FairQueue[Waiter]:
+        """The model's fair queue of waiters (`Waiters`)."""
+        return self.waiters.queue
 
     # -- instances that come and go (discovery) -----------------------------------------------
 
@@ -164,8 +158,7 @@ class ModelRouter:
 
     def oldest_wait_s(self) -> float:
         """How long the longest-waiting queued request has waited (0 with none)."""
-        since = min((w.since for w in self.queue.items()), default=None)
-        return 0.0 if since is None else self._clock() - since
+        return self.waiters.oldest_wait_s()
 
     def idle_s(self) -> float:
         """How long the model has had no request in flight or queued (0 while it has one)."""
@@ -246,15 +239,16 @@ class ModelRouter:
                 f"model '{self.name}' is at capacity and its queue is full "
                 f"({self.queue.max_size} waiting); retry later",
             )
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future(), since=self._clock(), version=version)
-        waiter.ticket = self.queue.push(waiter, ask.tenant, ask.weight, ask.priority)
-        waiter.timer = loop.call_later(limit_s, self._expire, waiter, limit_s)
-        if wait is not None:
-            waiter.preferred = wait.instances
-            self.delay.add_waiter(waiter.preferred)
-            waiter.patience = loop.call_later(wait.patience_s, self._lose_patience, waiter)
-        self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
+        waiter = self.waiters.join(
+            blocks,
+            version,
+            tenant=ask.tenant,
+            weight=ask.weight,
+            priority=ask.priority,
+            timeout_s=limit_s,
+            expire=self._expire,
+            wait=wait,
+        )
         started = self._clock()
         try:
             admission = await waiter.future
@@ -262,10 +256,7 @@ class ModelRouter:
             self._withdraw(waiter)
             raise
         finally:
-            waiter.timer.cancel()
-            if waiter.patience is not None:
-                waiter.patience.cancel()
-            self._stop_preferring(waiter)
+            self.waiters.leave(waiter)
         return admission, max(0.0, limit_s - (self._clock() - started))
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
@@ -326,14 +317,14 @@ class ModelRouter:
         if granted:
             return True
         if self.slots.release(lease):  # not held: nothing to learn from, but it frees the view
-            self._dispatch(lease.instance_id)
+            self.waiters.dispatch(lease.instance_id)
         return False
 
     def set_others(self, instance_id: str, n: int) -> None:
         """`n` of the instance's slots are held beyond this gateway (told by the shared
         slots); waiters take what that frees."""
         if self.slots.set_others(instance_id, n):
-            self._dispatch(instance_id)
+            self.waiters.dispatch(instance_id)
 
     def turn_away(self, reason: Rejection, message: str) -> int:
         """Refuse every waiter now with `reason` (a gateway that stops leading: its waiters
@@ -359,9 +350,11 @@ class ModelRouter:
         self.events.health_changed(self.name, instance_id, healthy, why)
         if healthy:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
-        self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now
+        self.waiters.dispatch(
+            instance_id if healthy else None
+        )  # waiters for it may go elsewhere now
 
-    # -- dispatch -------------------------------------------------------------------------
+    # -- freed slots ------------------------------------------------------------------------
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
@@ -373,90 +366,23 @@ class ModelRouter:
             inst = self.slots.get(lease.instance_id)
             if inst.draining and not inst.leases:
                 self._remove(lease.instance_id)
-            self._dispatch(lease.instance_id)
-
-    def _dispatch(self, freed: str | None) -> None:
-        """Hand free slots to waiters: fair order, bent toward a waiter whose prefix the freed
-        instance holds (across tenants within `queue.fairness_slack` turns; within a tenant past
-        waiters passed over fewer than `queue.max_passes` times); a waiter still waiting for
-        quicker busy instances is skipped."""
-        while len(self.queue) and self.slots.available():
-            prefer = None
-            if freed is not None and self.placer.by_prefix:
-                prefer = functools.partial(self._hits_on, freed)
-            waiter = self.queue.pop(prefer, self._eligible)
-            freed = None
-            if waiter is None:
-                return
-            if waiter.future.done():
-                continue
-            admission = self.placer.place(
-                waiter.blocks, self.placer.affinity(waiter.blocks), version=waiter.version
-            )
-            if admission is None:
-                return
-            self._stop_preferring(waiter)
-            waiter.future.set_result(admission)
-
-    def _hits_on(self, instance_id: str, waiter: _Waiter) -> float:
-        """1 when the instance holds enough of the waiter's prefix for a hit, else 0."""
-        return float(self.placer.hits_on(instance_id, waiter.blocks))
-
-    def _eligible(self, waiter: _Waiter) -> bool:
-        """May this waiter take a free slot now? Not while it waits for busy instances, nor
-        when no instance of its version has one (a waiter whose version has no ready instance
-        left, rolled back or down, picks a version again)."""
-        if waiter.version is not None and waiter.version not in self.rollout.ready():
-            waiter.version = self.rollout.pick()  # its version lost every ready instance
-        if waiter.version is not None and not self.placer.available(waiter.version):
-            return False
-        return not waiter.preferred or not self.delay.still_full(waiter.preferred)
+            self.waiters.dispatch(lease.instance_id)
 
     # -- waiters ----------------------------------------------------------------------------
 
-    def _lose_patience(self, waiter: _Waiter) -> None:
-        self._stop_preferring(waiter)
-        self._dispatch(None)
-
-    def _stop_preferring(self, waiter: _Waiter) -> None:
-        """The waiter no longer waits for busy instances (idempotent)."""
-        if waiter.preferred:
-            self.delay.remove_waiter(waiter.preferred)
-            waiter.preferred = frozenset()
-
-    def _expire(self, waiter: _Waiter, timeout: float) -> None:
-        if waiter.future.done() or waiter.ticket is None:
+    def _expire(self, waiter: Waiter, timeout: float) -> None:
+        if not self.waiters.expire(waiter):
             return
-        self.queue.remove(waiter.ticket)
         self._last_active = self._clock()
-        if not self.slots.healthy_count and self.hold_s is not None:
-            retry = max(1, math.ceil(self.hold_s))  # about when the instance it awaits serves
-            message = (
-                f"model '{self.name}' has no ready instance and none became ready within "
-                f"{timeout:g} s (its deployment's scaling.max_queue_wait_s, else "
-                f"gateway.queue.timeout_s); retry after {retry} s, or see "
-                f"`gpuplane deploy describe {self.name}`"
-            )
-        else:
-            capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-            retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self.delay.mean_hold_s))
-            message = (
-                f"no slot on model '{self.name}' became free within {timeout:g} s; "
-                f"retry after {retry} s or raise gateway.queue.timeout_s"
-            )
         self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
-        waiter.future.set_exception(Rejected(Rejection.QUEUE_TIMEOUT, message, retry))
+        waiter.future.set_exception(self.waiters.timed_out(self.name, timeout, self.hold_s))
 
-    def _withdraw(self, waiter: _Waiter) -> None:
+    def _withdraw(self, waiter: Waiter) -> None:
         """The waiter's caller was cancelled: leave the queue, or free the slot it was handed."""
         self._last_active = self._clock()
-        if waiter.ticket is not None:
-            self.queue.remove(waiter.ticket)
-        fut = waiter.future
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            self._release(fut.result().lease)
-        elif not fut.done():
-            fut.cancel()
+        lease = self.waiters.withdraw(waiter)
+        if lease is not None:
+            self._release(lease)
 
     def _reject(self, reason: Rejection, message: str) -> NoReturn:
         self.events.rejected(self.name, reason)
