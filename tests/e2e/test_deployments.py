@@ -218,7 +218,7 @@ async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
             "one ready instance",
             lambda: "chat" in gateway.routers and gateway.routers["chat"].slots.healthy_count == 1,
         )
-        assert set(gateway.routers["chat"].versions.values()) == {"v1"}
+        assert set(gateway.routers["chat"].rollout.versions.values()) == {"v1"}
         load = [asyncio.create_task(chat(client, gw_url)) for _ in range(4)]
         await wait_for(
             "the canary's instance ready", lambda: gateway.routers["chat"].slots.healthy_count == 2
@@ -226,8 +226,8 @@ async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
         answers = await asyncio.gather(*load)
         assert [s for s, _ in answers] == [200] * 4
         router = gateway.routers["chat"]
-        assert sorted(router.versions.values()) == ["v1", "v2"]
-        picked = [router.pick_version() for _ in range(10)]
+        assert sorted(router.rollout.versions.values()) == ["v1", "v2"]
+        picked = [router.rollout.pick() for _ in range(10)]
         assert sorted(str(v) for v in picked) == ["v1"] * 5 + ["v2"] * 5
         async with httpx.AsyncClient(timeout=60, headers=auth()) as api:
             rollout = (await api.get(url + "/deployments/chat/rollout")).json()
@@ -237,7 +237,7 @@ async def test_an_autoscaled_rollout_adds_the_canary_as_the_second_instance(
         ]
         await wait_for(
             "back to the main version's one instance",
-            lambda: sorted(gateway.routers["chat"].versions.values()) == ["v1"],
+            lambda: sorted(gateway.routers["chat"].rollout.versions.values()) == ["v1"],
             timeout_s=60,
         )
     async with httpx.AsyncClient(timeout=60, headers=auth()) as api:

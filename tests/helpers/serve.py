@@ -17,7 +17,8 @@ from gpuplane.engines.sim import start_sim
 from gpuplane.serve.app import create_app
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.gateway import Gateway
-from gpuplane.serve.router import ModelRouter, RouterEvents
+from gpuplane.serve.hooks import RouterEvents
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.server import serving
 from gpuplane.serve.speed import MIN_SPEED_SAMPLES
 from tests.helpers.common import gateway_settings

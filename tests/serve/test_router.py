@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
-from gpuplane.serve.router import Admission
+from gpuplane.serve.placer import Admission
 from tests.helpers.serve import Clock, assert_released, make_router, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]

@@ -27,9 +27,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from gpuplane.serve.errors import Rejection
+from gpuplane.serve.hooks import RouterEvents
 from gpuplane.serve.limits import Account
 from gpuplane.serve.placement import Choice
-from gpuplane.serve.router import ModelRouter, RouterEvents
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.slots import Lease
 
 # The model label of requests refused before they named a configured model: a label per name a

@@ -43,8 +43,9 @@ from gpuplane.serve.limits import (
 )
 from gpuplane.serve.metrics import GatewayMetrics
 from gpuplane.serve.oplog import GatewayLog
+from gpuplane.serve.placer import Admission
 from gpuplane.serve.prefix import prompt_text
-from gpuplane.serve.router import Admission, ModelRouter
+from gpuplane.serve.router import ModelRouter
 from gpuplane.serve.tenants import Tenant
 from gpuplane.serve.upstream import (
     PASSED_RESPONSE_HEADERS,

@@ -1,8 +1,9 @@
 """One model's router: admit (slot) → place → queue when full → finish (release, learn, health).
 
-The async shell around the pure cores: the slot table, the fair queue, the prefix index, a
-placement policy, learned instance speeds (`speed.py`), delay scheduling (`delay.py`) and
-instance health (`health.py`).
+The async shell around the pure cores: the slot table, the prefix index, a placement policy
+(`placer.py`), the fair queue of waiters (`waiting.py`), the rollout's versions (`rollout.py`),
+what answers teach (`feedback.py`: learned instance speeds and prefix caches), delay scheduling
+(`delay.py`) and instance health (`health.py`).
 Everything here runs on one event loop and never awaits while it mutates, so each method is
 atomic with respect to the others. A request calls `acquire`, then (streams only)
 `observe_first_byte`, then `finish` once on every path; `finish` is idempotent and hands the
@@ -12,93 +13,45 @@ freed slot straight to the next waiter.
 from __future__ import annotations
 
 import asyncio
-import functools
-import math
+import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
-from gpuplane.serve.delay import DelayScheduler
+from gpuplane.serve.delay import DelayScheduler, Wait
 from gpuplane.serve.errors import FailureKind, Rejected, Rejection
+from gpuplane.serve.feedback import Feedback
 from gpuplane.serve.health import InstanceHealth
+from gpuplane.serve.hooks import RouterEvents, SharedSlots
 from gpuplane.serve.limits import Usage
-from gpuplane.serve.placement import Choice, make_policy
-from gpuplane.serve.prefix import (
-    LOCALITY_MIN_SHARE,
-    PrefixIndex,
-    block_hashes,
-    is_hit,
-    prompt_text,
-)
-from gpuplane.serve.queue import FairQueue, Ticket
+from gpuplane.serve.placement import make_policy
+from gpuplane.serve.placer import Admission, Placer
+from gpuplane.serve.prefix import PrefixIndex
+from gpuplane.serve.queue import FairQueue
+from gpuplane.serve.rollout import Rollout
 from gpuplane.serve.settings import GatewayConfig, ModelConfig
 from gpuplane.serve.slots import InstanceSlots, Lease, SlotTable
-from gpuplane.serve.speed import Answer, InstanceSpeeds
-from gpuplane.serve.versions import VersionPicker
+from gpuplane.serve.speed import InstanceSpeeds
+from gpuplane.serve.waiting import Waiter, Waiters
 
 # Failures that leave the engine's request running until the engine notices the dropped
 # connection (a refused connection never reached it; a 5xx answer ended it).
 _LEFT_RUNNING = frozenset({FailureKind.TIMEOUT, FailureKind.PROTOCOL})
 
 
-@dataclass(slots=True)
-class Admission:
-    """A granted slot and how it was placed; `finish` it once."""
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What one request asks of `acquire`; a shared-slot retry asks again with what is left."""
 
-    lease: Lease
-    url: str
-    choice: Choice
-    blocks: Sequence[int] = ()
-    finished: bool = False
-    version: str | None = None  # the rollout's version it was placed on (None: no rollout)
-    # placed as cached: the blocks the instance served since it last served this prefix
-    distance: int | None = None
-
-    @property
-    def cached(self) -> bool:
-        """Placed where most of its prompt's prefix is (as far as the index knows)."""
-        return is_hit(self.choice.matched_blocks, self.blocks)
-
-
-@dataclass(slots=True)
-class _Waiter:
-    blocks: Sequence[int]
-    future: asyncio.Future[Admission]
-    ticket: Ticket[_Waiter] | None = None
-    timer: asyncio.TimerHandle | None = None
-    preferred: frozenset[str] = frozenset()  # busy instances it waits for (delay scheduling)
-    patience: asyncio.TimerHandle | None = None  # clears `preferred` when it fires
-    since: float = 0.0  # when it joined the queue (the router's clock)
-    version: str | None = None  # placed only on this version's instances (a rollout)
-
-
-class SharedSlots(Protocol):
-    """Slots shared with other gateways (`gateway.ha.mode: shared`; `serve/ha/shared.py`: in
-    Redis). The router's own `SlotTable` is then this gateway's view of them: a placement it
-    grants is committed here before the request proceeds."""
-
-    def attach(self, router: ModelRouter) -> None:
-        """Count the router's instances; the router calls it once, when made."""
-
-    async def commit(self, model: str, lease: Lease) -> bool:
-        """Is the slot the view granted free here too? False: the router's view was stale
-        (the table has told it, through `set_others`, that the instance is full)."""
-
-    def release(self, model: str, lease: Lease) -> None:
-        """Free a lease `commit` granted; idempotent, never fails, never waits."""
-
-
-@dataclass(slots=True)
-class RouterEvents:
-    """Callbacks the metrics layer hooks into; the defaults do nothing."""
-
-    placed: Callable[[str, Choice], None] = lambda model, choice: None
-    rejected: Callable[[str, Rejection], None] = lambda model, reason: None
-    reaped: Callable[[str, Lease], None] = lambda model, lease: None
-    # (model, instance, healthy, why)
-    health_changed: Callable[[str, str, bool, str], None] = lambda model, iid, ok, why: None
+    body: Mapping[str, Any]
+    tenant: str
+    weight: float
+    priority: int
+    timeout_s: float | None
+    avoid: frozenset[str]
+    version: str | None
 
 
 class ModelRouter:
@@ -121,21 +74,16 @@ class ModelRouter:
             (inst.id, inst.url.rstrip("/"), cap)
             for inst, cap in zip(model.instances, capacities, strict=True)
         )
-        self.queue: FairQueue[_Waiter] = FairQueue(
-            cfg.queue.max_size, cfg.queue.fairness_slack, cfg.queue.max_passes
-        )
         cached = model.cached_prefix_chars  # the engine cache's size, in blocks per instance
         self.index = PrefixIndex(
             cfg.placement.prefix_index_blocks,
             blocks_per_instance=cached // cfg.placement.prefix_block_chars if cached else None,
             per_request_cache=per_request_cache,
         )
-        self.policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
-        self._by_prefix = self.policy.uses_prefix  # else prompts are not hashed: no affinity
+        policy = make_policy(cfg.placement.policy, cfg.placement.max_imbalance)
         ids = [i.id for i in self.slots.instances]
-        self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=self.policy.uses_speed)
-        # instances whose engine counts the prompt tokens its cache served (`observe_usage`)
-        self._counts_cached: set[str] = set()
+        self.speeds = InstanceSpeeds(ids, locality_wait_s, compare=policy.uses_speed)
+        self.feedback = Feedback(self.index, self.speeds)
         self.delay = DelayScheduler(
             self.slots, self.speeds, cfg.placement.locality_wait_s, cfg.queue.timeout_s
         )
@@ -143,10 +91,22 @@ class ModelRouter:
         self.events = events or RouterEvents()
         self._clock = clock
         self._rng = rng or random.Random()
-        # a rollout (discovery): each instance's version, and the versions' weights in percent
-        self.versions: dict[str, str] = {}
-        self.weights: dict[str, float] = {}
-        self._picker = VersionPicker(self._rng)
+        self.rollout = Rollout(self.slots, self._rng)  # versions and weights (discovery)
+        self.placer = Placer(
+            self.slots,
+            self.index,
+            self.speeds,
+            self.rollout,
+            policy,
+            block_chars=cfg.placement.prefix_block_chars,
+            rng=self._rng,
+            clock=clock,
+            placed=lambda choice: self.events.placed(self.name, choice),
+        )
+        queue: FairQueue[Waiter] = FairQueue(
+            cfg.queue.max_size, cfg.queue.fairness_slack, cfg.queue.max_passes
+        )
+        self.waiters = Waiters(queue, self.slots, self.placer, self.rollout, self.delay, clock)
         # a deployment (discovery): while no instance is ready, a request waits in the queue
         # up to this long for the ones the control plane starts or replaces (None: refused)
         self.hold_s: float | None = None
@@ -159,6 +119,11 @@ class ModelRouter:
     def instances(self) -> list[InstanceSlots]:
         return self.slots.instances
 
+    @property
+    def queue(self) -> FairQueue[Waiter]:
+        """The model's fair queue of waiters (`Waiters`)."""
+        return self.waiters.queue
+
     # -- instances that come and go (discovery) -----------------------------------------------
 
     def add_instance(
@@ -166,8 +131,7 @@ class ModelRouter:
     ) -> None:
         """A new instance (of `version`, in a rollout): it takes requests once it first
         answers its health probe (or a request), like one that recovers."""
-        if version is not None:
-            self.versions[instance_id] = version
+        self.rollout.add(instance_id, version)
         self.slots.add(instance_id, url.rstrip("/"), capacity)
         self.health.add(instance_id)
         self.speeds.add(instance_id)
@@ -180,37 +144,21 @@ class ModelRouter:
             self._remove(instance_id)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        """The rollout's version weights in percent (empty: every instance serves any
-        request). Queued requests keep the version they picked."""
-        self.weights = dict(weights)
-
-    def pick_version(self) -> str | None:
-        """A request's version (`VersionPicker`) among those with a ready instance;
-        None when there is no rollout (one version or none)."""
-        if len(self.weights) < 2:
-            return None
-        return self._picker.pick(self.weights, self._ready_versions())
-
-    def _ready_versions(self) -> set[str]:
-        """The rollout's versions with a ready (healthy, not draining) instance."""
-        ready = {
-            self.versions.get(i.id) for i in self.slots.instances if i.healthy and not i.draining
-        }
-        return {v for v in ready if v in self.weights}
+        """The rollout's version weights in percent (`Rollout.set_weights`)."""
+        self.rollout.set_weights(weights)
 
     def _remove(self, instance_id: str) -> None:
-        self.versions.pop(instance_id, None)
+        self.rollout.remove(instance_id)
         self.slots.remove(instance_id)
         self.health.remove(instance_id)
         self.speeds.remove(instance_id)
         self.delay.remove(instance_id)
         self.index.forget(instance_id)
-        self._counts_cached.discard(instance_id)
+        self.feedback.forget(instance_id)
 
     def oldest_wait_s(self) -> float:
         """How long the longest-waiting queued request has waited (0 with none)."""
-        since = min((w.since for w in self.queue.items()), default=None)
-        return 0.0 if since is None else self._clock() - since
+        return self.waiters.oldest_wait_s()
 
     def idle_s(self) -> float:
         """How long the model has had no request in flight or queued (0 while it has one)."""
@@ -240,54 +188,67 @@ class ModelRouter:
         Cancelling the caller withdraws it from the queue and frees any slot it was handed.
         With shared slots, a slot the view granted but another gateway holds sends the request
         back to placement (or the queue's tail) with what is left of its timeout.
-        In a rollout the request picks a version by weight (`pick_version`), or keeps
+        In a rollout the request picks a version by weight (`Rollout.pick`), or keeps
         `version` (a retry), and is placed only on that version's instances.
         """
+        ask = _Ask(body, tenant, weight, priority, timeout_s, avoid, version)
+        while True:
+            admission, ask = await self._admit(ask)
+            if self.shared is None or await self._commit(admission):
+                return admission
+
+    async def _admit(self, ask: _Ask) -> tuple[Admission, _Ask]:
+        """A slot in this gateway's view, placed now or after a wait in the queue, and what a
+        retry then asks (the version kept; after a wait, what is left of the timeout, and any
+        instance: waiters are placed without `avoid`)."""
         self._last_active = self._clock()
         held = not self.slots.healthy_count
         if held and self.hold_s is None:
             self._reject(Rejection.NO_HEALTHY_INSTANCE, self.health.unhealthy_message(self.name))
-        version = version or self.pick_version()
-        blocks = self._blocks(body)
-        affinity = self._affinity(blocks)
+        version = ask.version or self.rollout.pick()
+        blocks = self.placer.blocks(ask.body)
+        affinity = self.placer.affinity(blocks)
         # delay scheduling waits for busy instances of any version: not in a rollout
-        wait = None if avoid or version else self.delay.wait_for(blocks, affinity)
+        wait = None if ask.avoid or version else self.delay.wait_for(blocks, affinity)
         if not len(self.queue) and wait is None:
-            admission = self._place(blocks, affinity, avoid, version) or (
-                self._place(blocks, affinity, version=version) if avoid else None
+            admission = self.placer.place(blocks, affinity, ask.avoid, version) or (
+                self.placer.place(blocks, affinity, version=version) if ask.avoid else None
             )
             if admission is not None:
-                if self.shared is None:
-                    return admission
-                again = functools.partial(
-                    self.acquire,
-                    body,
-                    tenant=tenant,
-                    weight=weight,
-                    priority=priority,
-                    timeout_s=timeout_s,
-                    avoid=avoid,
-                    version=version,
-                )
-                return await self._commit(admission, again)
+                return admission, dataclasses.replace(ask, version=version)
+        timeout = ask.timeout_s if ask.timeout_s is not None else self.cfg.queue.timeout_s
+        if held and self.hold_s is not None and ask.timeout_s is None:
+            timeout = self.hold_s
+        admission, left = await self._wait(ask, blocks, version, timeout, wait)
+        return admission, dataclasses.replace(
+            ask, timeout_s=left, avoid=frozenset(), version=version
+        )
+
+    async def _wait(
+        self,
+        ask: _Ask,
+        blocks: Sequence[int],
+        version: str | None,
+        limit_s: float,
+        wait: Wait | None,
+    ) -> tuple[Admission, float]:
+        """A slot handed over in the fair queue, and what is left of `limit_s` then."""
         if self.queue.is_full():
             self._reject(
                 Rejection.QUEUE_FULL,
                 f"model '{self.name}' is at capacity and its queue is full "
                 f"({self.queue.max_size} waiting); retry later",
             )
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(blocks, loop.create_future(), since=self._clock(), version=version)
-        waiter.ticket = self.queue.push(waiter, tenant, weight, priority)
-        timeout = timeout_s if timeout_s is not None else self.cfg.queue.timeout_s
-        if held and self.hold_s is not None and timeout_s is None:
-            timeout = self.hold_s
-        waiter.timer = loop.call_later(timeout, self._expire, waiter, timeout)
-        if wait is not None:
-            waiter.preferred = wait.instances
-            self.delay.add_waiter(waiter.preferred)
-            waiter.patience = loop.call_later(wait.patience_s, self._lose_patience, waiter)
-        self._dispatch(None)  # a slot may be free while earlier waiters wait for theirs
+        waiter = self.waiters.join(
+            blocks,
+            version,
+            tenant=ask.tenant,
+            weight=ask.weight,
+            priority=ask.priority,
+            timeout_s=limit_s,
+            expire=self._expire,
+            wait=wait,
+        )
         started = self._clock()
         try:
             admission = await waiter.future
@@ -295,66 +256,20 @@ class ModelRouter:
             self._withdraw(waiter)
             raise
         finally:
-            waiter.timer.cancel()
-            if waiter.patience is not None:
-                waiter.patience.cancel()
-            self._stop_preferring(waiter)
-        if self.shared is None:
-            return admission
-        left = max(0.0, timeout - (self._clock() - started))
-        again = functools.partial(
-            self.acquire,
-            body,
-            tenant=tenant,
-            weight=weight,
-            priority=priority,
-            timeout_s=left,
-            version=version,
-        )
-        return await self._commit(admission, again)
+            self.waiters.leave(waiter)
+        return admission, max(0.0, limit_s - (self._clock() - started))
 
     def observe_first_byte(self, admission: Admission, seconds: float) -> None:
-        """A streamed answer's first byte came `seconds` after it was sent: learn the speeds
-        from it, and what the engine's cache keeps, unless the engine counts its cached tokens
-        itself (`observe_usage`). A prefix placed as cached that came back at uncached speed
-        was evicted; one placed as uncached that came back at cached speed was held."""
-        iid = admission.lease.instance_id
-        answer = self.speeds.observe(iid, admission.cached, seconds)
-        if answer is not Answer.LEARNED and iid not in self._counts_cached:
-            self._learn_cache(admission, held=answer is Answer.HELD)
+        """A streamed answer's first byte came `seconds` after it was sent (`Feedback`)."""
+        self.feedback.first_byte(admission, seconds)
 
     def observe_usage(self, admission: Admission, usage: Usage) -> None:
-        """The engine said what the request used. Where it counts the prompt tokens its prefix
-        cache served (`usage.cached`), that count decides whether the placement hit, not the
-        time to first byte: from then on the instance's cache is learned from its counts."""
-        if usage.cached is None or usage.prompt <= 0:
-            return
-        iid = admission.lease.instance_id
-        self._counts_cached.add(iid)
-        hit = usage.cached >= LOCALITY_MIN_SHARE * usage.prompt
-        if hit != admission.cached:
-            self._learn_cache(admission, held=hit)
+        """The engine said what the request used (`Feedback`)."""
+        self.feedback.usage(admission, usage)
 
     def cache_state(self, instance_id: str) -> dict[str, Any]:
-        """What the index assumes of the instance's prefix cache: the blocks it keeps warm
-        (None: no bound learned) and whether that was learned from the engine's counts of
-        cached tokens or from times to first token."""
-        learned_from = "engine" if instance_id in self._counts_cached else "latency"
-        return {"blocks": self.index.capacity(instance_id), "learned_from": learned_from}
-
-    def _learn_cache(self, admission: Admission, *, held: bool) -> None:
-        """The engine's cache differed from the index: it `held` a prefix placed as uncached
-        (the instance keeps more than the index thought: `PrefixIndex.held`), or evicted one
-        placed as cached (it keeps fewer blocks than it served since that prefix:
-        `PrefixIndex.evicted`; without that distance the prefix, and what it used less
-        recently, are forgotten)."""
-        iid = admission.lease.instance_id
-        if held:
-            self.index.held(admission.blocks, iid)
-        elif admission.distance is not None:
-            self.index.evicted(iid, admission.distance)
-        else:
-            self.index.forget_prefix(admission.blocks[: admission.choice.matched_blocks], iid)
+        """What the index assumes of the instance's prefix cache (`Feedback.cache_state`)."""
+        return self.feedback.cache_state(instance_id)
 
     def finish(
         self,
@@ -389,11 +304,9 @@ class ModelRouter:
         if failure is not None:
             self.health.report_failure(iid, failure, detail)
 
-    async def _commit(
-        self, admission: Admission, again: Callable[[], Awaitable[Admission]]
-    ) -> Admission:
-        """Keep the admission if the shared slots grant it too; else ask `again` (the view
-        now shows the instance full)."""
+    async def _commit(self, admission: Admission) -> bool:
+        """Do the shared slots grant the admission too? False: its slot is freed in the view
+        (which now shows the instance full) and the request asks again."""
         assert self.shared is not None
         lease = admission.lease
         try:
@@ -402,16 +315,16 @@ class ModelRouter:
             self._release(lease)  # the caller left while it asked
             raise
         if granted:
-            return admission
+            return True
         if self.slots.release(lease):  # not held: nothing to learn from, but it frees the view
-            self._dispatch(lease.instance_id)
-        return await again()
+            self.waiters.dispatch(lease.instance_id)
+        return False
 
     def set_others(self, instance_id: str, n: int) -> None:
         """`n` of the instance's slots are held beyond this gateway (told by the shared
         slots); waiters take what that frees."""
         if self.slots.set_others(instance_id, n):
-            self._dispatch(instance_id)
+            self.waiters.dispatch(instance_id)
 
     def turn_away(self, reason: Rejection, message: str) -> int:
         """Refuse every waiter now with `reason` (a gateway that stops leading: its waiters
@@ -437,51 +350,11 @@ class ModelRouter:
         self.events.health_changed(self.name, instance_id, healthy, why)
         if healthy:
             self.index.forget(instance_id)  # a recovered engine has an empty prefix cache
-        self._dispatch(instance_id if healthy else None)  # waiters for it may go elsewhere now
+        self.waiters.dispatch(
+            instance_id if healthy else None
+        )  # waiters for it may go elsewhere now
 
-    # -- placement and dispatch -------------------------------------------------------------
-
-    def _blocks(self, body: Mapping[str, Any]) -> Sequence[int]:
-        """The prompt's chained block hashes, for a policy that places by prefix (else none)."""
-        if not self._by_prefix:
-            return ()
-        return block_hashes(prompt_text(body), self.cfg.placement.prefix_block_chars)
-
-    def _affinity(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Matched leading blocks per instance, best first; empty without blocks."""
-        return self.index.match(blocks) if blocks else {}
-
-    def _place(
-        self,
-        blocks: Sequence[int],
-        affinity: dict[str, int],
-        avoid: frozenset[str] = frozenset(),
-        version: str | None = None,
-    ) -> Admission | None:
-        candidates = self._available(version)
-        if avoid:
-            candidates = [c for c in candidates if c.id not in avoid]
-        candidates = self.speeds.quick_enough(candidates, blocks, affinity)
-        choice = self.policy.choose(candidates, affinity, self._rng)
-        if choice is None:
-            return None
-        lease = self.slots.acquire(choice.instance_id, self._clock())
-        distance = None
-        if blocks:
-            if is_hit(choice.matched_blocks, blocks):
-                matched = blocks[: choice.matched_blocks]
-                distance = self.index.reuse_distance(matched, choice.instance_id)
-            self.index.record(blocks, choice.instance_id)
-        self.events.placed(self.name, choice)
-        url = self.slots.get(choice.instance_id).url
-        return Admission(lease, url, choice, blocks, distance=distance, version=version)
-
-    def _available(self, version: str | None) -> Sequence[InstanceSlots]:
-        """Instances with a free slot (of `version` only, when given)."""
-        free = self.slots.available()
-        if version is None:
-            return free
-        return [i for i in free if self.versions.get(i.id) == version]
+    # -- freed slots ------------------------------------------------------------------------
 
     def _release(self, lease: Lease) -> None:
         """Free the lease's slot (idempotent), learn its hold time, hand the slot on."""
@@ -493,90 +366,23 @@ class ModelRouter:
             inst = self.slots.get(lease.instance_id)
             if inst.draining and not inst.leases:
                 self._remove(lease.instance_id)
-            self._dispatch(lease.instance_id)
-
-    def _dispatch(self, freed: str | None) -> None:
-        """Hand free slots to waiters: fair order, bent toward a waiter whose prefix the freed
-        instance holds (across tenants within `queue.fairness_slack` turns; within a tenant past
-        waiters passed over fewer than `queue.max_passes` times); a waiter still waiting for
-        quicker busy instances is skipped."""
-        while len(self.queue) and self.slots.available():
-            prefer = None
-            if freed is not None and self._by_prefix:
-                prefer = functools.partial(self._hits_on, freed)
-            waiter = self.queue.pop(prefer, self._eligible)
-            freed = None
-            if waiter is None:
-                return
-            if waiter.future.done():
-                continue
-            admission = self._place(
-                waiter.blocks, self._affinity(waiter.blocks), version=waiter.version
-            )
-            if admission is None:
-                return
-            self._stop_preferring(waiter)
-            waiter.future.set_result(admission)
-
-    def _hits_on(self, instance_id: str, waiter: _Waiter) -> float:
-        """1 when the instance holds enough of the waiter's prefix for a hit, else 0."""
-        return float(is_hit(self.index.depth_on(waiter.blocks, instance_id), waiter.blocks))
-
-    def _eligible(self, waiter: _Waiter) -> bool:
-        """May this waiter take a free slot now? Not while it waits for busy instances, nor
-        when no instance of its version has one (a waiter whose version has no ready instance
-        left, rolled back or down, picks a version again)."""
-        if waiter.version is not None and waiter.version not in self._ready_versions():
-            waiter.version = self.pick_version()  # its version lost every ready instance
-        if waiter.version is not None and not self._available(waiter.version):
-            return False
-        return not waiter.preferred or not self.delay.still_full(waiter.preferred)
+            self.waiters.dispatch(lease.instance_id)
 
     # -- waiters ----------------------------------------------------------------------------
 
-    def _lose_patience(self, waiter: _Waiter) -> None:
-        self._stop_preferring(waiter)
-        self._dispatch(None)
-
-    def _stop_preferring(self, waiter: _Waiter) -> None:
-        """The waiter no longer waits for busy instances (idempotent)."""
-        if waiter.preferred:
-            self.delay.remove_waiter(waiter.preferred)
-            waiter.preferred = frozenset()
-
-    def _expire(self, waiter: _Waiter, timeout: float) -> None:
-        if waiter.future.done() or waiter.ticket is None:
+    def _expire(self, waiter: Waiter, timeout: float) -> None:
+        if not self.waiters.expire(waiter):
             return
-        self.queue.remove(waiter.ticket)
         self._last_active = self._clock()
-        if not self.slots.healthy_count and self.hold_s is not None:
-            retry = max(1, math.ceil(self.hold_s))  # about when the instance it awaits serves
-            message = (
-                f"model '{self.name}' has no ready instance and none became ready within "
-                f"{timeout:g} s (its deployment's scaling.max_queue_wait_s, else "
-                f"gateway.queue.timeout_s); retry after {retry} s, or see "
-                f"`gpuplane deploy describe {self.name}`"
-            )
-        else:
-            capacity = sum(i.capacity for i in self.slots.instances if i.healthy) or 1
-            retry = max(1, math.ceil((len(self.queue) + 1) / capacity * self.delay.mean_hold_s))
-            message = (
-                f"no slot on model '{self.name}' became free within {timeout:g} s; "
-                f"retry after {retry} s or raise gateway.queue.timeout_s"
-            )
         self.events.rejected(self.name, Rejection.QUEUE_TIMEOUT)
-        waiter.future.set_exception(Rejected(Rejection.QUEUE_TIMEOUT, message, retry))
+        waiter.future.set_exception(self.waiters.timed_out(self.name, timeout, self.hold_s))
 
-    def _withdraw(self, waiter: _Waiter) -> None:
+    def _withdraw(self, waiter: Waiter) -> None:
         """The waiter's caller was cancelled: leave the queue, or free the slot it was handed."""
         self._last_active = self._clock()
-        if waiter.ticket is not None:
-            self.queue.remove(waiter.ticket)
-        fut = waiter.future
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            self._release(fut.result().lease)
-        elif not fut.done():
-            fut.cancel()
+        lease = self.waiters.withdraw(waiter)
+        if lease is not None:
+            self._release(lease)
 
     def _reject(self, reason: Rejection, message: str) -> NoReturn:
         self.events.rejected(self.name, reason)

@@ -19,7 +19,8 @@ from redis.commands.core import AsyncScript
 from gpuplane.config import parse_settings
 from gpuplane.serve.ha.loads import Instance, Key
 from gpuplane.serve.ha.shared import RedisSlotTable, Share, SharedOptions
-from gpuplane.serve.router import Admission, ModelRouter
+from gpuplane.serve.placer import Admission
+from gpuplane.serve.router import ModelRouter
 from tests.helpers.services import REDIS, require
 from tests.serve.ha.shared_drill import RedisProcess, redis_process
 

@@ -15,7 +15,8 @@ from redis.commands.core import AsyncScript
 from gpuplane.serve.errors import Rejected
 from gpuplane.serve.ha import metrics as ha_metrics
 from gpuplane.serve.ha.shared import RedisSlotTable, Share
-from gpuplane.serve.router import Admission, ModelRouter
+from gpuplane.serve.placer import Admission
+from gpuplane.serve.router import ModelRouter
 from tests.serve.ha.shared_helpers import (
     TTL_S,
     Engines,

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
@@ -57,7 +57,8 @@ from gpuplane.serve.ha import expired
 from gpuplane.serve.ha.lapse import LeaseClock
 from gpuplane.serve.ha.loads import LoadReader
 from gpuplane.serve.ha.local import local_share
-from gpuplane.serve.slots import Lease, SlotTable
+from gpuplane.serve.hooks import SharedRouter
+from gpuplane.serve.slots import Lease
 
 log = logging.getLogger("gpuplane.gateway")
 T = TypeVar("T")
@@ -101,15 +102,6 @@ class SharedOptions:
     timeout_s: float
     prefix: str = "gpuplane"
     deadline_s: float = 600.0  # gateway.request_timeout_s: no request runs longer
-
-
-class SharedRouter(Protocol):
-    """What the table needs of a model's router."""
-
-    name: str
-    slots: SlotTable
-
-    def set_others(self, instance_id: str, n: int) -> None: ...
 
 
 @dataclass(slots=True)
