@@ -65,8 +65,10 @@ run: setup
 # The suite runs on $(TEST_WORKERS) pytest-xdist workers (one per logical core: the tests wait on
 # servers and processes more than they compute); tests that share a Ray cluster per session are
 # pinned to one worker (`xdist_group`, see docs/testing.md). TEST_WORKERS=0 runs serially.
+# A crashed worker ends the run with the test it crashed in as the failure: the pinned
+# pytest-xdist replaces it under loadgroup and then waits forever (pytest-xdist issues 1323, 1327).
 TEST_WORKERS ?= logical
-PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks scripts
@@ -109,7 +111,7 @@ lock: | $(BIN)/uv
 # The suite against the newest releases pyproject allows (not the lock), in a venv of its own:
 # what breaks here is what the next `make lock` would bring. Reports, never changes the lock.
 test-latest:
-	PYTEST_ARGS="$${PYTEST_ARGS:--n $(TEST_WORKERS) --dist loadgroup}" scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
+	PYTEST_ARGS="$${PYTEST_ARGS:--n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0}" scripts/test-latest.sh $(PY) "$(EXTRAS)" $(ENGINE_VERSION) $(ENGINE_CMAKE_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-latest .mypy_cache .pytest_cache .ruff_cache site
