@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.nodeid import NodeId
 
 # Fixtures that start a backend too heavy to run twice at once on a small machine -> the
 # pytest-xdist group whose one worker runs every test that asks for it (`--dist loadgroup`, as
@@ -26,10 +27,25 @@ ONE_WORKER = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test that uses a fixture of `ONE_WORKER` with its group; on a `--dist
+    loadgroup` worker, then give every test marked with a group the `@group` suffix on its node
+    id by which the scheduler keeps a group on one worker. pytest-xdist 3.8 sets that suffix
+    where pytest 9.2 no longer reads it (pytest-xdist issue 1386), so without this every group
+    is spread over the workers and each of them starts its own Ray clusters. Runs last, after
+    xdist's own hook: a suffix xdist did set is left as it is."""
     for item in items:
         for fixture in sorted(set(getattr(item, "fixturenames", ())) & ONE_WORKER.keys()):
             item.add_marker(pytest.mark.xdist_group(ONE_WORKER[fixture]))
+    if not config.getoption("loadgroup", False):  # set on the workers of --dist loadgroup
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})  # fmt: skip
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")
