@@ -25,6 +25,14 @@ def record(kind, out):
     with open(out, "a") as f:
         f.write(f"{{kind}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
 
+@pytest.fixture(scope="module")
+def seed_fleet():  # named in ONCE_PER_MODULE: its tests join this module's group
+    return "stub"
+
+@pytest.mark.parametrize("i", range({GROUPED}))
+def test_by_module_fixture(seed_fleet, i, out):
+    record("module", out)
+
 @pytest.mark.parametrize("i", range({GROUPED}))
 def test_by_fixture(token_cluster, i, out):
     record("ray", out)
@@ -37,6 +45,10 @@ def test_by_mark(i, out):
 @pytest.mark.parametrize("i", range({4 * GROUPED}))
 def test_free(i, out):
     record("free", out)
+
+@pytest.mark.parametrize("i", range({GROUPED}))
+def test_by_module_fixture_last(seed_fleet, i, out):  # far from the first: another worker's
+    record("module", out)
 """
 
 CONFTEST = """
@@ -68,6 +80,7 @@ def test_a_group_runs_on_one_worker_and_the_rest_spread(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     ran = [line.split() for line in (tmp_path / "workers.txt").read_text().splitlines()]
-    assert len(ran) == 2 * GROUPED + 4 * GROUPED
+    assert len(ran) == 4 * GROUPED + 4 * GROUPED
     assert len({worker for kind, worker in ran if kind == "ray"}) == 1, ran
+    assert len({worker for kind, worker in ran if kind == "module"}) == 1, ran
     assert {worker for kind, worker in ran} == {"gw0", "gw1"}  # the others were spread
