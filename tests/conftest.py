@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from tests.control.pg_server import create_database, postgres_server
 
@@ -24,12 +25,40 @@ ONE_WORKER = {
     "ray_cluster": "ray",  # Ray's own test cluster (tests/batch/test_ray.py)
     "token_cluster": "ray",  # a one-node cluster that requires a token (test_ray_auth.py)
 }
+# Module-scoped fixtures costly enough that each worker building its own copy shows: the tests
+# of a module that use one run on one worker (a group per module), which builds it once.
+ONCE_PER_MODULE = frozenset(
+    {
+        "prometheus",  # a Prometheus server scraping two exporters (test_collect_prometheus.py)
+        "seed_fleet",  # a generated fleet and its audit (tests/audit/test_findings.py)
+        "small_fleet",  # a generated fleet (tests/audit/test_report.py)
+    }
+)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test that uses a fixture of `ONE_WORKER` with its group (one of
+    `ONCE_PER_MODULE`: with its module's); on a `--dist loadgroup` worker, then give every test
+    marked with a group the `@group` suffix on its node id by which the scheduler keeps a group
+    on one worker. pytest-xdist 3.8 sets that suffix
+    where pytest 9.2 no longer reads it (pytest-xdist issue 1386), so without this every group
+    is spread over the workers and each of them starts its own Ray clusters. Runs last, after
+    xdist's own hook: a suffix xdist did set is left as it is."""
     for item in items:
-        for fixture in sorted(set(getattr(item, "fixturenames", ())) & ONE_WORKER.keys()):
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture in sorted(used & ONE_WORKER.keys()):
             item.add_marker(pytest.mark.xdist_group(ONE_WORKER[fixture]))
+        if used & ONCE_PER_MODULE:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if not config.getoption("loadgroup", False):  # set on the workers of --dist loadgroup
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})  # fmt: skip
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")
