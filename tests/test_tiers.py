@@ -1,6 +1,6 @@
 """The tiers hold, by import, counting every import (inside functions and under TYPE_CHECKING
 too; `tests/tiers.py` reads them): `serve` and `control` import neither each other nor `audit`,
-`batch` or `console`; `engines` imports neither `serve` nor `control`; no module imports another
+`batch` or `console`; `engines` imports only the shared root and itself; no module imports another
 package's private module; no import circle but the scheduler's policy registry's; no module
 over 400 lines and no function over 80 (migrations aside)."""
 

@@ -28,7 +28,8 @@ REGISTRY_LOAD = ("gpuplane.control.scheduler.registry", "gpuplane.control.schedu
 FORBIDDEN = {
     "serve": ("control", "audit", "batch", "console"),
     "control": ("serve", "audit", "batch", "console"),
-    "engines": ("serve", "control"),
+    # the engines floor knows only the shared root and itself (config.py assembles every tier)
+    "engines": ("serve", "control", "audit", "batch", "console", "cli", "plane", "config"),
 }
 
 

@@ -1,29 +1,6 @@
-"""Shared fixtures of the control tests: nothing a test started outlives it (`job_guard.py`); one
-PostgreSQL server; a service on embedded defaults (`service`) and the API over it in-process
-(`client`), which a test module replaces by defining its own.
+"""Shared fixtures of the control tests: nothing a test started outlives it (`job_guard.py`); a
+service on embedded defaults and the API over it (`fixtures.py`).
 """
 
-from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-from fastapi.testclient import TestClient
-
-from gpuplane.control.service.service import ControlService
+from tests.control.fixtures import client, service  # noqa: F401 - fixtures
 from tests.control.job_guard import no_job_outlives_the_test  # noqa: F401 - autouse
-from tests.control.svc_helpers import api_client, config, make_service
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ControlService]:
-    svc = make_service(config(str(tmp_path)))
-    yield svc
-    svc.close()
-
-
-@pytest.fixture
-def client(service: ControlService) -> Iterator[TestClient]:
-    with api_client(service) as c:
-        yield c

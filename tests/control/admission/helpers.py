@@ -9,7 +9,7 @@ import numpy as np
 from gpuplane.control.admission import Estate, NominationPolicy, PassResult, PendingJob, run_pass
 from gpuplane.control.admission.quota import QuotaBook, TeamQuota
 from gpuplane.control.scheduler import NodeInfo, Request, Snapshot, make_policy
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 
 NOMINATE = NominationPolicy(after_s=10.0, limit=1)
 A100, L4 = "A100-80GB", "L4"

@@ -19,7 +19,7 @@ from gpuplane.control.scheduler import ReasonCode, Request, Snapshot, make_polic
 from gpuplane.control.service.service import ControlService
 from gpuplane.control.settings import ClusterConfig, DeclaredGpus, DeclaredNode
 from gpuplane.resources import LABEL_GPU_SPEED, Selector
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 from tests.control.svc_helpers import config, job, make_service, state, wait_state
 
 SPEEDS = {"A100": 1.0, "L40S": 0.8, "A10": 0.5}

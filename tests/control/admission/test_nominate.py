@@ -9,7 +9,7 @@ from gpuplane.control.admission import Estate, NominationPolicy, PassResult, Pen
 from gpuplane.control.admission.quota import FlavorQuota, TeamQuota
 from gpuplane.control.scheduler import ReasonCode
 from gpuplane.resources import Selector
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 
 from .helpers import NOMINATE, codes, estate, job, run
 

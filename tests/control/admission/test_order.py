@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuplane.control.admission import MIN_WORK_SAMPLES, AdmissionQueue, Estate, PendingJob
 from gpuplane.control.scheduler import Request
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 
 from .helpers import NOMINATE, estate, job, run
 

@@ -22,7 +22,7 @@ from gpuplane.control.lab.simulate import load_nodes, load_pods
 from gpuplane.control.scheduler import Request
 from gpuplane.errors import ConfigError
 from gpuplane.resources import Selector
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 
 OPENB = Path(__file__).resolve().parents[4] / "shared" / "data" / "openb"
 MODELS = {"A100": ModelStock(64, 8), "T4": ModelStock(16, 2)}

@@ -17,7 +17,7 @@ from gpuplane.control.scheduler import (
     schedule,
 )
 from gpuplane.resources import Selector
-from tests.control.sched_helpers import node
+from tests.control.scheduler.sched_helpers import node
 
 
 def test_the_nominated_node_is_the_one_expected_to_drain_first() -> None:

@@ -13,7 +13,7 @@ from gpuplane.control.scheduler import (
     make_policy,
     schedule,
 )
-from tests.control.sched_helpers import GIB, decide, node, node_of
+from tests.control.scheduler.sched_helpers import GIB, decide, node, node_of
 
 
 def half_used() -> Snapshot:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuplane.control.scheduler import Request, Snapshot
-from tests.control.sched_helpers import node, place
+from tests.control.scheduler.sched_helpers import node, place
 
 POLICIES = ["frag", "fgd", "best-fit", "binpack", "spread", "packing"]
 

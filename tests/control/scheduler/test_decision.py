@@ -8,7 +8,7 @@ import pytest
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot
 from gpuplane.errors import ResourceError
 from gpuplane.resources import Resources, Selector, Slice
-from tests.control.sched_helpers import codes, node, place
+from tests.control.scheduler.sched_helpers import codes, node, place
 
 
 def test_request_from_resources_maps_the_shared_vocabulary() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot
 from gpuplane.resources import LABEL_CLUSTER, LABEL_REGION, Selector
-from tests.control.sched_helpers import codes, node, place
+from tests.control.scheduler.sched_helpers import codes, node, place
 
 
 def test_selectors_restrict_nodes_by_labels_and_gpu_models() -> None:

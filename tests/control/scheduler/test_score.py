@@ -20,8 +20,8 @@ from gpuplane.control.scheduler import (
 )
 from gpuplane.errors import ConfigError
 from gpuplane.resources import Selector
-from tests.control import sched_helpers
-from tests.control.sched_helpers import GIB, mixed, node
+from tests.control.scheduler import sched_helpers
+from tests.control.scheduler.sched_helpers import GIB, mixed, node
 
 
 def decide(snap: Snapshot, req: Request, policy: Policy | str, seed: int = 0) -> Decision:

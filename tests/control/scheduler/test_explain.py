@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuplane.control.scheduler import ReasonCode, Request, Snapshot
 from gpuplane.resources import Selector
-from tests.control.sched_helpers import GIB, codes, node, place
+from tests.control.scheduler.sched_helpers import GIB, codes, node, place
 
 
 def test_no_matching_label_is_said_per_cluster() -> None:

@@ -16,7 +16,7 @@ from gpuplane.control.scheduler import (
     schedule,
 )
 from gpuplane.resources import Resources, Slice
-from tests.control.sched_helpers import GIB, codes, node, place
+from tests.control.scheduler.sched_helpers import GIB, codes, node, place
 
 
 @pytest.mark.parametrize("policy", policy_names())

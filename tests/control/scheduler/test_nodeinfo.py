@@ -6,7 +6,7 @@ import pytest
 
 from gpuplane.control.scheduler import Request, Snapshot
 from gpuplane.errors import ResourceError
-from tests.control.sched_helpers import decide, mixed, node, with_speed
+from tests.control.scheduler.sched_helpers import decide, mixed, node, with_speed
 
 
 def test_speed_comes_from_the_label_then_the_table_then_defaults_to_one() -> None:

@@ -21,8 +21,7 @@ from gpuplane.control.scheduler.decision import FloatArray
 from gpuplane.control.scheduler.fragmentation import WorkloadMix
 from gpuplane.control.scheduler.policies.fgd import FragmentationPolicy
 from gpuplane.resources import Selector
-
-from .sched_helpers import GIB, node
+from tests.control.scheduler.sched_helpers import GIB, node
 
 
 def _snapshot() -> Snapshot:

@@ -12,7 +12,7 @@ from gpuplane.control.scheduler import (
     Snapshot,
 )
 from gpuplane.errors import ResourceError
-from tests.control.sched_helpers import GIB, node
+from tests.control.scheduler.sched_helpers import GIB, node
 
 
 def share(job: str, card: int, gib: int, milli: int, on: str = "n1") -> Placement:
