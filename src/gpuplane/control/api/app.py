@@ -31,11 +31,11 @@ from starlette.routing import BaseRoute
 from gpuplane import __version__
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.api import clusters, events, jobs, system, team_secrets, teams, tokens
-from gpuplane.control.api.deps import Pages, allow, bearer, caller
+from gpuplane.control.api.deps import Pages, allow, bearer
 from gpuplane.control.api.edge import Edge, Trail, served
 from gpuplane.control.api.openapi import document_errors
 from gpuplane.control.api.serving import lifespan
-from gpuplane.control.deployments import routes as deployment_routes
+from gpuplane.control.deployments import routes as deployments
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.identity.auth import POLICY, AuthError, Principal, Rule
 from gpuplane.control.service.service import ControlService
@@ -102,10 +102,17 @@ def create_app(
         return JSONResponse({"detail": errors}, status_code=422)
 
     service.metrics.watch(lambda: queries.metrics_state(service))
-    for router in (system.router, clusters.router, jobs.router, teams.router):
-        app.include_router(router)
-    deployment_routes.add_routes(app, service, caller)
-    for router in (team_secrets.router, events.router, *routers, tokens.router):
+    for router in (
+        system.router,
+        clusters.router,
+        jobs.router,
+        teams.router,
+        deployments.router,
+        team_secrets.router,
+        events.router,
+        *routers,
+        tokens.router,
+    ):
         app.include_router(router)
     if pages is not None:
         pages.add_to(app)
