@@ -32,7 +32,7 @@ from gpuplane import __version__
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.api import clusters, events, jobs, system, team_secrets, teams, tokens
 from gpuplane.control.api.deps import Pages, allow, bearer
-from gpuplane.control.api.edge import Edge, Trail, served
+from gpuplane.control.api.edge import Gatekeeper, Trail, served
 from gpuplane.control.api.openapi import document_errors
 from gpuplane.control.api.serving import lifespan
 from gpuplane.control.deployments import routes as deployments
@@ -61,7 +61,7 @@ def create_app(
         return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
     async def identify(request: Request, rule: Rule) -> Principal | None:
-        """The caller of a route with `rule` (`edge.Edge` asks, before reading the body): a
+        """The caller of a route with `rule` (`edge.Gatekeeper` asks, before reading the body): a
         page's from its session, any other route's from its bearer token only."""
         if rule.console:
             return None if pages is None else await run_in_threadpool(pages.caller, request)
@@ -81,7 +81,7 @@ def create_app(
     app.state.service = service
     # outermost last: the host check, then the trail, then the edge's identify-then-read
     app.add_middleware(
-        Edge, router=app.router, identify=identify, refuse=refusal, http=service.config.http
+        Gatekeeper, router=app.router, identify=identify, refuse=refusal, http=service.config.http
     )
     app.add_middleware(Trail, service=service)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
