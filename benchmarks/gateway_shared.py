@@ -42,7 +42,8 @@ with optional_imports():
 
     from _results import save
     from gpuplane.config import parse_settings
-    from gpuplane.serve.ha.shared import RedisSlotTable, Share, SharedOptions
+    from gpuplane.serve.ha.shared import RedisSlotTable
+    from gpuplane.serve.ha.shared_layout import Share, SharedOptions
     from gpuplane.serve.router import ModelRouter
 
     # -- added latency per acquire -----------------------------------------------------------------

@@ -49,3 +49,15 @@ def test_each_noun_is_one_class() -> None:
         }
         assert homes, name
         assert all(h.startswith(home) for h in homes), (name, homes)
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    """One noun, one class: a name defined twice under src/ reads as the same thing in two
+    places (the gateway's `Admission` is a granted slot, the control plane's answer to
+    `can_admit` an `AdmissionDecision`)."""
+    homes: dict[str, list[str]] = {}
+    for path in sources():
+        for name in re.findall(r"^class (\w+)", path.read_text(), re.M):
+            homes.setdefault(name, []).append(str(path.relative_to(SRC)))
+    twice = {name: where for name, where in homes.items() if len(where) > 1}
+    assert twice == {}, f"class names defined twice (rename the less central): {twice}"

@@ -12,18 +12,11 @@ from pathlib import Path
 
 from tests import tiers
 
-# What issue 36 has not yet split, with the part that removes each; an entry that no longer
-# occurs fails the test, so this list only shrinks.
-ALLOWED: dict[str, str] = {
-    "size: gpuplane.control.deployments.routes:add_routes": "routes as an APIRouter",
-    "size: gpuplane.serve.proxy": "ProxyCall split by responsibility",
-    "size: gpuplane.serve.ha.shared": "RedisSlotTable split by responsibility",
-}
-
 
 @cache
 def _violations(root: Path = tiers.SRC) -> dict[str, str]:
-    """Every violation under `root`: its allowlist key -> where it is and why (read once)."""
+    """Every violation under `root`: its key (rule and what) -> where it is and why (read
+    once)."""
     known = tiers.modules(root)
     edges = tiers.imports(root)
     out: dict[str, str] = {}
@@ -49,7 +42,7 @@ def _violations(root: Path = tiers.SRC) -> dict[str, str]:
 
 
 def _fail_on(rule: str) -> None:
-    found = {k: v for k, v in _violations().items() if k.startswith(rule) and k not in ALLOWED}
+    found = {k: v for k, v in _violations().items() if k.startswith(rule)}
     assert not found, "\n".join(found.values())
 
 
@@ -69,11 +62,6 @@ def test_no_import_circle_but_the_policy_registrys() -> None:
 
 def test_no_module_over_400_lines_and_no_function_over_80() -> None:
     _fail_on("size:")
-
-
-def test_every_allowlisted_violation_still_exists() -> None:
-    gone = sorted(set(ALLOWED) - set(_violations()))
-    assert not gone, "fixed, so remove from ALLOWED: " + ", ".join(gone)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

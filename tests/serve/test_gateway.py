@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuplane.serve.proxy import WATCH_AFTER_S
+from gpuplane.serve.timer import WATCH_AFTER_S
 from tests.helpers.serve import CHAT, error_of, gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("leftovers")]

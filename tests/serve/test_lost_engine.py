@@ -15,7 +15,7 @@ from gpuplane.config import parse_settings
 from gpuplane.engines.sim import sim_process
 from gpuplane.serve.errors import FailureKind
 from gpuplane.serve.gateway import Gateway
-from gpuplane.serve.proxy import Next, after_failure
+from gpuplane.serve.retry import Next, after_failure
 from gpuplane.serve.server import serving
 from tests.helpers.common import free_port, gateway_settings
 from tests.helpers.serve import assert_released

@@ -49,7 +49,7 @@ _BLOCK = "\0block"  # job ids of the placeholders that keep a card empty while p
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
+class PlanStep:
     """One step of the plan. `action`: retire (free its card), resize (same card, new slice) or
     move (to another card, with the new slice)."""
 
@@ -76,7 +76,7 @@ class RepackPlan:
     cards: int
     held_before: int
     held_after: int
-    moves: tuple[Move, ...]
+    moves: tuple[PlanStep, ...]
     violations: int
     before: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # card -> workloads
     after: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -138,7 +138,7 @@ def make_plan(
     for f in findings:
         flags.setdefault(f.subject, set()).add(f.kind)
     dead = {FindingKind.ZERO_TRAFFIC, FindingKind.IDLE_HELD}
-    moves: list[Move] = []
+    moves: list[PlanStep] = []
     kept: list[Held] = []
     info = {s.workload: s for s in stats.workloads}
     for h in held:
@@ -165,7 +165,7 @@ def make_plan(
         if not p.job_id.startswith(_BLOCK):
             by_card.setdefault((p.node, p.devices[0].index), []).append(p)
     targets: set[tuple[str, int]] = set()
-    drains: list[list[Move]] = []
+    drains: list[list[PlanStep]] = []
     kind_of = {h.workload: h for h in kept}
     for key, ps in sorted(by_card.items(), key=lambda kv: (_load(kv[1]), len(kv[1]), kv[0])):
         if key in targets or any(p.devices[0].gpu_milli >= MILLI_PER_GPU for p in ps):
@@ -274,8 +274,8 @@ def _gpu_model(h: Held, old: Held) -> Held:
     return Held(h.workload, h.cluster, h.node, h.card, h.mem_mib, h.gpu_milli, old.gpu_model)
 
 
-def _move(action: str, old: Held, new: Held, team: str, kind: str, saving: float) -> Move:
-    return Move(action, old.workload, team, kind, old.node, old.card, new.node, new.card,
+def _move(action: str, old: Held, new: Held, team: str, kind: str, saving: float) -> PlanStep:
+    return PlanStep(action, old.workload, team, kind, old.node, old.card, new.node, new.card,
                 new.mem_mib, new.gpu_milli, saving, new.cluster)  # fmt: skip
 
 

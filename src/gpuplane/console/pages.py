@@ -19,7 +19,7 @@ from gpuplane.audit import history
 from gpuplane.audit.usage_report import Holdings
 from gpuplane.console.deps import holdings_of
 from gpuplane.console.render import check_csrf, form, render
-from gpuplane.console.shapes import Slice, by_model, card_map, quota_rows
+from gpuplane.console.shapes import SliceView, by_model, card_map, quota_rows
 from gpuplane.control.api.deps import caller, service_of
 from gpuplane.control.identity.auth import Principal, Role
 from gpuplane.control.service.service import ControlService
@@ -35,7 +35,7 @@ STEPS = 48
 router = APIRouter(include_in_schema=False)
 
 
-def _held(service: ControlService) -> list[tuple[str, str, int, Slice, str]]:
+def _held(service: ControlService) -> list[tuple[str, str, int, SliceView, str]]:
     """Every card share held by an admitted or running job."""
     query = (
         select(Node.cluster_name, Node.name, Device.index, Allocation, Job.name, Job.team_name)
@@ -46,7 +46,7 @@ def _held(service: ControlService) -> list[tuple[str, str, int, Slice, str]]:
     )
     with service.store.session() as session:
         return [
-            (c, n, i, Slice(a.job_id, f"{name} ({team})", a.gpu_milli, a.mem_mib), team)
+            (c, n, i, SliceView(a.job_id, f"{name} ({team})", a.gpu_milli, a.mem_mib), team)
             for c, n, i, a, name, team in session.execute(query)
         ]
 

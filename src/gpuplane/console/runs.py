@@ -44,7 +44,7 @@ class ClipCounts(_Open):
     invocations: int = Field(0, ge=0)
 
 
-class StageCache(_Open):
+class StageCacheFigures(_Open):
     hit_rate: float = 0.0
 
 
@@ -54,7 +54,7 @@ class StageFigures(_Open):
     errors: int = 0
     compute_s: float = 0.0
     device_s: float = 0.0
-    cache: StageCache = Field(default_factory=StageCache)
+    cache: StageCacheFigures = Field(default_factory=StageCacheFigures)
 
 
 class Invocation(_Open):

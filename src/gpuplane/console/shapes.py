@@ -84,7 +84,7 @@ def quota_rows(teams: list[TeamView], shown: set[str] | None) -> list[QuotaRow]:
 
 
 @dataclass(frozen=True, slots=True)
-class Slice:
+class SliceView:
     """A job's share of one card; `job_id` None: another team's job, not named."""
 
     job_id: str | None
@@ -94,27 +94,29 @@ class Slice:
 
 
 @dataclass(slots=True)
-class Card:
+class CardView:
     index: int
     model: str
     mem_mib: int
     gpu_milli_free: int
-    slices: list[Slice] = field(default_factory=list)
+    slices: list[SliceView] = field(default_factory=list)
 
 
 def card_map(
-    nodes: list[NodeView], held: list[tuple[str, str, int, Slice, str]], shown: set[str] | None
-) -> list[tuple[NodeView, list[Card]]]:
+    nodes: list[NodeView], held: list[tuple[str, str, int, SliceView, str]], shown: set[str] | None
+) -> list[tuple[NodeView, list[CardView]]]:
     """Each node's cards with their slices; `held`: (cluster, node, card, slice, team) of every
     active job; a slice of a team not `shown` (None: all) keeps its size but not its job."""
     out = []
     for node in nodes:
-        cards = {d.index: Card(d.index, d.model, d.mem_mib, d.gpu_milli_free) for d in node.devices}
+        cards = {
+            d.index: CardView(d.index, d.model, d.mem_mib, d.gpu_milli_free) for d in node.devices
+        }
         for cluster, name, index, s, team in held:
             if (cluster, name) == (node.cluster, node.name) and index in cards:
                 hidden = shown is not None and team not in shown
                 cards[index].slices.append(
-                    Slice(None, "held by another team", s.gpu_milli, s.mem_mib) if hidden else s
+                    SliceView(None, "held by another team", s.gpu_milli, s.mem_mib) if hidden else s
                 )
         out.append((node, [cards[i] for i in sorted(cards)]))
     return out

@@ -223,7 +223,8 @@ def shared_slots(
     if ha.mode != "shared":
         return None
     from gpuplane.serve.ha.loads import EngineLoads
-    from gpuplane.serve.ha.shared import RedisSlotTable, SharedOptions
+    from gpuplane.serve.ha.shared import RedisSlotTable
+    from gpuplane.serve.ha.shared_layout import SharedOptions
 
     assert ha.url is not None  # the settings require it in mode shared
     options = SharedOptions(

@@ -1,5 +1,5 @@
-"""The drills' measuring core (`Recovery`, `Tally`), and `gpuplane drill` refusing what it cannot
-run with what to do; the drills themselves run end to end in tests/e2e/test_drills.py."""
+"""The drills' measuring core (`Recovery`, `ClientTally`), and `gpuplane drill` refusing what it
+cannot run with what to do; the drills themselves run end to end in tests/e2e/test_drills.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from gpuplane.cli import drill as drill_cli
 from gpuplane.cli.main import app
 from gpuplane.control.client import TOKEN_ENV
-from gpuplane.control.lab.drills import DrillResult, Recovery, Tally
+from gpuplane.control.lab.drills import ClientTally, DrillResult, Recovery
 from gpuplane.serve.errors import sse_error_event
 from tests.control.api_server import serving
 from tests.control.svc_helpers import admin_token, config, make_service
@@ -48,7 +48,7 @@ def test_a_lost_cluster_counts_only_instances_elsewhere() -> None:
 
 
 def test_a_tally_tells_whole_answers_from_cut_and_failed_ones() -> None:
-    t = Tally()
+    t = ClientTally()
     assert t.count(200, 'data: {"choices": []}\n\ndata: [DONE]\n\n')
     assert not t.count(200, 'data: {"choices": []}\n\ndata: {"error": {"message": "cut"}}\n\n')
     assert not t.count(200, 'data: {"choices": []}\n\n')  # silently cut: no [DONE]
@@ -64,7 +64,7 @@ def test_a_tally_tells_whole_answers_from_cut_and_failed_ones() -> None:
 
 
 def test_a_tally_keeps_each_kind_of_failure_once_in_words() -> None:
-    t = Tally()
+    t = ClientTally()
     refused = '{"error": {"message": "no healthy instance for model chat", "code": "no_instance"}}'
     for _ in range(3):
         t.count(503, refused)

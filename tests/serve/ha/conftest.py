@@ -21,7 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from gpuplane.serve.ha.shared import load_scripts
+from gpuplane.serve.ha.shared_layout import load_scripts
 from tests.control.pg_server import postgres_server
 from tests.helpers.services import REDIS, require
 from tests.serve.ha.shared_helpers import (

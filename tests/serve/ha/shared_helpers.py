@@ -18,7 +18,8 @@ from redis.commands.core import AsyncScript
 
 from gpuplane.config import parse_settings
 from gpuplane.serve.ha.loads import Instance, Key
-from gpuplane.serve.ha.shared import RedisSlotTable, Share, SharedOptions
+from gpuplane.serve.ha.shared import RedisSlotTable
+from gpuplane.serve.ha.shared_layout import Share, SharedOptions
 from gpuplane.serve.placer import Admission
 from gpuplane.serve.router import ModelRouter
 from tests.helpers.services import REDIS, require

@@ -14,7 +14,8 @@ from redis.commands.core import AsyncScript
 
 from gpuplane.serve.errors import Rejected
 from gpuplane.serve.ha import metrics as ha_metrics
-from gpuplane.serve.ha.shared import RedisSlotTable, Share
+from gpuplane.serve.ha.shared import RedisSlotTable
+from gpuplane.serve.ha.shared_layout import Share
 from gpuplane.serve.placer import Admission
 from gpuplane.serve.router import ModelRouter
 from tests.serve.ha.shared_helpers import (

@@ -10,7 +10,8 @@ import pytest
 
 from gpuplane.serve.errors import Rejected
 from gpuplane.serve.ha.lapse import LeaseClock
-from gpuplane.serve.ha.shared import RedisSlotTable, Share
+from gpuplane.serve.ha.shared import RedisSlotTable
+from gpuplane.serve.ha.shared_layout import Share
 from tests.serve.ha.shared_helpers import (
     TTL_S,
     Engines,

@@ -4,13 +4,13 @@ One pass (`cycle.run_pass`) over an `Estate`: queue sort (`order.py`), quota che
 (`flavors.py`), filter and score through the scheduler core (`placement.py`), wait for a faster
 GPU or on a nominated node (`delay.py`, `nominate.py`), reclaim (`reclaim.py`), then reserve and
 commit (`commit.py`), or the typed pending reasons (`reasons.py`). Ask, then commit:
-`can_admit` answers an `Admission` that carries its reasons; `admit` applies it.
+`can_admit` answers an `AdmissionDecision` that carries its reasons; `admit` applies it.
 """
 
 from gpuplane.control.admission.commit import admit
 from gpuplane.control.admission.cycle import can_admit, run_pass
 from gpuplane.control.admission.decision import (
-    Admission,
+    AdmissionDecision,
     Admitted,
     NominationPolicy,
     PassResult,
@@ -24,7 +24,7 @@ from gpuplane.control.admission.reclaim import reclaim_candidates
 
 __all__ = [
     "MIN_WORK_SAMPLES",
-    "Admission",
+    "AdmissionDecision",
     "AdmissionQueue",
     "Admitted",
     "Estate",

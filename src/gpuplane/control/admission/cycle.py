@@ -18,7 +18,7 @@ import numpy as np
 
 from gpuplane.control.admission.commit import admit
 from gpuplane.control.admission.decision import (
-    Admission,
+    AdmissionDecision,
     Admitted,
     NominationPolicy,
     PassResult,
@@ -109,7 +109,7 @@ def can_admit(
     rng: np.random.Generator,
     now: float,
     faster: FasterGpuWait | None = None,
-) -> Admission:
+) -> AdmissionDecision:
     """Where `job` goes now, or why not per cluster; asks only (`admit` commits the answer).
     With `faster`, a job the policy places on a slower model takes or waits for a faster one
     expected to free in time (`delay.py`); a nominated node's holder never waits."""
@@ -117,11 +117,11 @@ def can_admit(
     if not request.is_gpu:
         decision, why = place(estate, request, policy, rng, now)
         if decision.placement is None:
-            return Admission(reasons=why, eligible=request)
-        return Admission(Admitted(job.job_id, decision.placement, None, Amount()))
+            return AdmissionDecision(reasons=why, eligible=request)
+        return AdmissionDecision(Admitted(job.job_id, decision.placement, None, Amount()))
     quota = assign_flavors(estate, job)
     if not quota.allowed:
-        return Admission(reasons=quota_reasons(estate, quota.checks, quota.models))
+        return AdmissionDecision(reasons=quota_reasons(estate, quota.checks, quota.models))
     # all the models the request matches: its own selector says as much (and is cheaper)
     if len(quota.allowed) == len(quota.models):
         narrowed = request
@@ -137,12 +137,12 @@ def can_admit(
             placement = place(estate, faster_only, policy, rng, now)[0].placement
             if placement is None:  # no faster card fits now: wait for one
                 reason = wait.reason(estate.clusters_of)
-                return Admission(reasons=(reason,), eligible=narrowed, waits=True)
+                return AdmissionDecision(reasons=(reason,), eligible=narrowed, waits=True)
     if placement is not None:
         model = estate.snapshot.model_of(placement.node)
         amount = charge_on(estate, request, model)
-        return Admission(Admitted(job.job_id, placement, model, amount))
+        return AdmissionDecision(Admitted(job.job_id, placement, model, amount))
     reclaimed = reclaim(estate, job, quota, policy, rng, now)
     if reclaimed is not None:
-        return Admission(reclaimed)
-    return Admission(reasons=with_refusals(estate, quota, why), eligible=narrowed)
+        return AdmissionDecision(reclaimed)
+    return AdmissionDecision(reasons=with_refusals(estate, quota, why), eligible=narrowed)

@@ -37,7 +37,7 @@ class Admitted:
 
 
 @dataclass(slots=True)  # not frozen: one per job per pass, and frozen ones cost twice to build
-class Admission:
+class AdmissionDecision:
     """The answer of `can_admit` for one job: admitted (where, on which flavor, preempting whom;
     `admit` commits it), or the reasons per cluster. `eligible`: the request as its quota
     allows it (None when quota allows no GPU model), what a nomination would hold; `waits`: it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from gpuplane.control.admission.decision import Admission, NominationPolicy, PendingJob
+from gpuplane.control.admission.decision import AdmissionDecision, NominationPolicy, PendingJob
 from gpuplane.control.admission.estate import Estate
 from gpuplane.control.admission.reasons import PendingReason, nominated
 from gpuplane.control.scheduler import Nomination, nomination_node
@@ -33,7 +33,7 @@ def grant_nominations(
     estate: Estate,
     pending: Iterable[PendingJob],
     policy: NominationPolicy,
-    ask: Callable[[PendingJob], Admission],
+    ask: Callable[[PendingJob], AdmissionDecision],
     now: float,
 ) -> None:
     """Fill the free nomination slots, before the pass admits anything: the jobs that waited

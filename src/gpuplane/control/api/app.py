@@ -31,11 +31,11 @@ from starlette.routing import BaseRoute
 from gpuplane import __version__
 from gpuplane.control.adapters.base import AdapterError
 from gpuplane.control.api import clusters, events, jobs, system, team_secrets, teams, tokens
-from gpuplane.control.api.deps import Pages, allow, bearer, caller
-from gpuplane.control.api.edge import Edge, Trail, served
+from gpuplane.control.api.deps import Pages, allow, bearer
+from gpuplane.control.api.edge import Gatekeeper, Trail, served
 from gpuplane.control.api.openapi import document_errors
 from gpuplane.control.api.serving import lifespan
-from gpuplane.control.deployments import routes as deployment_routes
+from gpuplane.control.deployments import routes as deployments
 from gpuplane.control.errors import ConflictError, InfeasibleJobError, NotFoundError
 from gpuplane.control.identity.auth import POLICY, AuthError, Principal, Rule
 from gpuplane.control.service.service import ControlService
@@ -61,7 +61,7 @@ def create_app(
         return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
     async def identify(request: Request, rule: Rule) -> Principal | None:
-        """The caller of a route with `rule` (`edge.Edge` asks, before reading the body): a
+        """The caller of a route with `rule` (`edge.Gatekeeper` asks, before reading the body): a
         page's from its session, any other route's from its bearer token only."""
         if rule.console:
             return None if pages is None else await run_in_threadpool(pages.caller, request)
@@ -81,7 +81,7 @@ def create_app(
     app.state.service = service
     # outermost last: the host check, then the trail, then the edge's identify-then-read
     app.add_middleware(
-        Edge, router=app.router, identify=identify, refuse=refusal, http=service.config.http
+        Gatekeeper, router=app.router, identify=identify, refuse=refusal, http=service.config.http
     )
     app.add_middleware(Trail, service=service)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=service.config.served_hosts())
@@ -102,10 +102,17 @@ def create_app(
         return JSONResponse({"detail": errors}, status_code=422)
 
     service.metrics.watch(lambda: queries.metrics_state(service))
-    for router in (system.router, clusters.router, jobs.router, teams.router):
-        app.include_router(router)
-    deployment_routes.add_routes(app, service, caller)
-    for router in (team_secrets.router, events.router, *routers, tokens.router):
+    for router in (
+        system.router,
+        clusters.router,
+        jobs.router,
+        teams.router,
+        deployments.router,
+        team_secrets.router,
+        events.router,
+        *routers,
+        tokens.router,
+    ):
         app.include_router(router)
     if pages is not None:
         pages.add_to(app)

@@ -46,7 +46,7 @@ def service_of(request: Request) -> ControlService:
 def allow(
     request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> Principal | None:
-    """The caller `edge.Edge` identified and let through (every route); the route's row is
+    """The caller `edge.Gatekeeper` identified and let through (every route); the route's row is
     applied again, so a route reached without the edge fails closed."""
     who: Principal | None = request.state.principal
     rule = rule_of(request.method, request.scope["route"].path)

@@ -1,7 +1,7 @@
 """The control API's edge: ASGI middleware that runs before any handler, for the JSON API and the
 console alike.
 
-`Edge` finds the route's row of `auth.POLICY`, identifies the caller (bearer token, or the
+`Gatekeeper` finds the route's row of `auth.POLICY`, identifies the caller (bearer token, or the
 console's session cookie) and applies the row, all before one byte of the body is read: an
 anonymous or under-privileged call is answered 401/403 however large a body it announces or
 sends. A caller let through has its body read up to the configured limit
@@ -63,7 +63,7 @@ class _Gone(Exception):
     """The client went away while sending its body: there is no one to answer."""
 
 
-class Edge:
+class Gatekeeper:
     """Identify, authorise, then read a bounded body (module docstring); `identify` finds the
     caller of a route's rule, `refuse` draws a refusal (a JSON error or a console page)."""
 
@@ -149,9 +149,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 class Trail:
     """Each call that may change something (POST, PUT, PATCH, DELETE) goes into the store's
-    trail once answered, refused ones too: who (the caller `Edge` left in the request's state),
-    what (method and path, never a body), from where, and the HTTP status (module docstring
-    for what is counted instead)."""
+    trail once answered, refused ones too: who (the caller `Gatekeeper` left in the request's
+    state), what (method and path, never a body), from where, and the HTTP status (module
+    docstring for what is counted instead)."""
 
     def __init__(self, app: ASGIApp, service: ControlService) -> None:
         self.app = app

@@ -1,7 +1,6 @@
-"""The deployments API (`/deployments`), added to the control API's app by `control/api.py`.
-
-The routes are added to the app itself, not through an included APIRouter, so they are plain
-routes of the app: `auth.POLICY` and its check over every route see them like any other.
+"""The deployments API (`/deployments`): an APIRouter the control API's app includes
+(`control/api/app.py`), each handler handed the service and the caller by `Depends`
+(`control/api/deps.py`), like the other groups of `auth.POLICY`.
 
 Deployments are team scoped like jobs: members apply, scale, roll and delete their own team's,
 viewers read them, and another team's answer 404 exactly as unknown names (in lists too). The
@@ -18,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
+from gpuplane.control.api.deps import caller, service_of
 from gpuplane.control.deployments.spec import parse_deployment
 from gpuplane.control.deployments.watch import endpoints
 from gpuplane.control.identity.auth import Principal, of_own_team
@@ -78,92 +78,115 @@ class ScaleBody(BaseModel):
     replicas: int = Field(ge=0, le=1000, description="instances of the current version")
 
 
-def add_routes(api: FastAPI, service: ControlService, caller: Callable[..., Principal]) -> None:
-    """The routes on `api`; `caller` is the app's dependency for the authenticated caller."""
-    deployments = service.deployments
+router = APIRouter(tags=["deployments"])
+Service = Depends(service_of)
+Caller = Depends(caller)
 
-    @api.post("/deployments", tags=["deployments"], status_code=201)
-    def apply(
-        spec: dict[str, Any] = Body(..., description="a deployment spec, as in the YAML file"),
-        dry_run: bool = Query(False, description="validate and place one instance; change nothing"),
-        who: Principal = Depends(caller),
-    ) -> JSONResponse:
-        mine = of_own_team(who, spec, "deployments")
-        out = deployments.apply(mine, dry_run=dry_run, teams=who.teams())
-        body = {
-            "name": out.name,
-            "action": out.action,
-            "dry_run": dry_run,
-            "placement": out.placement,
-        }
-        return JSONResponse(
-            body, status_code=201 if out.action == "created" and not dry_run else 200
-        )
 
-    @api.get("/deployments", tags=["deployments"])
-    def list_(who: Principal = Depends(caller)) -> list[dict[str, Any]]:
-        return [summary(d) for d in describe_all(service, who.teams())]
+@router.post("/deployments", status_code=201)
+def apply(
+    spec: dict[str, Any] = Body(..., description="a deployment spec, as in the YAML file"),
+    dry_run: bool = Query(False, description="validate and place one instance; change nothing"),
+    who: Principal = Caller,
+    service: ControlService = Service,
+) -> JSONResponse:
+    mine = of_own_team(who, spec, "deployments")
+    out = service.deployments.apply(mine, dry_run=dry_run, teams=who.teams())
+    body = {
+        "name": out.name,
+        "action": out.action,
+        "dry_run": dry_run,
+        "placement": out.placement,
+    }
+    return JSONResponse(body, status_code=201 if out.action == "created" and not dry_run else 200)
 
-    @api.get("/deployments/watch", tags=["deployments"])
-    async def watch(
-        request: Request,
-        resource_version: str | None = Query(None, description="the version the caller has"),
-        timeout_s: float = Query(30.0, ge=0, le=300, description="longest wait for a change"),
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            out: dict[str, Any] = await run_in_threadpool(endpoints, service.store)
-            done = time.monotonic() >= deadline or await request.is_disconnected()
-            if out["resource_version"] != resource_version or done:
-                return out
-            await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
 
-    @api.post("/deployments/load", tags=["deployments"], status_code=204)
-    def load(body: LoadReport) -> None:
-        """A gateway's exact slot use per deployment, which the autoscaler acts on."""
-        deployments.loads.report(body.gateway, [m.model_dump() for m in body.models])
+@router.get("/deployments")
+def list_(who: Principal = Caller, service: ControlService = Service) -> list[dict[str, Any]]:
+    return [summary(d) for d in describe_all(service, who.teams())]
 
-    @api.get("/deployments/{name}", tags=["deployments"])
-    def describe_(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
-        return describe(service, name, who.teams())
 
-    @api.post("/deployments/{name}/scale", tags=["deployments"])
-    def scale(name: str, body: ScaleBody, who: Principal = Depends(caller)) -> dict[str, Any]:
-        deployments.scale(name, body.replicas, who.teams())
-        return describe(service, name)
+@router.get("/deployments/watch")
+async def watch(
+    request: Request,
+    resource_version: str | None = Query(None, description="the version the caller has"),
+    timeout_s: float = Query(30.0, ge=0, le=300, description="longest wait for a change"),
+    service: ControlService = Service,
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out: dict[str, Any] = await run_in_threadpool(endpoints, service.store)
+        done = time.monotonic() >= deadline or await request.is_disconnected()
+        if out["resource_version"] != resource_version or done:
+            return out
+        await asyncio.sleep(min(WATCH_POLL_S, max(0.0, deadline - time.monotonic())))
 
-    @api.get("/deployments/{name}/rollout", tags=["deployments"])
-    def rollout_(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
-        return rollout(service, name, who.teams())
 
-    @api.post("/deployments/{name}/promote", tags=["deployments"])
-    def promote(
-        name: str, body: PromoteBody | None = None, who: Principal = Depends(caller)
-    ) -> dict[str, Any]:
-        deployments.promote(name, body.version if body else None, who.teams())
-        return rollout(service, name)
+@router.post("/deployments/load", status_code=204)
+def load(body: LoadReport, service: ControlService = Service) -> None:
+    """A gateway's exact slot use per deployment, which the autoscaler acts on."""
+    service.deployments.loads.report(body.gateway, [m.model_dump() for m in body.models])
 
-    @api.post("/deployments/{name}/rollback", tags=["deployments"])
-    def rollback(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
-        deployments.rollback(name, who.teams())
-        return rollout(service, name)
 
-    @api.post("/deployments/{name}/faults", tags=["deployments"])
-    def fault(
-        name: str,
-        body: FaultBody,
-        dry_run: bool = Query(False, description="only name the instance it would hit"),
-    ) -> dict[str, Any]:
-        """A drill's fault (`gpuplane drill`): kill an instance's engine, or lose its node or
-        cluster for a while (`lab/faults.py`; local clusters only)."""
-        return faults.inject(
-            service, name, body.fault, body.instance, lost_for_s=body.lost_for_s, dry_run=dry_run
-        ).to_json()
+@router.get("/deployments/{name}")
+def describe_(
+    name: str, who: Principal = Caller, service: ControlService = Service
+) -> dict[str, Any]:
+    return describe(service, name, who.teams())
 
-    @api.delete("/deployments/{name}", tags=["deployments"])
-    def delete(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
-        deployments.delete(name, who.teams())
-        return {"name": name, "deleting": True}
+
+@router.post("/deployments/{name}/scale")
+def scale(
+    name: str, body: ScaleBody, who: Principal = Caller, service: ControlService = Service
+) -> dict[str, Any]:
+    service.deployments.scale(name, body.replicas, who.teams())
+    return describe(service, name)
+
+
+@router.get("/deployments/{name}/rollout")
+def rollout_(
+    name: str, who: Principal = Caller, service: ControlService = Service
+) -> dict[str, Any]:
+    return rollout(service, name, who.teams())
+
+
+@router.post("/deployments/{name}/promote")
+def promote(
+    name: str,
+    body: PromoteBody | None = None,
+    who: Principal = Caller,
+    service: ControlService = Service,
+) -> dict[str, Any]:
+    service.deployments.promote(name, body.version if body else None, who.teams())
+    return rollout(service, name)
+
+
+@router.post("/deployments/{name}/rollback")
+def rollback(
+    name: str, who: Principal = Caller, service: ControlService = Service
+) -> dict[str, Any]:
+    service.deployments.rollback(name, who.teams())
+    return rollout(service, name)
+
+
+@router.post("/deployments/{name}/faults")
+def fault(
+    name: str,
+    body: FaultBody,
+    dry_run: bool = Query(False, description="only name the instance it would hit"),
+    service: ControlService = Service,
+) -> dict[str, Any]:
+    """A drill's fault (`gpuplane drill`): kill an instance's engine, or lose its node or
+    cluster for a while (`lab/faults.py`; local clusters only)."""
+    return faults.inject(
+        service, name, body.fault, body.instance, lost_for_s=body.lost_for_s, dry_run=dry_run
+    ).to_json()
+
+
+@router.delete("/deployments/{name}")
+def delete(name: str, who: Principal = Caller, service: ControlService = Service) -> dict[str, Any]:
+    service.deployments.delete(name, who.teams())
+    return {"name": name, "deleting": True}
 
 
 def describe_all(service: ControlService, teams: Collection[str] | None) -> list[dict[str, Any]]:

@@ -79,7 +79,7 @@ class Recovery:
 
 
 @dataclass(slots=True)
-class Tally:
+class ClientTally:
     """What the load's clients saw."""
 
     ok: int = 0
@@ -197,7 +197,7 @@ async def run_drill(
                 f"(`gpuplane deploy describe {deployment}`)"
             )
         retries_before = await _retries(gw, admin, deployment)
-        tally = Tally()
+        tally = ClientTally()
         stop = asyncio.Event()
         load = [
             asyncio.create_task(_client(gw, deployment, max_tokens, api_key, tally, stop))
@@ -329,7 +329,7 @@ async def _client(
     model: str,
     max_tokens: int,
     api_key: str | None,
-    tally: Tally,
+    tally: ClientTally,
     stop: asyncio.Event,
 ) -> None:
     """One client of the load: a streamed chat completion after another until `stop`."""

@@ -54,7 +54,7 @@ class HaCollector(Collector):
             fenced.add_metric([], self.leadership.stats.fenced_writes)
             yield from (leader, changes)
         if self.shared is not None:
-            from gpuplane.serve.ha.shared import Share
+            from gpuplane.serve.ha.shared_layout import Share
 
             mode = GaugeMetricFamily(
                 "gpuplane_ha_shared_state",
