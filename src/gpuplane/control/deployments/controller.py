@@ -38,10 +38,7 @@ from gpuplane.control.deployments.spread import Spread
 from gpuplane.control.errors import ConflictError, NotFoundError
 from gpuplane.control.oplog import log
 from gpuplane.control.spec import SpecError
-from gpuplane.control.store.models import (
-    Deployment,
-    DeploymentInstance,
-)
+from gpuplane.control.store.models import Deployment, DeploymentInstance
 from gpuplane.errors import ConfigError, unknown_name
 
 
