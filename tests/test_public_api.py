@@ -17,6 +17,7 @@ def test_public_surface_is_exactly_all() -> None:
         "secrets",
         "audit",
         "plane",
+        "console",
     }
     assert public <= set(gpuplane.__all__)
     for name in gpuplane.__all__:
